@@ -1,0 +1,155 @@
+"""The per-request record: what one streaming request sent and received, with arrival times.
+
+A :class:`RequestRecord` is raw data, not metrics: times are nanoseconds on the ``time.perf_counter_ns()`` clock of
+the process that made the request. ``metrics.request_metrics`` turns a record into numbers. Records are written
+as JSON lines (:class:`RecordWriter`), one per finished request, so an interrupted run loses nothing finished.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+__all__ = ["Event", "RequestRecord", "RecordWriter", "read_records"]
+
+
+@dataclass(slots=True)
+class Event:
+    """One parsed server-sent event of a response.
+
+    Attributes:
+        t_ns: arrival time in ns, relative to the record's ``sent_ns`` (so it is a latency).
+        content: answer text this event carried (chat ``delta.content`` or completions ``text``).
+        reasoning: reasoning text (``delta.reasoning`` or ``delta.reasoning_content``).
+        tool: tool-call argument text (``delta.tool_calls[].function.arguments``, names included).
+        sched_ns: the server's scheduled send time when it reports one (``bench sim``), absolute ns, else None.
+        write_ns: the server's actual write time when it reports one (``bench sim``), absolute ns, else None.
+        tokens: tokens the server says this event carried (``bench sim``), else None.
+    """
+
+    t_ns: int
+    content: str = ""
+    reasoning: str = ""
+    tool: str = ""
+    sched_ns: int | None = None
+    write_ns: int | None = None
+    tokens: int | None = None
+
+    @property
+    def has_text(self) -> bool:
+        """True when the event carried generated text of any kind (a "token-bearing" event)."""
+        return bool(self.content or self.reasoning or self.tool)
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    """Everything bench knows about one request. Times in ns on ``perf_counter_ns``; durations derive from them.
+
+    Attributes:
+        request_id: unique id within a run.
+        endpoint: ``"chat"`` or ``"completions"``.
+        model: model name sent.
+        queued_ns: when the request was handed to the client (absolute ns).
+        sent_ns: just before the request went out, after any client-side queueing (absolute ns).
+        end_ns: when the response ended (last byte, error or cut), relative to ``sent_ns``; None if never sent.
+        status: HTTP status, None when no response came.
+        events: parsed data events in arrival order (token-bearing and not; ``[DONE]`` excluded).
+        done: a ``data: [DONE]`` arrived.
+        finish_reason: the last ``finish_reason`` seen, or None.
+        usage: the ``usage`` object as the server sent it, or None.
+        timings: llama.cpp's ``timings`` object, or None.
+        error: one-line description of the failure, or None. Never contains the API key.
+        error_kind: short class of failure: ``http_4xx``/``http_5xx``/``http_429``, ``stream_error``,
+            ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``.
+        meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
+    """
+
+    request_id: str
+    endpoint: str
+    model: str
+    queued_ns: int = 0
+    sent_ns: int = 0
+    end_ns: int | None = None
+    status: int | None = None
+    events: list[Event] = field(default_factory=list)
+    done: bool = False
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    timings: dict[str, Any] | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """A success: no recorded error. The client sets ``error`` for every failure kind."""
+        return self.error is None
+
+    @property
+    def queue_ms(self) -> float:
+        """Client-side queueing before send, in ms."""
+        return (self.sent_ns - self.queued_ns) / 1e6 if self.sent_ns and self.queued_ns else 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict; events become compact lists ``[t_ms, content, reasoning, tool, sched_ns, write_ns,
+        tokens]`` to keep files small."""
+        d = asdict(self)
+        d["events"] = [
+            [round(e.t_ns / 1e6, 6), e.content, e.reasoning, e.tool, e.sched_ns, e.write_ns, e.tokens]
+            for e in self.events
+        ]
+        d["ok"] = self.ok
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RequestRecord:
+        """Inverse of :meth:`to_dict`. Raises KeyError/TypeError on a malformed dict."""
+        d = dict(d)
+        d.pop("ok", None)
+        evs = [Event(int(round(e[0] * 1e6)), e[1], e[2], e[3], e[4], e[5], e[6]) for e in d.pop("events")]
+        return cls(events=evs, **d)
+
+
+class RecordWriter:
+    """Appends records to a JSON-lines file, flushing after each line so a stopped run keeps every finished one."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh: TextIO = open(self.path, "a", encoding="utf-8")
+        self.count = 0
+
+    def write(self, rec: RequestRecord) -> None:
+        """Write one record as one line and flush it to the OS."""
+        self._fh.write(json.dumps(rec.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
+        self._fh.flush()
+        self.count += 1
+
+    def close(self) -> None:
+        """Close the file (idempotent)."""
+        if not self._fh.closed:
+            self._fh.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_records(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    """Read a JSON-lines records file; a truncated last line (a killed run) is skipped."""
+    out: list[RequestRecord] = []
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                out.append(RequestRecord.from_dict(json.loads(line)))
+            except (ValueError, KeyError, TypeError, IndexError):
+                continue
+    return out

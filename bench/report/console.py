@@ -1,0 +1,60 @@
+"""Terminal output with rich: plain when stdout is not a terminal or ``NO_COLOR`` is set."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["stdout", "stderr", "request_table"]
+
+stdout = Console()
+stderr = Console(stderr=True)
+
+_ROWS: list[tuple[str, str, str]] = [
+    ("ok", "ok", ""),
+    ("error", "error", ""),
+    ("status", "HTTP status", ""),
+    ("finish_reason", "finish reason", ""),
+    ("ttft_ms", "TTFT", "ms"),
+    ("ttfc_ms", "time to first content", "ms"),
+    ("e2e_ms", "E2E latency", "ms"),
+    ("prompt_tokens", "prompt tokens", "tok"),
+    ("cached_tokens", "cached tokens", "tok"),
+    ("output_tokens", "output tokens", "tok"),
+    ("output_tokens_estimated", "output tokens estimated", ""),
+    ("reasoning_tokens", "reasoning tokens", "tok"),
+    ("chunks", "token-bearing events", ""),
+    ("tokens_per_event", "tokens per event", "tok"),
+    ("decode_tok_s", "decode", "tok/s"),
+    ("itl_ms_p50", "ITL p50", "ms"),
+    ("itl_ms_p99", "ITL p99", "ms"),
+    ("itl_ms_max", "ITL max", "ms"),
+    ("itl_count", "ITL samples", ""),
+    ("tpot_ms", "TPOT", "ms"),
+    ("prefill_tok_s", "prefill", "tok/s"),
+    ("prefill_source", "prefill from", ""),
+    ("queue_ms", "client queueing", "ms"),
+]
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.2f}" if abs(v) < 1000 else f"{v:,.0f}"
+    return str(v)
+
+
+def request_table(m: dict[str, Any], title: str) -> Table:
+    """A two-column table of one request's metrics (the dict of ``RequestMetrics.to_dict()``)."""
+    t = Table(title=title, show_header=True, header_style="bold")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    t.add_column("unit")
+    for key, label, unit in _ROWS:
+        if key == "error" and m.get("error") is None:
+            continue
+        t.add_row(label, _fmt(m.get(key)), unit)
+    return t

@@ -1,0 +1,78 @@
+"""Command line of the sim: ``python -m bench.sim [--config FILE] [--FIELD VALUE ...]`` (also ``bench sim``)."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from typing import Any
+
+from .config import ERROR_KINDS, FIELD_HELP, SimConfig, load_config
+from .runner import serve
+
+__all__ = ["main", "build_parser", "config_from_args"]
+
+
+def _tokens_per_event(s: str) -> int | tuple[int, ...]:
+    try:
+        parts = tuple(int(p) for p in s.replace(" ", "").split(",") if p)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int or comma-separated ints, got {s!r}") from None
+    if not parts:
+        raise argparse.ArgumentTypeError("empty tokens_per_event")
+    return parts[0] if len(parts) == 1 else parts
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="bench sim",
+        description="Reference OpenAI-compatible serving engine with exactly known timing (docs/sim.md). "
+        "Flags override values from --config.",
+    )
+    p.add_argument("--config", metavar="FILE", help="TOML parameter file (see profiles/sim-default.toml)")
+    for f in dataclasses.fields(SimConfig):
+        unit, help_ = FIELD_HELP[f.name]
+        flags = [f"--{f.name.replace('_', '-')}"]
+        if "_" in f.name:
+            flags.append(f"--{f.name}")
+        kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                              "help": f"{help_} [{unit}; default {f.default!r}]"}
+        if f.name == "tokens_per_event":
+            kw.update(type=_tokens_per_event, metavar="K[,K...]")
+        elif f.name == "error_kind":
+            kw.update(choices=ERROR_KINDS)
+        elif isinstance(f.default, bool):
+            kw.update(action=argparse.BooleanOptionalAction)
+        elif isinstance(f.default, int):
+            kw.update(type=int)
+        elif isinstance(f.default, float):
+            kw.update(type=float)
+        p.add_argument(*flags, **kw)
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> SimConfig:
+    base = load_config(args.config) if getattr(args, "config", None) else SimConfig()
+    changes = {f.name: getattr(args, f.name) for f in dataclasses.fields(SimConfig) if hasattr(args, f.name)}
+    return dataclasses.replace(base, **changes)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default sys.argv[1:]), start the sim and serve until interrupted. Returns an exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+    except (ValueError, OSError) as e:
+        print(f"bench sim: {e}", file=sys.stderr)
+        return 2
+    try:
+        serve(cfg)
+    except OSError as e:
+        print(f"bench sim: cannot listen on {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""SimConfig: every parameter of the reference engine, with units, and its TOML loader.
+
+Units are part of the field names' contract (see docs/sim.md):
+
+* ``*_tok_s``  tokens per second
+* ``*_ms``     milliseconds
+* ``*_tokens`` token counts
+* ``*_prob`` / ``*_rate``  probabilities in [0, 1]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["SimConfig", "load_config", "FIELD_HELP", "ERROR_KINDS"]
+
+ERROR_KINDS = ("429", "503", "stream")
+
+
+def _f(default: Any, unit: str, help: str) -> Any:
+    return field(default=default, metadata={"unit": unit, "help": help})
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """Parameters of the simulated serving engine (immutable).
+
+    See docs/sim.md for the exact timing model these parameters feed.
+    """
+
+    # -- identity / network ------------------------------------------------------------------
+    model: str = _f("bench-sim", "name", "model id served by /v1/models and echoed in responses")
+    host: str = _f("127.0.0.1", "address", "address serve() binds (running_sim always uses 127.0.0.1)")
+    port: int = _f(8000, "port", "TCP port for serve(); 0 picks a free port")
+    seed: int = _f(0, "int", "seed of every random draw (tokens_per_event choices, eos)")
+
+    # -- prefill -------------------------------------------------------------------------------
+    prefill_tok_s: float = _f(
+        5000.0, "tokens/s", "prefill speed for uncached prompt tokens at prompt length 0 (> 0)"
+    )
+    prefill_halving_tokens: float = _f(
+        0.0,
+        "tokens",
+        "prompt length at which the prefill speed halves: rate(d) = prefill_tok_s / (1 + d / this); 0 = constant rate",
+    )
+
+    # -- decode --------------------------------------------------------------------------------
+    decode_step_ms: float = _f(20.0, "ms", "fixed part of one decode step: t(b) = decode_step_ms + decode_step_ms_per_seq * b")
+    decode_step_ms_per_seq: float = _f(0.0, "ms per sequence", "per-sequence part of one decode step (b = batch size)")
+    max_running: int = _f(256, "sequences", "most requests admitted (prefilling or decoding) at once; the rest wait FIFO")
+    tokens_per_event: int | tuple[int, ...] = _f(
+        1,
+        "tokens per event",
+        "tokens a sequence emits per decode step: an int, or a list of choices drawn uniformly per step (seeded)",
+    )
+    reasoning_tokens: int = _f(
+        0, "tokens", "first N output tokens of a chat request are streamed as delta.reasoning_content"
+    )
+
+    # -- prefix cache --------------------------------------------------------------------------
+    prefix_cache: bool = _f(False, "bool", "reuse earlier prompts' leading blocks: those tokens skip prefill")
+    prefix_block_tokens: int = _f(16, "tokens", "prefix-cache block size; only whole blocks match")
+
+    # -- output length ---------------------------------------------------------------------------
+    default_max_tokens: int = _f(256, "tokens", "output length when the request gives no max_tokens")
+    max_model_len: int = _f(131072, "tokens", "prompt + max_tokens above this is rejected with 400")
+    eos_prob: float = _f(0.0, "probability per token", "chance that each output token is the last (finish 'stop'); 0 = always run to max_tokens")
+
+    # -- errors --------------------------------------------------------------------------------
+    error_rate: float = _f(0.0, "fraction", "every k-th generation request fails, k = round(1 / error_rate); 0 = never")
+    error_kind: str = _f("503", "'429'|'503'|'stream'", "how a failing request fails")
+    error_after_tokens: int = _f(
+        4, "tokens", "error_kind 'stream': tokens sent before the in-stream error (capped at output length - 1)"
+    )
+
+    def __post_init__(self) -> None:
+        tpe = self.tokens_per_event
+        if isinstance(tpe, (list, tuple)):
+            tpe = tuple(tpe)
+            if len(tpe) == 1:
+                tpe = tpe[0]
+            object.__setattr__(self, "tokens_per_event", tpe)
+        ek = self.error_kind
+        if isinstance(ek, int) and not isinstance(ek, bool):
+            object.__setattr__(self, "error_kind", str(ek))
+        if self.prefill_halving_tokens is None:
+            object.__setattr__(self, "prefill_halving_tokens", 0.0)
+        self._validate()
+
+    def _validate(self) -> None:
+        def need(cond: bool, name: str, what: str) -> None:
+            if not cond:
+                raise ValueError(f"{name}: {what} (got {getattr(self, name)!r})")
+
+        def is_int(v: Any) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        def is_num(v: Any) -> bool:
+            return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+        need(isinstance(self.model, str) and bool(self.model), "model", "must be a non-empty string")
+        need(isinstance(self.host, str) and bool(self.host), "host", "must be a non-empty string")
+        need(is_int(self.port) and 0 <= self.port <= 65535, "port", "must be an int in 0..65535")
+        need(is_int(self.seed), "seed", "must be an int")
+        need(is_num(self.prefill_tok_s) and self.prefill_tok_s > 0, "prefill_tok_s", "must be > 0 tokens/s")
+        need(is_num(self.prefill_halving_tokens) and self.prefill_halving_tokens >= 0,
+             "prefill_halving_tokens", "must be >= 0 tokens (0 = off)")
+        need(is_num(self.decode_step_ms) and self.decode_step_ms >= 0, "decode_step_ms", "must be >= 0 ms")
+        need(is_num(self.decode_step_ms_per_seq) and self.decode_step_ms_per_seq >= 0,
+             "decode_step_ms_per_seq", "must be >= 0 ms")
+        need(self.decode_step_ms + self.decode_step_ms_per_seq > 0, "decode_step_ms",
+             "decode_step_ms + decode_step_ms_per_seq must be > 0 (a step must take time)")
+        need(is_int(self.max_running) and self.max_running >= 1, "max_running", "must be an int >= 1")
+        tpe = self.tokens_per_event
+        if isinstance(tpe, tuple):
+            need(len(tpe) > 0 and all(is_int(k) and k >= 1 for k in tpe), "tokens_per_event",
+                 "choices must be ints >= 1")
+        else:
+            need(is_int(tpe) and tpe >= 1, "tokens_per_event", "must be an int >= 1 or a list of them")
+        need(is_int(self.reasoning_tokens) and self.reasoning_tokens >= 0, "reasoning_tokens", "must be an int >= 0")
+        need(isinstance(self.prefix_cache, bool), "prefix_cache", "must be true or false")
+        need(is_int(self.prefix_block_tokens) and self.prefix_block_tokens >= 1, "prefix_block_tokens",
+             "must be an int >= 1")
+        need(is_int(self.default_max_tokens) and self.default_max_tokens >= 1, "default_max_tokens",
+             "must be an int >= 1")
+        need(is_int(self.max_model_len) and self.max_model_len >= 1, "max_model_len", "must be an int >= 1")
+        need(is_num(self.eos_prob) and 0 <= self.eos_prob < 1, "eos_prob", "must be in [0, 1)")
+        need(is_num(self.error_rate) and 0 <= self.error_rate <= 1, "error_rate", "must be in [0, 1]")
+        need(self.error_kind in ERROR_KINDS, "error_kind", f"must be one of {', '.join(ERROR_KINDS)}")
+        need(is_int(self.error_after_tokens) and self.error_after_tokens >= 0, "error_after_tokens",
+             "must be an int >= 0")
+
+    # convenience -------------------------------------------------------------------------------
+    @property
+    def tokens_per_event_choices(self) -> tuple[int, ...]:
+        """tokens_per_event as a tuple of choices (one element when fixed)."""
+        tpe = self.tokens_per_event
+        return tpe if isinstance(tpe, tuple) else (tpe,)
+
+    @property
+    def error_period(self) -> int:
+        """k: request number n (1-based, generation requests in arrival order) fails iff n % k == 0; 0 = never."""
+        if self.error_rate <= 0:
+            return 0
+        return max(1, round(1.0 / self.error_rate))
+
+    def replace(self, **changes: Any) -> "SimConfig":
+        """A copy with some fields changed (validated)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any], *, base: "SimConfig | None" = None) -> "SimConfig":
+        """Build from a dict of field values; an unknown key raises ValueError naming it."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        for key in data:
+            if key not in names:
+                raise ValueError(f"unknown sim config key {key!r} (known: {', '.join(sorted(names))})")
+        return dataclasses.replace(base or cls(), **data)
+
+
+FIELD_HELP: dict[str, tuple[str, str]] = {
+    f.name: (f.metadata["unit"], f.metadata["help"]) for f in dataclasses.fields(SimConfig)
+}
+
+
+def load_config(path: str) -> SimConfig:
+    """Read a TOML parameter file (top-level keys = SimConfig fields; a ``[sim]`` table is also accepted).
+
+    Raises ValueError naming any unknown key, or describing an invalid value.
+    """
+    with open(path, "rb") as fh:
+        data = tomllib.load(fh)
+    if set(data) == {"sim"} and isinstance(data["sim"], dict):
+        data = data["sim"]
+    for key, value in data.items():
+        if isinstance(value, dict):
+            raise ValueError(f"unknown sim config key {key!r} (tables are not fields)")
+    return SimConfig.from_mapping(data)

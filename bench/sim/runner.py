@@ -1,0 +1,122 @@
+"""Starting the sim: ``serve`` (blocking, for the CLI) and ``running_sim`` (background thread, for tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import signal
+import sys
+import threading
+from typing import Callable, Iterator
+
+from aiohttp import web
+
+from .config import SimConfig
+from .server import create_app
+
+__all__ = ["serve", "running_sim"]
+
+_SHUTDOWN_TIMEOUT_S = 2.0
+
+
+def _make_runner(cfg: SimConfig) -> web.AppRunner:
+    return web.AppRunner(create_app(cfg), handle_signals=False, access_log=None,
+                         shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+
+
+def _bound_port(runner: web.AppRunner) -> int:
+    addrs = runner.addresses
+    if not addrs:
+        raise RuntimeError("bench sim: server has no listening socket")
+    return int(addrs[0][1])
+
+
+def _url(host: str, port: int) -> str:
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}/v1"
+
+
+async def _serve(cfg: SimConfig, announce: Callable[[str], None]) -> None:
+    runner = _make_runner(cfg)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, cfg.host, cfg.port)
+        await site.start()
+        announce(_url(cfg.host, _bound_port(runner)))
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def serve(cfg: SimConfig, announce: Callable[[str], None] | None = None) -> None:
+    """Run the sim on ``cfg.host:cfg.port`` until SIGINT/SIGTERM (blocking).
+
+    Once listening it calls ``announce(base_url)``; the default prints ``listening on http://HOST:PORT/v1``
+    (the bound port, so ``port = 0`` works) to stdout and flushes. A wildcard host is announced as 127.0.0.1.
+    """
+    if announce is None:
+        def announce(url: str) -> None:
+            print(f"listening on {url}", flush=True)
+    try:
+        asyncio.run(_serve(cfg, announce))
+    except KeyboardInterrupt:
+        pass
+
+
+@contextlib.contextmanager
+def running_sim(cfg: SimConfig | None = None) -> Iterator[str]:
+    """Run the sim in a background thread (own event loop) on a free 127.0.0.1 port; yield the base URL
+    ``http://127.0.0.1:PORT/v1``. On exit the server is shut down (in-flight requests are aborted) and the
+    thread joined. ``cfg.host``/``cfg.port`` are ignored."""
+    cfg = dataclasses.replace(cfg or SimConfig(), host="127.0.0.1", port=0)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    state: dict[str, object] = {}
+
+    def main() -> None:
+        asyncio.set_event_loop(loop)
+        runner = _make_runner(cfg)
+        try:
+            loop.run_until_complete(runner.setup())
+            site = web.TCPSite(runner, "127.0.0.1", 0)
+            loop.run_until_complete(site.start())
+            state["port"] = _bound_port(runner)
+        except BaseException as e:  # noqa: BLE001 - reported to the caller
+            state["error"] = e
+            ready.set()
+            with contextlib.suppress(Exception):
+                loop.run_until_complete(runner.cleanup())
+            loop.close()
+            return
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            try:
+                loop.run_until_complete(runner.cleanup())
+                loop.run_until_complete(loop.shutdown_asyncgens())
+            except Exception as e:  # noqa: BLE001
+                print(f"bench sim: shutdown error: {e!r}", file=sys.stderr)
+            finally:
+                loop.close()
+
+    thread = threading.Thread(target=main, name="bench-sim", daemon=True)
+    thread.start()
+    ready.wait()
+    if "error" in state:
+        thread.join()
+        raise RuntimeError(f"bench sim failed to start: {state['error']!r}") from state["error"]  # type: ignore[misc]
+    try:
+        yield _url("127.0.0.1", state["port"])  # type: ignore[arg-type]
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=_SHUTDOWN_TIMEOUT_S + 5)

@@ -1,0 +1,85 @@
+"""The sim's tokenizer and output text.
+
+Tokenizer (documented in docs/sim.md): one token per match of the regular expression ``\\s*\\S+``, i.e. one
+token per maximal run of non-whitespace characters, together with the whitespace before it. Whitespace at
+the very end of a text belongs to no token; an empty or all-whitespace text has 0 tokens. The id of a token is
+``zlib.crc32(word.encode("utf-8")) & 0x7FFFFFFF`` where ``word`` is the non-whitespace part, so ids are
+deterministic across processes and runs.
+
+Output text: every output token is one word from WORDS with a leading space (" the", " of", ...), so the
+output re-tokenizes to exactly ``completion_tokens`` tokens.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from typing import Any, Iterable
+
+__all__ = ["tokenize", "count_tokens", "token_id", "output_words", "WORDS", "chat_prompt_tokens"]
+
+_TOKEN_RE = re.compile(r"\s*(\S+)")
+
+WORDS: tuple[str, ...] = tuple(
+    " " + w
+    for w in (
+        "the of and to a in is that for it as was with be by on not he this are or his from at which but "
+        "have an they you were her she there one all we their been has when who will more no if out so "
+        "said what up its about into than them can only other new some could time these two may then do "
+        "first any my now such like our over man me even most made after also did many before must "
+        "through back years where much your way well down should because each just those people how too "
+        "little state good very make world still own see men work long get here between both life being "
+        "under never day same another know while last might us great old year off come since against go "
+        "came right used take three"
+    ).split()
+)
+
+
+def token_id(word: str) -> int:
+    return zlib.crc32(word.encode("utf-8")) & 0x7FFFFFFF
+
+
+def tokenize(text: str) -> list[int]:
+    """Token ids of ``text`` (one per ``\\s*\\S+`` match)."""
+    return [token_id(m) for m in _TOKEN_RE.findall(text)]
+
+
+def count_tokens(text: str) -> int:
+    return sum(1 for _ in _TOKEN_RE.finditer(text))
+
+
+def _content_text(content: Any) -> Iterable[str]:
+    if content is None:
+        return
+    if isinstance(content, str):
+        yield content
+        return
+    if isinstance(content, list):
+        for part in content:
+            if isinstance(part, str):
+                yield part
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                yield part["text"]
+        return
+    raise ValueError("message content must be a string, a list of parts, or null")
+
+
+def chat_prompt_tokens(messages: Any) -> list[int]:
+    """Prompt tokens of a chat request: the tokens of every message's content (each text tokenized on its
+    own, in order) concatenated. Roles, names and the chat template add no tokens."""
+    if not isinstance(messages, list) or not messages:
+        raise ValueError("'messages' must be a non-empty list")
+    out: list[int] = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise ValueError("each message must be an object")
+        for text in _content_text(msg.get("content")):
+            out.extend(tokenize(text))
+    return out
+
+
+def output_words(request_no: int, start: int, count: int) -> str:
+    """Text of output tokens ``start .. start+count-1`` (0-based) of request ``request_no``."""
+    n = len(WORDS)
+    base = request_no * 7
+    return "".join(WORDS[(base + i) % n] for i in range(start, start + count))

@@ -1,0 +1,122 @@
+"""The truth: pure functions giving the timing the sim produces (docs/sim.md, "Truth formulas").
+
+The engine itself schedules with ``step_ns`` and ``prefill_ns`` below, so these functions and the server
+cannot drift apart. "Isolated" means the request is the only one in the engine (batch size 1, nothing queued).
+All ``*_ms`` results are floats in milliseconds; ``*_ns`` results are the integer nanoseconds the engine uses
+(the ms value rounded to the nearest ns).
+"""
+
+from __future__ import annotations
+
+import math
+
+from .config import SimConfig
+
+__all__ = [
+    "step_ms",
+    "step_ns",
+    "prefill_rate_tok_s",
+    "expected_prefill_ms",
+    "prefill_ns",
+    "expected_itl_ms",
+    "mean_tokens_per_event",
+    "expected_decode_tok_s",
+    "expected_events",
+    "expected_ttft_ms",
+    "expected_e2e_ms",
+    "expected_cached_tokens",
+    "expected_error_count",
+    "fails",
+]
+
+
+def step_ms(cfg: SimConfig, batch: int) -> float:
+    """Duration of one decode step with ``batch`` sequences: t(b) = decode_step_ms + decode_step_ms_per_seq * b."""
+    if batch < 1:
+        raise ValueError("batch must be >= 1")
+    return cfg.decode_step_ms + cfg.decode_step_ms_per_seq * batch
+
+
+def step_ns(cfg: SimConfig, batch: int) -> int:
+    return round(step_ms(cfg, batch) * 1e6)
+
+
+def prefill_rate_tok_s(cfg: SimConfig, prompt_tokens: int) -> float:
+    """Prefill speed for a prompt of ``prompt_tokens`` tokens (d):
+    prefill_tok_s / (1 + d / prefill_halving_tokens), or prefill_tok_s when prefill_halving_tokens is 0."""
+    if cfg.prefill_halving_tokens > 0:
+        return cfg.prefill_tok_s / (1.0 + prompt_tokens / cfg.prefill_halving_tokens)
+    return cfg.prefill_tok_s
+
+
+def expected_prefill_ms(cfg: SimConfig, uncached_tokens: int, prompt_tokens: int | None = None) -> float:
+    """Prefill time = uncached_tokens / prefill_rate_tok_s(cfg, prompt_tokens), in ms (closed form; the rate is
+    taken at the whole prompt length d, not integrated token by token). ``prompt_tokens`` defaults to
+    ``uncached_tokens`` (no cache hit)."""
+    d = uncached_tokens if prompt_tokens is None else prompt_tokens
+    if uncached_tokens <= 0:
+        return 0.0
+    return uncached_tokens / prefill_rate_tok_s(cfg, d) * 1000.0
+
+
+def prefill_ns(cfg: SimConfig, uncached_tokens: int, prompt_tokens: int) -> int:
+    return round(expected_prefill_ms(cfg, uncached_tokens, prompt_tokens) * 1e6)
+
+
+def expected_itl_ms(cfg: SimConfig, batch: int = 1) -> float:
+    """Time between two consecutive events of one sequence while ``batch`` sequences decode together: t(batch)."""
+    return step_ms(cfg, batch)
+
+
+def mean_tokens_per_event(cfg: SimConfig) -> float:
+    """Mean tokens per event before the output-length cap (choices are drawn uniformly)."""
+    ch = cfg.tokens_per_event_choices
+    return sum(ch) / len(ch)
+
+
+def expected_decode_tok_s(cfg: SimConfig, batch: int = 1) -> float:
+    """Per-sequence decode speed with ``batch`` sequences decoding: mean_tokens_per_event * 1000 / t(batch).
+    (Aggregate engine throughput is ``batch`` times this.)"""
+    return mean_tokens_per_event(cfg) * 1000.0 / step_ms(cfg, batch)
+
+
+def expected_events(cfg: SimConfig, output_tokens: int) -> int:
+    """Token-bearing events for ``output_tokens`` tokens; exact only when tokens_per_event is fixed."""
+    if isinstance(cfg.tokens_per_event, tuple):
+        raise ValueError("expected_events needs a fixed tokens_per_event")
+    return math.ceil(output_tokens / cfg.tokens_per_event)
+
+
+def expected_ttft_ms(cfg: SimConfig, prompt_tokens: int, cached_tokens: int = 0) -> float:
+    """Isolated request: arrival (server clock) -> first token event = prefill + t(1)."""
+    return expected_prefill_ms(cfg, prompt_tokens - cached_tokens, prompt_tokens) + step_ms(cfg, 1)
+
+
+def expected_e2e_ms(cfg: SimConfig, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:
+    """Isolated request with fixed tokens_per_event: arrival -> last event = prefill + events * t(1)."""
+    return expected_prefill_ms(cfg, prompt_tokens - cached_tokens, prompt_tokens) + expected_events(
+        cfg, output_tokens
+    ) * step_ms(cfg, 1)
+
+
+def expected_cached_tokens(cfg: SimConfig, prompt_tokens: int, matched_tokens: int | None = None) -> int:
+    """cached_tokens for a prompt of ``prompt_tokens`` whose first ``matched_tokens`` tokens (default: all of
+    them, i.e. an exact repeat) equal an earlier admitted prompt's: whole blocks only, and never the whole
+    prompt: min(floor(matched / B), floor((prompt_tokens - 1) / B)) * B with B = prefix_block_tokens."""
+    if not cfg.prefix_cache or prompt_tokens <= 0:
+        return 0
+    b = cfg.prefix_block_tokens
+    m = prompt_tokens if matched_tokens is None else min(matched_tokens, prompt_tokens)
+    return min(m // b, (prompt_tokens - 1) // b) * b
+
+
+def fails(cfg: SimConfig, request_no: int) -> bool:
+    """Whether generation request number ``request_no`` (1-based, arrival order) gets the configured error."""
+    k = cfg.error_period
+    return k > 0 and request_no % k == 0
+
+
+def expected_error_count(cfg: SimConfig, n_requests: int) -> int:
+    """Errors among the first ``n_requests`` generation requests: n // k (k = round(1 / error_rate))."""
+    k = cfg.error_period
+    return n_requests // k if k else 0

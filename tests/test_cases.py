@@ -1,0 +1,58 @@
+"""Every stream case goes through `bench replay` (the real CLI, the real client, a real HTTP server)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench.cli import main
+from bench.replay import check_expect, load_case
+
+from .conftest import all_case_files
+
+CASES = all_case_files()
+
+
+def test_cases_present() -> None:
+    assert len([c for c in CASES if c.parent.name == "shared"]) >= 19
+    assert len([c for c in CASES if c.parent.name == "extra"]) >= 15
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
+def test_replay_meets_expect(path, capsys) -> None:
+    rc = main(["replay", "--json", str(path)])
+    out, err = capsys.readouterr()
+    record = json.loads(out)  # --json: exactly one JSON object on stdout
+    assert rc == 0, err
+    case = load_case(path)
+    assert record["ok"] is case.expect.get("ok", record["ok"])
+    if not record["ok"]:
+        assert record["error"], "a failed request must say why"
+        assert record["decode_tok_s"] is None or record["ok"] is False
+
+
+def test_replay_exit_code_on_mismatch(tmp_path, capsys) -> None:
+    case = json.loads((CASES[0]).read_text())
+    case["expect"] = {"ok": True, "output_tokens": 999999}
+    p = tmp_path / "bad.json"
+    p.write_text(json.dumps(case))
+    assert main(["replay", str(p)]) == 1
+    assert "output_tokens" in capsys.readouterr().err
+
+
+def test_replay_bad_file(tmp_path, capsys) -> None:
+    p = tmp_path / "x.json"
+    p.write_text("{not json")
+    assert main(["replay", str(p)]) == 3
+    err = capsys.readouterr().err
+    assert "not JSON" in err and len(err.strip().splitlines()) == 1
+
+
+def test_check_expect_rules() -> None:
+    m = {"ok": True, "ttft_ms": 100.0, "ttfc_ms": None, "output_tokens": 5, "error": None}
+    assert check_expect(m, {"ok": True, "ttft_ms": [90, 110], "ttfc_ms": None, "output_tokens": 5}) == []
+    assert len(check_expect(m, {"ok": False, "ttft_ms": [0, 50], "ttfc_ms": 3, "output_tokens": 6})) == 4
+    assert check_expect({"ok": 1}, {"ok": True}) != []  # booleans match exactly, not by truthiness
+    assert check_expect({"error": "HTTP 429: slow"}, {"error": "429"}) == []
+    assert check_expect({"error": None}, {"error": "429"}) != []
