@@ -28,6 +28,7 @@ from .truth import (
     expected_prefill_ms,
     expected_ttft_ms,
     mean_tokens_per_event,
+    output_length,
     prefill_rate_tok_s,
     step_ms,
 )
@@ -51,4 +52,5 @@ __all__ = [
     "expected_e2e_ms",
     "expected_cached_tokens",
     "expected_error_count",
+    "output_length",
 ]

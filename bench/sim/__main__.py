@@ -33,8 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     for f in dataclasses.fields(SimConfig):
         unit, help_ = FIELD_HELP[f.name]
         flags = [f"--{f.name.replace('_', '-')}"]
-        if "_" in f.name:
-            flags.append(f"--{f.name}")
+        if "_" in f.name and not isinstance(f.default, bool):
+            flags.append(f"--{f.name}")  # underscore spelling accepted too
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
                               "help": f"{help_} [{unit}; default {f.default!r}]"}
         if f.name == "tokens_per_event":

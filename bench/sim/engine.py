@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from .config import SimConfig
-from .truth import prefill_ns, step_ns
+from .truth import output_length, prefill_ns, step_ns
 
 __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 
@@ -107,13 +107,7 @@ class Seq:
         self.prompt_ids = prompt_ids
         self.prompt_tokens = len(prompt_ids)
         self.cached_tokens = 0
-        out_len, finish = max_tokens, "length"
-        if cfg.eos_prob > 0:
-            rng = random.Random(f"eos/{cfg.seed}/{no}")
-            for i in range(1, max_tokens + 1):
-                if rng.random() < cfg.eos_prob:
-                    out_len, finish = i, "stop"
-                    break
+        out_len, finish = output_length(cfg, no, max_tokens)
         self.out_len = out_len
         self.finish_reason = finish
         self.reasoning_tokens = min(cfg.reasoning_tokens, out_len) if reasoning else 0

@@ -9,6 +9,7 @@ All ``*_ms`` results are floats in milliseconds; ``*_ns`` results are the intege
 from __future__ import annotations
 
 import math
+import random
 
 from .config import SimConfig
 
@@ -27,6 +28,7 @@ __all__ = [
     "expected_cached_tokens",
     "expected_error_count",
     "fails",
+    "output_length",
 ]
 
 
@@ -120,3 +122,18 @@ def expected_error_count(cfg: SimConfig, n_requests: int) -> int:
     """Errors among the first ``n_requests`` generation requests: n // k (k = round(1 / error_rate))."""
     k = cfg.error_period
     return n_requests // k if k else 0
+
+
+def output_length(cfg: SimConfig, request_no: int, max_tokens: int) -> tuple[int, str]:
+    """(completion tokens, finish_reason) of generation request ``request_no`` asking for ``max_tokens``.
+
+    With eos_prob = 0: (max_tokens, "length"). Otherwise one draw U = Random(f"eos/{seed}/{request_no}").random()
+    gives a geometric length L = 1 + floor(ln(1 - U) / ln(1 - eos_prob)) (each token is the last with probability
+    eos_prob); the result is (L, "stop") if L <= max_tokens, else (max_tokens, "length")."""
+    if cfg.eos_prob <= 0:
+        return max_tokens, "length"
+    u = random.Random(f"eos/{cfg.seed}/{request_no}").random()
+    n = 1 + int(math.log(1.0 - u) / math.log(1.0 - cfg.eos_prob))
+    if n <= max_tokens:
+        return n, "stop"
+    return max_tokens, "length"
