@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
+from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
 
 PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
@@ -161,6 +161,134 @@ def replay(case_file: str, as_json: bool) -> None:
         raise SystemExit(EXIT_CHECK_FAILED)
     if not as_json:
         stderr.print(f"[green]pass[/green] {case.id}: meets its {len(case.expect)} expectations", highlight=False)
+
+
+@cli.command()
+@click.argument("url", required=False)
+@click.option("--profile", "-p", "profile_name", default="quick", show_default=True,
+              help="Shipped profile name (quick, decode, prefill, depth, spark-recipe) or a TOML file path.")
+@click.option("--streams", help="Concurrent streams per wave, comma list: 1,2,4,8 (overrides the profile).")
+@click.option("--depths", help="Context depths in prompt tokens, comma list; k = 1024: 0,4k,32k,131k.")
+@click.option("--max-tokens", type=click.IntRange(1), help="Output tokens per request.")
+@click.option("--prompt", "prompt_kinds", help="Prompt types, comma list of prose, code, structured, json.")
+@click.option("--repeats", type=click.IntRange(1), help="Measured requests per cell (at least; whole waves).")
+@click.option("--endpoint", "endpoint_kind", type=click.Choice(["chat", "completions"]), help="API endpoint.")
+@click.option("--thinking", type=click.Choice(["on", "off"]), help="Let thinking models think (default off).")
+@click.option("--prefix-cache", is_flag=True, default=None,
+              help="Measure the cached case on purpose: requests share their prompt (no unique prefix).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Results folder "
+              "(default bench-results/<time>-<profile>).")
+@click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
+@client_options
+def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
+        prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
+        prefix_cache: bool | None, out_dir: str | None, as_json: bool, model: str | None, api_key_env: str,
+        connect_timeout: float, read_timeout: float | None) -> None:
+    """Profile a serving setup: sweep context depths x stream counts x prompt types.
+
+    \b
+    Each cell runs warm-up waves, then waves of N concurrent streams, and reports decode tok/s per stream
+    (p50, p10-p90) and aggregate, TTFT p50/p90/p99, prompt tok/s = uncached prompt tokens / TTFT (and corrected
+    for the fixed overhead), ITL, TPOT and E2E. Every request has a unique prefix, so no prefix cache helps.
+    Writes records.jsonl (as requests finish), results.json, results.csv and results.md to the results folder.
+
+    \b
+    Examples:
+      bench run                                         quick profile on the embedded endpoint
+      bench run http://gpu:8000/v1 -p decode            sparkDash-style decode bench
+      bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
+      bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
+    """
+    from pathlib import Path
+
+    from .profile import load_profile, parse_depths, parse_ints
+
+    settings = _settings(api_key_env, connect_timeout, read_timeout)
+    prof = load_profile(profile_name).with_overrides(
+        streams=parse_ints(streams, "--streams") if streams else None,
+        depths=parse_depths(depths) if depths else None,
+        prompts=[p.strip() for p in prompt_kinds.split(",")] if prompt_kinds else None,
+        max_tokens=max_tokens,
+        requests=repeats,
+        endpoint=endpoint_kind,
+        thinking=None if thinking is None else thinking == "on",
+        prefix_cache=prefix_cache,
+    )
+    cells = prof.cells()
+    max_streams = max(c.streams for c in cells)
+    max_depth = max(c.depth for c in cells)
+    ctx = max(8192, max_streams * (max_depth + max(c.max_tokens for c in cells) + 512))
+    with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx) as base:
+        from .runner import default_out_dir
+
+        out = Path(out_dir) if out_dir else default_out_dir(prof)
+        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json)
+    _print_results(results, out, as_json)
+
+
+def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool) -> Any:
+    from .report.console import stderr
+    from .report.progress import QuietObserver, RichObserver
+    from .runner import RunInterrupted, run_profile
+
+    async def go() -> Any:
+        if quiet or not stderr.is_terminal:
+            return await run_profile(base, prof, settings, out_dir=out, model=model,
+                                     observer=QuietObserver(stderr))
+        with RichObserver(stderr, len(prof.cells())) as obs:
+            async def ticker() -> None:
+                while True:
+                    await asyncio.sleep(0.5)
+                    obs.tick()
+
+            t = asyncio.create_task(ticker())
+            try:
+                return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs)
+            finally:
+                t.cancel()
+
+    try:
+        return asyncio.run(go())
+    except RunInterrupted as e:
+        stderr.print(f"interrupted: {e.records} finished records kept in {e.out_dir}/records.jsonl "
+                     f"(partial results in {e.out_dir}/results.json)", highlight=False, soft_wrap=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt:
+        stderr.print(f"interrupted: finished records kept in {out}/records.jsonl", highlight=False, soft_wrap=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _print_results(results: Any, out: Any, as_json: bool) -> None:
+    from .report.console import results_table, stderr, stdout
+    from .report.export import headline, to_json
+
+    if as_json:
+        click.echo(to_json(results), nl=False)
+        return
+    stdout.print(results_table(results))
+    for h in headline(results):
+        stdout.print(f"  {h}", highlight=False)
+    for w in results.get("warnings", []):
+        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False, soft_wrap=True)
+    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False,
+                 soft_wrap=True)
+
+
+@cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
+@click.pass_context
+def sim(ctx: click.Context) -> None:
+    """Start bench's reference engine: an OpenAI-compatible server whose timing is known exactly.
+
+    \b
+    bench sim --port 8000 --decode-step-ms 20 --prefill-tok-s 5000
+    bench sim --config profiles/sim-default.toml --port 0     (0: a free port; prints the URL)
+    bench sim --help                                          every parameter, with units (docs/sim.md)
+    """
+    from .sim.__main__ import main as sim_main
+
+    rc = sim_main(list(ctx.args))
+    if rc:
+        raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,6 +28,7 @@ from .records import Event, RequestRecord
 from .sse import SSEDecoder
 
 __all__ = [
+    "StreamTap",
     "ClientSettings",
     "RequestSpec",
     "make_http_client",
@@ -109,11 +110,58 @@ def make_http_client(settings: ClientSettings, concurrency: int = 1) -> httpx.As
     httpx's default pool allows 100 connections and silently queues the rest; bench sets no connection limit and
     keeps ``concurrency`` connections alive between waves.
     """
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(concurrency, 1) + 4)
+    # keepalive_expiry well under common server idle timeouts (cpp-httplib/llama.cpp: 5 s; uvicorn: 5 s), so a
+    # pooled connection is never reused just as the server closes it
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(concurrency, 1) + 4,
+                          keepalive_expiry=2.0)
     timeout = httpx.Timeout(
         connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=60.0, pool=None
     )
-    return httpx.AsyncClient(limits=limits, timeout=timeout, headers=settings.headers(), http2=False)
+    transport = _StaleRetryTransport(httpx.AsyncHTTPTransport(limits=limits, http2=False))
+    return httpx.AsyncClient(timeout=timeout, headers=settings.headers(), transport=transport)
+
+
+class _StaleRetryTransport(httpx.AsyncBaseTransport):
+    """Retries a request once when the server closed a pooled keep-alive connection before any response.
+
+    Servers such as llama.cpp close a connection right after a streamed response; the close can arrive just after
+    httpx put the connection back in its pool, and the next request on it fails at once with no response. Nothing
+    reached the server's handler, so sending again on a fresh connection is safe; the failed attempt costs well
+    under a millisecond.
+    """
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self.inner = inner
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        try:
+            return await self.inner.handle_async_request(request)
+        except httpx.RemoteProtocolError as e:
+            if "without sending a response" not in str(e):
+                raise
+        except (httpx.ReadError, httpx.WriteError):
+            pass
+        return await self.inner.handle_async_request(request)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
+class StreamTap:
+    """Live counters of one in-flight request, read by progress displays (cheap to update in the read loop).
+
+    Attributes:
+        events: SSE events decoded so far (about one token each; for live display only, never for results).
+        started: the request was sent.
+        finished: the request ended.
+    """
+
+    __slots__ = ("events", "started", "finished")
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.started = False
+        self.finished = False
 
 
 @dataclass(slots=True)
@@ -202,6 +250,7 @@ async def stream_request(
     model: str,
     secret: str | None = None,
     queued_ns: int | None = None,
+    tap: StreamTap | None = None,
 ) -> RequestRecord:
     """Send one streaming request and record it.
 
@@ -213,6 +262,7 @@ async def stream_request(
         model: model name.
         secret: the API key, only to scrub it from error text.
         queued_ns: when the caller queued the request (defaults to now).
+        tap: optional live counters for a progress display.
 
     Returns:
         The :class:`RequestRecord`; ``record.error`` is set for every failure. Never raises for server or network
@@ -234,6 +284,8 @@ async def stream_request(
     perf = time.perf_counter_ns
     response: httpx.Response | None = None
     try:
+        if tap is not None:
+            tap.started = True
         rec.sent_ns = perf()
         response = await client.send(request, stream=True)
         rec.status = response.status_code
@@ -258,6 +310,8 @@ async def stream_request(
                 evs = dec.feed(chunk, t)
                 if evs:
                     raw.extend(evs)
+                    if tap is not None:
+                        tap.events += len(evs)
         finally:
             t_end = perf()
             raw.extend(dec.close(t_end))
@@ -278,6 +332,8 @@ async def stream_request(
         rec.error = redact(f"{type(e).__name__}: {_exc_text(e)}", secret)
         rec.error_kind = "protocol"
     finally:
+        if tap is not None:
+            tap.finished = True
         if response is not None:
             await response.aclose()
         if rec.end_ns is None and rec.sent_ns:

@@ -59,6 +59,7 @@ def summarize_cell(
     overhead_ms: float | None,
     *,
     depth_target_tokens: int | None = None,
+    expected_cached_tokens: int | None = 0,
 ) -> dict[str, Any]:
     """Summary dict of one cell (the ``cells[]`` entries of results.json; schema in docs/results.md).
 
@@ -68,6 +69,8 @@ def summarize_cell(
         waves: request ids of each measured wave, in order.
         overhead_ms: the run's fixed per-request overhead (median TTFT of tiny prompts) or None.
         depth_target_tokens: the prompt tokens asked for (None for depth 0, the shortest prompt).
+        expected_cached_tokens: cached tokens per request that are no surprise (the chat template's fixed header,
+            which every chat request shares); more than this is warned about. None: no warning (prefix-cache runs).
     """
     ms = [request_metrics(r) for r in records]
     by_id = {r.request_id: (r, m) for r, m in zip(records, ms)}
@@ -111,8 +114,13 @@ def summarize_cell(
                     f"{cell.id}: server counted prompts up to {miss:.1f} % away from {depth_target_tokens} tokens"
                 )
     cached = sum(m.cached_tokens for m in ok)
-    if cached:
-        warnings.append(f"{cell.id}: the server reports {cached} cached prompt tokens")
+    if expected_cached_tokens is not None:
+        extra = [m.cached_tokens for m in ok if m.cached_tokens > expected_cached_tokens]
+        if extra:
+            warnings.append(
+                f"{cell.id}: the server reports cached prompt tokens beyond the template header "
+                f"({expected_cached_tokens}) in {len(extra)} request(s), up to {max(extra)}"
+            )
     if any(m.output_tokens_estimated for m in ok):
         warnings.append(f"{cell.id}: the server sent no usage; output tokens are estimated")
     short = [m for m in ok if m.output_tokens < cell.max_tokens]

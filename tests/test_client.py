@@ -26,7 +26,7 @@ def test_normalize_url() -> None:
 
 def test_pool_never_caps_concurrency() -> None:
     c = make_http_client(ClientSettings(), concurrency=1000)
-    pool = c._transport._pool  # httpx internals: the only way to see the limit it was given
+    pool = c._transport.inner._pool  # httpx internals: the only way to see the limit it was given
     assert pool._max_connections is None or pool._max_connections >= 1000
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from rich.console import Console
@@ -9,8 +10,9 @@ from rich.table import Table
 
 __all__ = ["stdout", "stderr", "request_table"]
 
-stdout = Console()
-stderr = Console(stderr=True)
+# Not a terminal (a pipe, a file, CI logs): no wrapping at 80 columns, so tables stay readable when saved.
+stdout = Console(width=None if sys.stdout.isatty() else 220)
+stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 220)
 
 _ROWS: list[tuple[str, str, str]] = [
     ("ok", "ok", ""),
@@ -57,4 +59,19 @@ def request_table(m: dict[str, Any], title: str) -> Table:
         if key == "error" and m.get("error") is None:
             continue
         t.add_row(label, _fmt(m.get(key)), unit)
+    return t
+
+
+def results_table(results: dict[str, Any]) -> Table:
+    """The final per-cell table of a run (same rows as the Markdown report)."""
+    from .export import table_rows
+
+    head, rows = table_rows(results)
+    prof = results.get("profile", {}).get("name")
+    model = results.get("endpoint", {}).get("model")
+    t = Table(title=f"bench: profile {prof} on {model}", header_style="bold", show_lines=False)
+    for i, h in enumerate(head):
+        t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
+    for r in rows:
+        t.add_row(*r)
     return t

@@ -23,8 +23,8 @@ __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 log = logging.getLogger("bench.sim")
 
 # Sleep until this long before a deadline, then yield with sleep(0) until _BUSY_NS before it, then busy-wait.
-_SLEEP_MARGIN_NS = 2_000_000
-_BUSY_NS = 150_000
+_SLEEP_MARGIN_NS = 1_500_000
+_BUSY_NS = 100_000
 
 # vLLM-like histogram buckets (seconds)
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
