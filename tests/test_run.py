@@ -1,0 +1,147 @@
+"""`bench run`: profiles, the end-to-end sweep against the real llama-server, and Ctrl-C keeping records."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+from bench.errors import ConfigError
+from bench.profile import load_profile, parse_depths, parse_profile
+from bench.records import read_records
+
+
+# ---- profiles ---------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["quick", "decode", "prefill", "depth", "spark-recipe"])
+def test_shipped_profiles_load(name) -> None:
+    p = load_profile(name)
+    assert p.cells() and p.name == name
+
+
+def test_spark_recipe_cells() -> None:
+    ids = [c.id for c in load_profile("spark-recipe").cells()]
+    assert ids == ["d0-s1-prose", "d0-s2-prose", "d0-s3-prose", "d0-s4-prose", "d32768-s1-prose",
+                   "d131072-s1-prose"]
+
+
+def test_depth_parsing() -> None:
+    assert parse_depths("0,4k,32k,131k,1m,500") == [0, 4096, 32768, 131 * 1024, 1024 * 1024, 500]
+    with pytest.raises(ConfigError):
+        parse_depths("4x")
+
+
+@pytest.mark.parametrize(
+    "data, key",
+    [
+        ({"requestz": 3}, "requestz"),
+        ({"requests": "4"}, "requests"),
+        ({"requests": -1}, "requests"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"thinking": "yes"}, "thinking"),
+        ({"sweep": [{"streams": [1, -2]}]}, "streams"),
+        ({"sweep": [{"depths": ["lots"]}]}, "depths"),
+        ({"sweep": [{"prompts": ["poetry"]}]}, "prompt"),
+        ({"sweep": [{"colour": 1}]}, "colour"),
+        ({"requests_by_depth": {"4k": 0}}, "requests_by_depth"),
+    ],
+)
+def test_bad_profile_names_the_key(data, key) -> None:
+    with pytest.raises(ConfigError) as e:
+        parse_profile(data, "bad")
+    msg = str(e.value)
+    assert key in msg and "\n" not in msg
+
+
+def test_bad_profile_file_is_one_line_exit_3(tmp_path, capsys) -> None:
+    p = tmp_path / "bad.toml"
+    p.write_text('requests = 4\n[[sweep]]\nstreams = [1, 0]\n')
+    assert main(["run", "http://127.0.0.1:9/v1", "--profile", str(p)]) == 3
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "streams" in err
+
+
+def test_unknown_profile_lists_shipped(capsys) -> None:
+    assert main(["run", "http://127.0.0.1:9/v1", "--profile", "nope"]) == 3
+    assert "quick" in capsys.readouterr().err
+
+
+def test_unreachable_run_exit_4(capsys) -> None:
+    assert main(["run", "http://127.0.0.1:9/v1", "--connect-timeout", "1", "--out", "/tmp/bench-x"]) == 4
+
+
+# ---- end to end on the real engine -------------------------------------------------------------------------------
+@pytest.mark.engine
+def test_sweep_against_llama_server(llama_server, tmp_path, capsys) -> None:
+    out = tmp_path / "res"
+    rc = main(["run", llama_server, "--profile", "quick", "--depths", "0,2k", "--streams", "1,2",
+               "--max-tokens", "32", "--repeats", "2", "--out", str(out), "--json"])
+    stdout, err = capsys.readouterr()
+    assert rc == 0, err
+    res = json.loads(stdout)
+    assert res == json.loads((out / "results.json").read_text())
+    cells = {c["id"]: c for c in res["cells"]}
+    assert set(cells) == {"d0-s1-prose", "d0-s2-prose", "d2048-s1-prose", "d2048-s2-prose"}
+    for c in cells.values():
+        assert c["requests_failed"] == 0 and c["requests_ok"] >= 2
+        assert c["decode_tok_s"]["median"] > 0
+    for cid in ("d2048-s1-prose", "d2048-s2-prose"):
+        assert cells[cid]["prompt_miss_pct"] <= 2.0, cells[cid]["samples"]
+        assert 2048 * 0.98 <= cells[cid]["prompt_tokens"]["median"] <= 2048 * 1.02
+    assert cells["d2048-s1-prose"]["ttft_ms"]["median"] > cells["d0-s1-prose"]["ttft_ms"]["median"]
+    # aggregate decode at 2 streams is not below the single-stream figure by more than noise (30 % on 2 busy cores)
+    assert cells["d0-s2-prose"]["aggregate_decode_tok_s"]["median"] >= 0.7 * cells["d0-s1-prose"]["decode_tok_s"]["median"]
+    # no cached prompt tokens beyond the chat template's fixed header, which every chat request shares
+    header = res["run"]["template_cached_tokens"]
+    assert header < 40
+    recs = [r for r in read_records(out / "records.jsonl") if r.meta.get("phase") == "measure"]
+    assert len(recs) == sum(c["requests_ok"] + c["requests_failed"] for c in cells.values())
+    from bench.metrics import request_metrics
+    assert all(request_metrics(r).cached_tokens <= header for r in recs)
+    for f in ("results.csv", "results.md", "records.jsonl"):
+        assert (out / f).stat().st_size > 0
+    md = (out / "results.md").read_text()
+    assert "| depth |" in md and "2K" in md
+
+
+@pytest.mark.engine
+def test_completions_prompts_share_no_cached_token(llama_server, tmp_path, capsys) -> None:
+    rc = main(["run", llama_server, "--profile", "quick", "--depths", "512", "--streams", "2", "--repeats", "2",
+               "--max-tokens", "8", "--endpoint", "completions", "--out", str(tmp_path), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert res["cells"][0]["cached_tokens"] == 0
+
+
+# ---- Ctrl-C -----------------------------------------------------------------------------------------------------------
+def test_ctrl_c_keeps_finished_records(tmp_path) -> None:
+    from bench.sim import SimConfig, running_sim
+
+    prof = tmp_path / "slow.toml"
+    prof.write_text('max_tokens = 20\nrequests = 40\nwarmup = 0\noverhead_probes = 1\n'
+                    '[[sweep]]\nstreams = [1]\n')
+    out = tmp_path / "res"
+    with running_sim(SimConfig(decode_step_ms=10.0)) as url:
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "run", url, "--profile", str(prof), "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True)
+        deadline = time.monotonic() + 60
+        recs = out / "records.jsonl"
+        while time.monotonic() < deadline:
+            if recs.exists() and len(recs.read_text().splitlines()) >= 6:
+                break
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "records.jsonl" in err and str(out) in err
+    kept = read_records(recs)
+    assert len(kept) >= 6 and all(r.ok for r in kept)
+    res = json.loads((out / "results.json").read_text())
+    assert res["run"]["interrupted"] is True
