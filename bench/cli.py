@@ -72,7 +72,8 @@ def _settings(api_key_env: str, connect_timeout: float, read_timeout: float | No
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="bench")
-def cli() -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Log each request and response line to stderr (API key hidden).")
+def cli(verbose: bool) -> None:
     """bench: speed profiler for OpenAI-compatible LLM endpoints (vLLM, SGLang, llama.cpp, TGI, Ollama...).
 
     \b
@@ -87,6 +88,11 @@ def cli() -> None:
       bench run --profile quick           the default sweep (decode at 1..N streams, prefill at depths)
       bench replay CASE.json              replay a recorded server response and check the measurement
     """
+    if verbose:
+        import logging
+
+        logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+        logging.getLogger("bench").setLevel(logging.DEBUG)
 
 
 @cli.command()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import re
 import time
@@ -40,6 +41,7 @@ __all__ = [
 ]
 
 _ERR_BODY_LIMIT = 64 * 1024
+log = logging.getLogger("bench")
 
 
 def normalize_url(url: str) -> str:
@@ -289,6 +291,10 @@ async def stream_request(
         rec.sent_ns = perf()
         response = await client.send(request, stream=True)
         rec.status = response.status_code
+        if log.isEnabledFor(logging.DEBUG):
+            hdrs = {k: ("Bearer ***" if k.lower() == "authorization" else v) for k, v in request.headers.items()}
+            log.debug("%s POST %s (%d bytes, headers %s) -> HTTP %d %s", spec.request_id, request.url,
+                      len(payload), hdrs, response.status_code, response.headers.get("content-type", ""))
         ctype = response.headers.get("content-type", "")
         if response.status_code >= 400:
             err_body = await _read_limited(response)
@@ -340,6 +346,8 @@ async def stream_request(
             rec.end_ns = perf() - rec.sent_ns
     _parse_events(rec, raw, secret)
     _finish(rec)
+    if rec.error is not None:
+        log.debug("%s failed: %s", spec.request_id, rec.error)  # already redacted
     return rec
 
 

@@ -36,16 +36,20 @@ def _echo_key_case(status: int) -> Case:
                 ((1.0, body.encode()),), {})
 
 
-@pytest.mark.parametrize("as_json", [True, False])
-def test_api_key_never_printed(monkeypatch, capsys, as_json) -> None:
+@pytest.mark.parametrize("as_json, verbose", [(True, False), (False, False), (False, True)])
+def test_api_key_never_printed(monkeypatch, capsys, caplog, as_json, verbose) -> None:
     monkeypatch.setenv("BENCH_TEST_KEY", KEY)
+    caplog.set_level("DEBUG", logger="bench")
     with serve_case(_echo_key_case(401)) as base:
-        args = ["probe", base, "--model", "m", "--api-key-env", "BENCH_TEST_KEY"] + (["--json"] if as_json else [])
-        rc = main(args)
+        args = (["-v"] if verbose else []) + ["probe", base, "--model", "m", "--api-key-env", "BENCH_TEST_KEY"]
+        rc = main(args + (["--json"] if as_json else []))
     out, err = capsys.readouterr()
     assert rc == 5
-    assert KEY not in out and KEY not in err
-    assert "401" in err and len(err.strip().splitlines()) == 1
+    assert KEY not in out and KEY not in err and KEY not in caplog.text
+    assert "Bearer ***" in caplog.text  # the request was logged, with the key hidden
+    assert "401" in err
+    if not verbose:
+        assert len(err.strip().splitlines()) == 1
 
 
 def test_unreachable_url_is_one_line_and_exit_4(capsys) -> None:

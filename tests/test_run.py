@@ -145,3 +145,78 @@ def test_ctrl_c_keeps_finished_records(tmp_path) -> None:
     assert len(kept) >= 6 and all(r.ok for r in kept)
     res = json.loads((out / "results.json").read_text())
     assert res["run"]["interrupted"] is True
+
+
+# ---- a server that rejects the length-forcing fields -------------------------------------------------------------
+def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys) -> None:
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    bodies: list[dict] = []
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        bodies.append(body)
+        if "min_tokens" in body or "ignore_eos" in body:
+            return web.json_response({"error": {"message": "Unrecognized request argument supplied: min_tokens"}},
+                                     status=400)
+        resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
+        await resp.prepare(request)
+        n = min(5, body["max_tokens"])  # the model stops early: fewer tokens than asked
+        for i in range(n):
+            await asyncio.sleep(0.005)
+            await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":" w"}}]}\n\n')
+        usage = {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}
+        await resp.write(('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":%s}\n\n'
+                          % json.dumps(usage)).encode())
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "strict", "owned_by": "openai"}]})
+
+    loop = asyncio.new_event_loop()
+    box: dict = {}
+
+    async def start() -> None:
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", chat)
+        app.router.add_get("/v1/models", models)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["runner"], box["port"] = runner, runner.addresses[0][1]
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(start())
+        box["ready"] = True
+        loop.run_forever()
+
+    th = threading.Thread(target=serve, daemon=True)
+    th.start()
+    while "ready" not in box:
+        time.sleep(0.01)
+    try:
+        rc = main(["run", f"http://127.0.0.1:{box['port']}/v1", "--profile", "quick", "--depths", "0",
+                   "--streams", "1", "--max-tokens", "20", "--repeats", "2", "--out", str(tmp_path), "--json"])
+    finally:
+        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0
+    assert res["run"]["forced_length"] is False
+    assert any("rejected min_tokens" in w for w in res["warnings"])
+    cell = res["cells"][0]
+    assert cell["requests_ok"] == 2 and cell["output_tokens"]["median"] == 5  # lengths actually produced
+    assert any("stopped before max_tokens" in w for w in cell["warnings"])
+    # the retry dropped only the forcing fields: thinking stays disabled
+    retried = [b for b in bodies if "min_tokens" not in b]
+    assert retried and all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in retried)
+    assert sum(1 for b in bodies if "min_tokens" in b) == 1  # asked once, then remembered for the run
+    # the rejected attempt is on disk but not counted as a measured success
+    recs = read_records(tmp_path / "records.jsonl")
+    assert any(not r.ok and r.status == 400 for r in recs)
