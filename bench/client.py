@@ -235,10 +235,14 @@ def _error_from_body(status: int, ctype: str, body: bytes) -> str:
     else:
         msg = text
     msg = " ".join(msg.split())[:200]
+    if 300 <= status < 400 and not msg:
+        msg = "redirect; give the final URL"
     return f"HTTP {status}: {msg}" if msg else f"HTTP {status}"
 
 
 def _http_kind(status: int) -> str:
+    if status < 400:
+        return "http_redirect"  # httpx follows no redirect: the URL to give is the final one
     if status == 429:
         return "http_429"
     return "http_5xx" if status >= 500 else "http_4xx"
@@ -296,7 +300,7 @@ async def stream_request(
             log.debug("%s POST %s (%d bytes, headers %s) -> HTTP %d %s", spec.request_id, request.url,
                       len(payload), hdrs, response.status_code, response.headers.get("content-type", ""))
         ctype = response.headers.get("content-type", "")
-        if response.status_code >= 400:
+        if response.status_code >= 300:
             err_body = await _read_limited(response)
             rec.end_ns = perf() - rec.sent_ns
             rec.error = redact(_error_from_body(response.status_code, ctype, err_body), secret)

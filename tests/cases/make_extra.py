@@ -85,6 +85,9 @@ case("http-400-json", "HTTP 400 with an OpenAI-style JSON error (an unsupported 
      [{"at_ms": 5, "data": json.dumps({"object": "error", "message": "min_tokens is not supported",
                                          "type": "BadRequestError", "code": 400})}],
      {"ok": False, "error": "min_tokens"}, status=400, headers={"content-type": "application/json"})
+case("http-307-redirect", "HTTP 307 to another URL: httpx follows no redirect; a failed request that says so",
+     [{"at_ms": 5, "data": ""}], {"ok": False, "error": "307"}, status=307,
+     headers={"content-type": "text/plain", "location": "http://elsewhere/v1/chat/completions"})
 ev = [{"at_ms": 100 + 10 * i, "data": sse(chat({"content": w}))} for i, w in enumerate(W[:4])]
 ev += [{"at_ms": 145, "data": 'data: {"id":"c","object":"chat.comp'}, {"at_ms": 160, "close": True}]
 case("cut-mid-event", "four tokens, then the connection drops in the middle of an event", ev,
