@@ -91,6 +91,7 @@ class Session:
         self.template_cached_tokens = 0
         self.overhead_ms: float | None = None
         self.force_length = profile.force_length
+        self.template_kwargs = True  # send chat_template_kwargs (thinking off) until the server rejects them
         self.run_id = uuid.uuid4().hex[:8]
         self.writer: RecordWriter | None = None
         self.observer: Observer | None = None
@@ -152,7 +153,7 @@ class Session:
         p = self.profile
         if p.endpoint == "chat":
             b: dict[str, Any] = {"messages": [{"role": "user", "content": text}]}
-            if not p.thinking:
+            if not p.thinking and self.template_kwargs:
                 b["chat_template_kwargs"] = {"enable_thinking": False}
         else:
             b = {"prompt": text}
@@ -179,6 +180,16 @@ class Session:
             if self.writer is not None:
                 self.writer.write(rec)
             spec = RequestSpec(rid + "-retry", self.profile.endpoint, self.body(text, max_tokens), meta)
+            rec = await stream_request(self.client, self.base, spec, model=self.model,
+                                       secret=self.settings.api_key, tap=tap)
+        if (rec.status in (400, 422) and "chat_template_kwargs" in spec.body
+                and "chat_template_kwargs" in (rec.error or "")):
+            # a strict server (OpenAI's own API) rejects the field itself: thinking cannot be switched off here
+            self.template_kwargs = False
+            self._note(f"server rejected chat_template_kwargs ({rec.error}); thinking cannot be disabled on it")
+            if self.writer is not None:
+                self.writer.write(rec)
+            spec = RequestSpec(rid + "-retry2", self.profile.endpoint, self.body(text, max_tokens), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
         return rec

@@ -148,7 +148,8 @@ def test_ctrl_c_keeps_finished_records(tmp_path) -> None:
 
 
 # ---- a server that rejects the length-forcing fields -------------------------------------------------------------
-def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys) -> None:
+@pytest.mark.parametrize("strict", [False, True], ids=["vllm-like", "openai-strict"])
+def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys, strict) -> None:
     import asyncio
     import threading
 
@@ -162,6 +163,9 @@ def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys) -> None:
         if "min_tokens" in body or "ignore_eos" in body:
             return web.json_response({"error": {"message": "Unrecognized request argument supplied: min_tokens"}},
                                      status=400)
+        if strict and "chat_template_kwargs" in body:
+            return web.json_response(
+                {"error": {"message": "Unrecognized request argument supplied: chat_template_kwargs"}}, status=400)
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         n = min(5, body["max_tokens"])  # the model stops early: fewer tokens than asked
@@ -213,9 +217,12 @@ def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys) -> None:
     cell = res["cells"][0]
     assert cell["requests_ok"] == 2 and cell["output_tokens"]["median"] == 5  # lengths actually produced
     assert any("stopped before max_tokens" in w for w in cell["warnings"])
-    # the retry dropped only the forcing fields: thinking stays disabled
     retried = [b for b in bodies if "min_tokens" not in b]
-    assert retried and all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in retried)
+    if strict:  # the server rejects the thinking switch itself: dropped, and said so
+        assert any("chat_template_kwargs" in w for w in res["warnings"])
+        assert retried[-1].get("chat_template_kwargs") is None
+    else:  # the retry dropped only the forcing fields: thinking stays disabled
+        assert retried and all(b["chat_template_kwargs"] == {"enable_thinking": False} for b in retried)
     assert sum(1 for b in bodies if "min_tokens" in b) == 1  # asked once, then remembered for the run
     # the rejected attempt is on disk but not counted as a measured success
     recs = read_records(tmp_path / "records.jsonl")
