@@ -44,6 +44,7 @@ __all__ = ["Session", "CellRun", "Observer", "run_profile", "RunInterrupted", "S
 
 SCHEMA_VERSION = 1
 WARMUP_MAX_TOKENS = 8
+CLIENT_CPU_WARN_PCT = 70.0
 
 
 class Observer(Protocol):
@@ -207,7 +208,7 @@ class Session:
             rec = await self.send(text, 1, "calib", {"phase": "calibration"})
             self._write(rec)
             m = request_metrics(rec)
-            if not rec.ok or m.prompt_tokens is None:
+            if m.prompt_tokens is None:  # a probe that failed after usage arrived still tells the prompt size
                 self._note(f"cannot calibrate prompt length (no usage.prompt_tokens): {rec.error or 'no usage'}")
                 self.tokenizer, self.tokenizer_kind = CalibratedTokenizer(4.0), "default-ratio"
                 return
@@ -219,25 +220,35 @@ class Session:
         self._note(f"server has no /tokenize: prompt lengths calibrated at {cpt:.2f} chars/token (an estimate)")
 
     async def _measure_overhead(self) -> None:
-        """Tiny prompts: template overhead tokens (with a server tokenizer) and the fixed TTFT overhead."""
+        """Tiny prompts: template overhead tokens (with a server tokenizer) and the fixed TTFT overhead.
+
+        A probe whose single token decodes to no text (``no_tokens``: it happens with special tokens) is skipped and
+        replaced, up to ``overhead_probes + 3`` extra tries; any other failure stops the run.
+        """
         n = self.profile.overhead_probes
         ttfts: list[float] = []
-        for i in range(n + 1):  # the first is a warm-up (connection, server caches)
-            text = unique_prefix(self.run_id, 1_000_000 + i) + "Say OK."
+        done, tries, header_known = 0, 0, False
+        while done < n + 1:  # the first is a warm-up (connection, server caches)
+            text = unique_prefix(self.run_id, 1_000_000 + tries) + "Say OK."
+            tries += 1
             rec = await self.send(text, 1, "overhead", {"phase": "overhead"})
             self._write(rec)
             m = request_metrics(rec)
             if not rec.ok:
                 if rec.error_kind == "connect":
                     raise EndpointUnreachable(rec.error or "cannot connect")
+                if rec.error_kind == "no_tokens" and tries <= 2 * n + 4:
+                    continue
                 raise ServerError(f"probe request failed: {rec.error}")
-            if i == 0 and self.tokenizer_kind == "server" and m.prompt_tokens is not None:
+            if not header_known and self.tokenizer_kind == "server" and m.prompt_tokens is not None:
                 self.template_overhead_tokens = max(0, m.prompt_tokens - await self.tokenizer.count(text))
-            if i > 0:
+                header_known = True
+            if done > 0:
                 # a prompt unique from its first character still shares the chat template's fixed header
                 self.template_cached_tokens = max(self.template_cached_tokens, m.cached_tokens)
                 if m.ttft_ms is not None:
                     ttfts.append(m.ttft_ms)
+            done += 1
         if ttfts:
             ttfts.sort()
             self.overhead_ms = ttfts[len(ttfts) // 2]
@@ -308,9 +319,13 @@ class Session:
             prompts = await self._prompts(cell, 1, cell.depth, "prime")
             await self._wave(cell, prompts, WARMUP_MAX_TOKENS, "prime", 0)
         w = 0
+        cpu_s = wall_s = 0.0
         while True:
             prompts = await self._prompts(cell, cell.streams, cell.depth, "measure")
+            c0, t0 = time.process_time(), time.perf_counter()
             recs = await self._wave(cell, prompts, cell.max_tokens, "measure", w)
+            cpu_s += time.process_time() - c0
+            wall_s += time.perf_counter() - t0
             run.records.extend(recs)
             run.waves.append([r.request_id for r in recs])
             w += 1
@@ -322,6 +337,13 @@ class Session:
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
                                      depth_target_tokens=cell.depth or None,
                                      expected_cached_tokens=None if p.prefix_cache else self.template_cached_tokens)
+        # bench is one thread: near 100 % of a core while measuring, the client may be the bottleneck
+        cpu_pct = 100.0 * cpu_s / wall_s if wall_s > 0 else None
+        run.summary["client_cpu_pct"] = None if cpu_pct is None else round(cpu_pct, 1)
+        if cpu_pct is not None and cpu_pct > CLIENT_CPU_WARN_PCT:
+            run.summary["warnings"].append(
+                f"{cell.id}: bench's client used {cpu_pct:.0f} % of a CPU core while measuring; its timestamps may "
+                "lag (see benchmarks/fidelity.py)")
         if all(not r.ok for r in run.records):
             kinds = sorted({r.error_kind or "?" for r in run.records})
             run.summary["warnings"].append(f"{cell.id}: every request failed ({', '.join(kinds)})")

@@ -28,7 +28,8 @@ __all__ = ["summarize_cell", "wave_aggregate_decode", "SAMPLE_KEYS", "OVERHEAD_F
 OVERHEAD_FLAG_SHARE = 0.30
 PROMPT_MISS_WARN_PCT = 2.0
 SAMPLE_KEYS = ("decode_tok_s", "ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50", "prompt_tok_s",
-               "prompt_tok_s_corrected", "server_prefill_tok_s")
+               "prompt_tok_s_corrected", "server_prefill_tok_s", "server_decode_tok_s", "ttft_minus_server_prompt_ms")
+SERVER_GAP_WARN_SHARE = 0.20
 
 
 def wave_aggregate_decode(recs: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> float | None:
@@ -86,6 +87,18 @@ def summarize_cell(
             agg.append(a)
 
     prompt_tok_s, corrected, server_pf, shares = [], [], [], []
+    server_dec, gap = [], []
+    for r, m in zip(records, ms):
+        if not m.ok:
+            continue
+        t = r.timings or {}
+        try:
+            if t.get("predicted_per_second"):
+                server_dec.append(float(t["predicted_per_second"]))
+            if t.get("prompt_ms") is not None and m.ttft_ms is not None:
+                gap.append(m.ttft_ms - float(t["prompt_ms"]))
+        except (TypeError, ValueError):
+            pass
     for m in ok:
         if m.prompt_tokens is not None and m.ttft_ms:
             unc = m.prompt_tokens - m.cached_tokens
@@ -103,6 +116,16 @@ def summarize_cell(
         warnings.append(
             f"{cell.id}: fixed overhead is {share:.0%} of TTFT; prompt tok/s here mostly measures overhead"
         )
+
+    if gap and cell.depth > 0:
+        g = sorted(gap)[len(gap) // 2]
+        tt = sorted(m.ttft_ms for m in ok if m.ttft_ms)
+        t_med = tt[len(tt) // 2] if tt else None
+        if t_med and g > SERVER_GAP_WARN_SHARE * t_med and g > 2 * (overhead_ms or 0):
+            warnings.append(
+                f"{cell.id}: {g:.0f} ms of the {t_med:.0f} ms TTFT is outside the server's own prompt timing "
+                "(tokenizing, queueing, or a prompt-cache copy: llama.cpp's --cache-ram)"
+            )
 
     miss = None
     if depth_target_tokens:
@@ -140,6 +163,8 @@ def summarize_cell(
         "prompt_tok_s": prompt_tok_s,
         "prompt_tok_s_corrected": corrected,
         "server_prefill_tok_s": server_pf,
+        "server_decode_tok_s": server_dec,
+        "ttft_minus_server_prompt_ms": gap,
         "aggregate_decode_tok_s": agg,
     }
     samples = {k: [round(v, 4) for v in vs if v is not None] for k, vs in samples.items()}
@@ -164,6 +189,8 @@ def summarize_cell(
         "prompt_tok_s": summarize(prompt_tok_s).to_dict(),
         "prompt_tok_s_corrected": summarize(corrected).to_dict(),
         "server_prefill_tok_s": summarize(server_pf).to_dict(),
+        "server_decode_tok_s": summarize(server_dec).to_dict(),
+        "ttft_minus_server_prompt_ms": summarize(gap).to_dict(),
         "overhead_ms": overhead_ms,
         "overhead_share": share,
         "overhead_flag": flag,
