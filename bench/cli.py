@@ -280,6 +280,41 @@ def _print_results(results: Any, out: Any, as_json: bool) -> None:
                  soft_wrap=True)
 
 
+@cli.command()
+@click.argument("results_file", type=click.Path(dir_okay=False))
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Folder for the PNGs (default: beside "
+              "the results file).")
+def plot(results_file: str, out_dir: str | None) -> None:
+    """Plot a results.json: decode vs streams, and TTFT / prompt tok/s / decode vs depth (PNG files).
+
+    Needs matplotlib (pip install 'bench[plot]').
+    """
+    from pathlib import Path
+
+    from .report.console import stderr
+    from .report.plots import plot_results
+
+    results = _load_results(results_file)
+    paths = plot_results(results, out_dir or Path(results_file).parent)
+    if not paths:
+        stderr.print("nothing to plot: the results have no stream sweep and no depth > 0", highlight=False)
+    for p in paths:
+        click.echo(str(p))
+
+
+def _load_results(path: str) -> dict[str, Any]:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            d = json.load(fh)
+    except FileNotFoundError:
+        raise ConfigError(f"results file not found: {path}") from None
+    except ValueError as e:
+        raise ConfigError(f"results file {path} is not JSON: {e}") from None
+    if not isinstance(d, dict) or "cells" not in d:
+        raise ConfigError(f"{path} is not a bench results file (no 'cells')")
+    return d
+
+
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})
 @click.pass_context
 def sim(ctx: click.Context) -> None:
