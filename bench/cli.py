@@ -332,6 +332,16 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
+def _register_gate_commands() -> None:
+    from .cli_gate import ab, compare, gate  # imports this module's helpers: register after they exist
+
+    for cmd in (gate, compare, ab):
+        cli.add_command(cmd)
+
+
+_register_gate_commands()
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turn errors into one line on stderr and an exit code."""
     from .report.console import stderr

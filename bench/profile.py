@@ -272,6 +272,9 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
     _type_check(where, "gate", gate, list)
     for i, g in enumerate(gate):
         _type_check(where, f"gate[{i}]", g, dict)
+    from .gate import parse_rules
+
+    parse_rules(gate, where)  # a bad gate rule fails when the profile is read, not after the run
     kw["gate"] = tuple(gate)
     p = Profile(**kw)
     _validate_numbers(p, where)

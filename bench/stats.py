@@ -102,6 +102,8 @@ __all__ += [
     "student_t_ppf",
     "hd_weights",
     "hd_quantile",
+    "thd_weights",
+    "thd_quantile",
     "make_estimator",
     "expanded_tail",
     "bootstrap_ratio_ci",
@@ -215,12 +217,86 @@ def hd_quantile(values: Sequence[float] | np.ndarray, q: float) -> float | np.nd
     return float(out) if xs.ndim == 1 else out
 
 
+_THD_CACHE: dict[tuple[int, float], np.ndarray] = {}
+
+
+def _beta_hdi(a: float, b: float, width: float) -> tuple[float, float]:
+    """The interval ``[L, L + width]`` of highest Beta(a, b) density (a + b >= 2), by bisection on
+    ``log f(L + width) - log f(L)``, which falls with ``L`` because the density is log-concave there."""
+    if a <= 1.0 and b <= 1.0:
+        return 0.5 - width / 2, 0.5 + width / 2
+    if a <= 1.0:
+        return 0.0, width
+    if b <= 1.0:
+        return 1.0 - width, 1.0
+
+    def logf(x: float) -> float:
+        x = min(max(x, 1e-300), 1.0 - 1e-16)
+        return (a - 1.0) * math.log(x) + (b - 1.0) * math.log1p(-x)
+
+    mode = (a - 1.0) / (a + b - 2.0)
+    lo, hi = max(0.0, mode - width), min(mode, 1.0 - width)
+    for _ in range(100):
+        mid = 0.5 * (lo + hi)
+        if logf(mid + width) > logf(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, lo + width
+
+
+def thd_weights(n: int, q: float) -> np.ndarray:
+    """Trimmed Harrell-Davis weights of the ``n`` order statistics for quantile ``q`` (0 < q < 1).
+
+    As :func:`hd_weights`, but the Beta((n+1)q, (n+1)(1-q)) distribution is restricted to its highest-density
+    interval ``[L, R]`` of width ``1/sqrt(n)`` and renormalized: ``w_i = F*(i/n) - F*((i-1)/n)`` with
+    ``F*(x) = (F(clip(x, L, R)) - F(L)) / (F(R) - F(L))`` (A. Akinshin, "Trimmed Harrell-Davis quantile estimator
+    based on the highest density interval of the given width", Communications in Statistics - Simulation and
+    Computation, 2023; arXiv:2111.11776). Order statistics far from the quantile get weight 0, so one outlier
+    cannot pull the estimate. Shape ``(n,)``, sums to 1. Cached per ``(n, q)``.
+    """
+    if n < 1:
+        raise ValueError("thd_weights needs n >= 1")
+    if not 0.0 < q < 1.0:
+        raise ValueError(f"thd_weights needs 0 < q < 1 (got {q})")
+    key = (n, q)
+    w = _THD_CACHE.get(key)
+    if w is None:
+        if n == 1:
+            w = np.ones(1)
+        else:
+            a, b = (n + 1) * q, (n + 1) * (1.0 - q)
+            lo, hi = _beta_hdi(a, b, 1.0 / math.sqrt(n))
+            f_lo, f_hi = betainc_reg(a, b, lo), betainc_reg(a, b, hi)
+            cdf = np.array([(betainc_reg(a, b, min(max(i / n, lo), hi)) - f_lo) / (f_hi - f_lo)
+                            for i in range(n + 1)])
+            w = np.diff(cdf)
+        w.setflags(write=False)
+        _THD_CACHE[key] = w
+    return w
+
+
+def thd_quantile(values: Sequence[float] | np.ndarray, q: float) -> float | np.ndarray:
+    """Trimmed Harrell-Davis estimate of quantile ``q`` (0-1) (weights :func:`thd_weights`): smooth in the data
+    like :func:`hd_quantile`, and robust to a stray value like the sample quantile.
+
+    ``values`` of shape ``(n,)`` gives a float; shape ``(rows, n)`` gives one estimate per row. Raises
+    ValueError on an empty sample.
+    """
+    xs = np.sort(np.asarray(values, dtype=float), axis=-1)
+    n = xs.shape[-1]
+    if n == 0:
+        raise ValueError("thd_quantile of an empty sample")
+    out = xs @ thd_weights(n, q)
+    return float(out) if xs.ndim == 1 else out
+
+
 def make_estimator(stat: str) -> Callable[[np.ndarray], np.ndarray]:
     """The row-wise estimator behind a gate statistic name.
 
-    ``"mean"`` -> arithmetic mean; ``"median"`` -> Harrell-Davis median; ``"pNN"`` (1 <= NN <= 99, e.g. ``"p90"``)
-    -> Harrell-Davis quantile NN/100. The returned function maps an array of shape ``(rows, n)`` to ``(rows,)``.
-    Raises ValueError on another name.
+    ``"mean"`` -> arithmetic mean; ``"median"`` -> trimmed Harrell-Davis median (:func:`thd_quantile`);
+    ``"pNN"`` (1 <= NN <= 99, e.g. ``"p90"``) -> trimmed Harrell-Davis quantile NN/100. The returned function maps
+    an array of shape ``(rows, n)`` to ``(rows,)``. Raises ValueError on another name.
     """
     if stat == "mean":
         return lambda rows: np.asarray(rows, dtype=float).mean(axis=-1)
@@ -230,22 +306,28 @@ def make_estimator(stat: str) -> Callable[[np.ndarray], np.ndarray]:
         q = int(stat[1:]) / 100.0
     else:
         raise ValueError(f"unknown statistic {stat!r} (use mean, median or p1..p99)")
-    return lambda rows: np.atleast_1d(hd_quantile(rows, q))
+    return lambda rows: np.atleast_1d(thd_quantile(rows, q))
 
 
-def expanded_tail(level: float, n: int) -> float:
+def expanded_tail(level: float, n: int, n_other: int | None = None) -> float:
     """Tail probability to read off a bootstrap distribution for an *expanded* percentile interval.
 
-    The plain percentile interval is too narrow for small ``n`` (its spread is the plug-in one, short by
-    ``(n-1)/n`` in variance, and it uses normal rather than t tails). Hesterberg (2015, "What teachers should know
-    about the bootstrap", The American Statistician 69(4):371-386, section 5) widens it by using
-    ``alpha'/2 = Phi(-sqrt(n/(n-1)) * t_{alpha/2, n-1})`` instead of ``alpha/2``. Returns ``alpha'/2``
-    (one tail); for ``n < 2`` returns 0 (the whole bootstrap range).
+    The plain percentile interval is too narrow for small samples: its spread is the plug-in one, short by
+    ``(n-1)/n`` in variance, and its tails are normal rather than Student. Hesterberg (2015, "What teachers should
+    know about the bootstrap", The American Statistician 69(4):371-386, section 5) widens it by reading the
+    bootstrap distribution at ``alpha'/2 = Phi(-sqrt(n/(n-1)) * t_{alpha/2, df})`` instead of ``alpha/2``, with
+    ``df = n - 1`` for one sample. For two samples (``n_other`` given) bench uses ``n = min(n, n_other)`` in the
+    variance factor and the pooled two-sample ``df = n + n_other - 2``. Returns ``alpha'/2`` (one tail); 0 (the
+    whole bootstrap range) when a sample has fewer than 2 values.
     """
     alpha = 1.0 - level
-    if n < 2:
+    if n_other is None:
+        m, df = n, n - 1
+    else:
+        m, df = min(n, n_other), n + n_other - 2
+    if m < 2:
         return 0.0
-    z = math.sqrt(n / (n - 1.0)) * student_t_ppf(1.0 - alpha / 2.0, n - 1.0)
+    z = math.sqrt(m / (m - 1.0)) * student_t_ppf(1.0 - alpha / 2.0, df)
     return 0.5 * math.erfc(z / math.sqrt(2.0))
 
 
@@ -263,7 +345,7 @@ def bootstrap_ratio_ci(
 
     Each side is resampled independently with replacement (Efron & Tibshirani 1993, ch. 8.3 two-sample bootstrap;
     ch. 13 percentile interval); the interval is read at the tails of the ``resamples`` bootstrap ratios.
-    With ``expand`` the tails are those of :func:`expanded_tail` for ``n = min(len(baseline), len(candidate))``.
+    With ``expand`` the tails are those of :func:`expanded_tail` for the two sample sizes.
     ``stat`` is a :func:`make_estimator` name. Deterministic for a seed.
 
     Returns ``(base_estimate, cand_estimate, ratio, lo, hi)``. Raises ValueError when a side has fewer than
@@ -284,6 +366,6 @@ def bootstrap_ratio_ci(
     with np.errstate(divide="ignore", invalid="ignore"):
         ratios = est(rb) / est(ra)
     ratios = ratios[np.isfinite(ratios)]
-    tail = expanded_tail(level, min(a.size, b.size)) if expand else (1.0 - level) / 2.0
+    tail = expanded_tail(level, a.size, b.size) if expand else (1.0 - level) / 2.0
     lo, hi = np.quantile(ratios, [tail, 1.0 - tail])
     return base_v, cand_v, cand_v / base_v, float(lo), float(hi)

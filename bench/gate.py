@@ -1,0 +1,485 @@
+"""The CI speed gate: rules, verdicts and exit codes (pure; the only I/O is reading a results file).
+
+A *rule* (one ``[[gate]]`` table of a profile) says how much worse one statistic of one metric may get in one cell
+(or every cell, ``cell = "*"``)::
+
+    [[gate]]
+    metric = "decode_tok_s"      # per-stream decode tok/s, higher is better
+    cell = "d0-s1-prose"         # a cell id d{depth}-s{streams}-{prompt}, or "*"
+    stat = "median"              # mean | median | p1..p99 (default median)
+    max_drop_pct = 5             # higher-better metrics: the allowed drop, %
+
+    [[gate]]
+    metric = "ttft_ms"           # lower is better
+    cell = "*"
+    stat = "p90"
+    max_rise_pct = 10            # lower-better metrics: the allowed rise, %
+
+For each rule and cell, :func:`compare` estimates ``ratio = stat(candidate) / stat(baseline)`` from the raw
+per-request samples of both results files (per-wave samples for ``aggregate_decode_tok_s``) with a two-sample
+bootstrap confidence interval ``[lo, hi]`` (:func:`bench.stats.bootstrap_ratio_ci`: trimmed Harrell-Davis
+quantiles, expanded percentile interval; the reasons are in docs/gate.md) and classifies it against the limit
+``L = 1 - max_drop_pct/100`` (higher-better) or ``L = 1 + max_rise_pct/100`` (lower-better):
+
+=============  ===============================  ===============================
+verdict        higher-better                    lower-better
+=============  ===============================  ===============================
+regression     ``hi < L``                       ``lo > L``
+inconclusive   ``lo < L <= hi``                 ``lo <= L < hi``
+improved       ``lo > 1`` (and not the above)   ``hi < 1`` (and not the above)
+unchanged      otherwise                        otherwise
+=============  ===============================  ===============================
+
+so a regression is declared only when the whole interval lies beyond the allowance. Exit codes
+(:func:`overall_exit`): 0 pass, 1 any regression, 2 any inconclusive and no regression.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, ConfigError
+from .stats import bootstrap_ratio_ci, make_estimator
+
+__all__ = [
+    "HIGHER_BETTER",
+    "LOWER_BETTER",
+    "METRICS",
+    "MAIN_METRICS",
+    "VERDICTS",
+    "Rule",
+    "Verdict",
+    "GateCouldNotRun",
+    "parse_rules",
+    "default_rules",
+    "rules_from_results",
+    "check_rule_cells",
+    "compare",
+    "compare_samples",
+    "classify",
+    "overall_exit",
+    "check_comparable",
+    "load_results",
+    "cell_samples",
+    "inconclusive_cells",
+    "verdict_counts",
+    "uncovered_cells",
+]
+
+HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
+                 "server_prefill_tok_s")
+LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
+METRICS = HIGHER_BETTER + LOWER_BETTER
+# The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).
+MAIN_METRICS = ("decode_tok_s", "aggregate_decode_tok_s", "ttft_ms", "tpot_ms", "e2e_ms", "prompt_tok_s")
+VERDICTS = ("regression", "inconclusive", "improved", "unchanged")
+_RULE_KEYS = ("metric", "cell", "stat", "max_drop_pct", "max_rise_pct")
+DEFAULT_GATE_TABLES: tuple[dict[str, Any], ...] = (
+    {"metric": "decode_tok_s", "cell": "*", "stat": "median", "max_drop_pct": 5},
+    {"metric": "ttft_ms", "cell": "*", "stat": "p90", "max_rise_pct": 10},
+)
+MIN_SAMPLES = 2  # fewer on either side: inconclusive (a bootstrap of one value says nothing about spread)
+
+
+class GateCouldNotRun(BenchError):
+    """``bench gate`` could not run or compare (any cause: unreachable endpoint, bad file, incomparable runs).
+
+    Exit code 3, whatever the underlying error's own code would be.
+    """
+
+    exit_code = EXIT_BAD_INPUT
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """One validated gate rule.
+
+    Attributes:
+        metric: a key of :data:`METRICS` (the sample lists of a cell summary).
+        cell: a cell id (``d0-s1-prose``) or ``"*"`` for every cell present in both runs.
+        stat: ``"mean"``, ``"median"`` or ``"pNN"`` (1..99); quantiles are trimmed Harrell-Davis estimates.
+        max_change_pct: the allowed worsening in percent (a drop for higher-better, a rise for lower-better).
+        index: position in the profile's ``[[gate]]`` list (None for built-in default rules).
+    """
+
+    metric: str
+    cell: str
+    stat: str
+    max_change_pct: float
+    index: int | None = None
+
+    @property
+    def higher_better(self) -> bool:
+        """True when a larger value is better (throughputs), False for latencies."""
+        return self.metric in HIGHER_BETTER
+
+    @property
+    def limit(self) -> float:
+        """The ratio candidate/baseline at the edge of the allowance: ``1 - pct/100`` or ``1 + pct/100``."""
+        pct = self.max_change_pct / 100.0
+        return 1.0 - pct if self.higher_better else 1.0 + pct
+
+    @property
+    def key(self) -> str:
+        """The TOML key holding the allowance: ``max_drop_pct`` or ``max_rise_pct``."""
+        return "max_drop_pct" if self.higher_better else "max_rise_pct"
+
+    @property
+    def where(self) -> str:
+        """``gate[i]`` for a profile rule, ``default`` for a built-in one."""
+        return f"gate[{self.index}]" if self.index is not None else "default"
+
+    def describe(self) -> str:
+        """One line: ``decode_tok_s median, drop <= 5 %, cell *``."""
+        word = "drop" if self.higher_better else "rise"
+        return f"{self.metric} {self.stat}, {word} <= {self.max_change_pct:g} %, cell {self.cell}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The rule as a ``[[gate]]`` table."""
+        return {"metric": self.metric, "cell": self.cell, "stat": self.stat, self.key: self.max_change_pct}
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The outcome of one rule in one cell.
+
+    Attributes:
+        rule: the rule.
+        cell: the cell id compared.
+        verdict: one of :data:`VERDICTS`.
+        baseline, candidate: the statistic of each side in the metric's unit (None when it could not be computed).
+        ratio: ``candidate / baseline`` (None when not computed).
+        lo, hi: the confidence interval of the ratio at ``level`` (None when not computed).
+        level: the confidence level (0.95).
+        n_baseline, n_candidate: sample counts behind each side.
+        note: why a verdict is inconclusive without an interval (missing cell, too few samples...), else "".
+    """
+
+    rule: Rule
+    cell: str
+    verdict: str
+    baseline: float | None
+    candidate: float | None
+    ratio: float | None
+    lo: float | None
+    hi: float | None
+    level: float
+    n_baseline: int
+    n_candidate: int
+    note: str = ""
+
+    @property
+    def name(self) -> str:
+        """Stable test name: ``decode_tok_s.median@d0-s1-prose``."""
+        return f"{self.rule.metric}.{self.rule.stat}@{self.cell}"
+
+    @property
+    def failed(self) -> bool:
+        """True for a regression or an inconclusive verdict (either fails the gate)."""
+        return self.verdict in ("regression", "inconclusive")
+
+    def explain(self) -> str:
+        """One sentence saying why the verdict is what it is (for JUnit messages and logs)."""
+        r = self.rule
+        if self.lo is None or self.hi is None:
+            return f"{self.verdict}: {self.note}"
+        ci = f"{self.level:.0%} CI of the ratio [{self.lo:.3f}, {self.hi:.3f}]"
+        if self.verdict == "regression":
+            side = "below" if r.higher_better else "above"
+            return f"regression: the whole {ci} is {side} the limit {r.limit:.3f} ({r.key} = {r.max_change_pct:g})"
+        if self.verdict == "inconclusive":
+            return (f"inconclusive: the {ci} straddles the limit {r.limit:.3f}; more samples "
+                    f"(requests, or gate_budget_waves) can settle it")
+        if self.verdict == "improved":
+            return f"improved: the whole {ci} is on the better side of 1"
+        return f"unchanged: the {ci} is within the allowance (limit {r.limit:.3f})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-safe dict (the rule flattened in)."""
+        return {
+            "name": self.name, "metric": self.rule.metric, "stat": self.rule.stat, "cell": self.cell,
+            "rule_cell": self.rule.cell, "rule_index": self.rule.index, "max_change_pct": self.rule.max_change_pct,
+            "limit": self.rule.limit, "higher_better": self.rule.higher_better, "verdict": self.verdict,
+            "baseline": self.baseline, "candidate": self.candidate, "ratio": self.ratio, "lo": self.lo,
+            "hi": self.hi, "level": self.level, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
+            "note": self.note,
+        }
+
+
+# --- rules -------------------------------------------------------------------------------------------------------
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def parse_rules(tables: Iterable[Mapping[str, Any]], where: str = "profile") -> list[Rule]:
+    """Validate ``[[gate]]`` tables (``Profile.gate``) into rules.
+
+    Each table needs ``metric`` (one of :data:`METRICS`), optional ``cell`` (default ``"*"``), optional ``stat``
+    (default ``"median"``), and the allowance matching the metric's direction: ``max_drop_pct`` for higher-better
+    metrics, ``max_rise_pct`` for lower-better ones (a number in [0, 100) resp. >= 0).
+
+    Raises:
+        ConfigError: one line naming the bad key, e.g.
+            ``profile quick: gate[1].max_drop_pct: ttft_ms is lower-is-better; use max_rise_pct``.
+    """
+    out: list[Rule] = []
+    for i, t in enumerate(tables):
+        w = f"{where}: gate[{i}]"
+        if not isinstance(t, Mapping):
+            raise ConfigError(f"{w}: must be a table, not {type(t).__name__}")
+        for k in t:
+            if k not in _RULE_KEYS:
+                raise ConfigError(f"{w}.{k}: unknown key (known: {', '.join(_RULE_KEYS)})")
+        metric = t.get("metric")
+        if metric is None:
+            raise ConfigError(f"{w}.metric: missing (one of {', '.join(METRICS)})")
+        if metric not in METRICS:
+            raise ConfigError(f"{w}.metric: unknown metric {metric!r} (one of {', '.join(METRICS)})")
+        cell = t.get("cell", "*")
+        if not isinstance(cell, str) or not cell:
+            raise ConfigError(f"{w}.cell: must be a cell id like 'd0-s1-prose' or '*', not {cell!r}")
+        stat = t.get("stat", "median")
+        try:
+            if not isinstance(stat, str):
+                raise ValueError
+            make_estimator(stat)
+        except ValueError:
+            raise ConfigError(f"{w}.stat: unknown statistic {stat!r} (mean, median, or p1..p99 such as p90)") from None
+        higher = metric in HIGHER_BETTER
+        want, other = ("max_drop_pct", "max_rise_pct") if higher else ("max_rise_pct", "max_drop_pct")
+        if other in t:
+            kind = "higher-is-better" if higher else "lower-is-better"
+            raise ConfigError(f"{w}.{other}: {metric} is {kind}; use {want}")
+        if want not in t:
+            raise ConfigError(f"{w}.{want}: missing (the allowed {'drop' if higher else 'rise'} of {metric}, in %)")
+        pct = t[want]
+        if not _is_num(pct) or pct < 0 or (higher and pct >= 100):
+            rng = "in [0, 100)" if higher else ">= 0"
+            raise ConfigError(f"{w}.{want}: must be a number {rng}, not {pct!r}")
+        out.append(Rule(metric, cell, stat, float(pct), i))
+    return out
+
+
+def default_rules() -> list[Rule]:
+    """The built-in rules used when a profile has no ``[[gate]]``: decode_tok_s median may drop 5 % and ttft_ms p90
+    may rise 10 %, in every cell."""
+    return [Rule(r.metric, r.cell, r.stat, r.max_change_pct, None) for r in parse_rules(DEFAULT_GATE_TABLES)]
+
+
+def rules_from_results(results: Mapping[str, Any]) -> list[Rule]:
+    """The rules stored with a results file (``profile.settings.gate``), or :func:`default_rules` when it has none.
+
+    Raises ConfigError naming the bad key.
+    """
+    prof = results.get("profile") or {}
+    tables = (prof.get("settings") or {}).get("gate") or []
+    if not tables:
+        return default_rules()
+    return parse_rules(tables, f"profile {prof.get('name', '?')} (from results)")
+
+
+def check_rule_cells(rules: Sequence[Rule], cell_ids: Iterable[str], where: str = "profile") -> None:
+    """Raise ConfigError (naming ``gate[i].cell``) when a rule names a cell that is not among ``cell_ids``."""
+    ids = list(cell_ids)
+    for r in rules:
+        if r.cell != "*" and r.cell not in ids:
+            shown = ", ".join(ids[:8]) + (" ..." if len(ids) > 8 else "")
+            raise ConfigError(f"{where}: {r.where}.cell: no cell {r.cell!r} in this profile (cells: {shown})")
+
+
+# --- results files -----------------------------------------------------------------------------------------------
+
+
+def load_results(path: str | Path) -> dict[str, Any]:
+    """Read a ``results.json`` written by ``bench run`` (schema 1).
+
+    Raises:
+        ConfigError: the file is missing, not JSON, or not a bench results file of schema 1.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"results file {p}: not found") from None
+    except OSError as e:
+        raise ConfigError(f"results file {p}: cannot read it ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"results file {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    if not isinstance(data, dict) or "cells" not in data:
+        raise ConfigError(f"results file {p}: not a bench results file (no 'cells')")
+    if data.get("schema") != 1:
+        raise ConfigError(f"results file {p}: schema {data.get('schema')!r} is not supported (this bench reads 1)")
+    if not isinstance(data["cells"], list) or not all(isinstance(c, dict) and "id" in c for c in data["cells"]):
+        raise ConfigError(f"results file {p}: 'cells' must be a list of cell summaries with an 'id'")
+    return data
+
+
+def _ident(results: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "profile": (results.get("profile") or {}).get("name"),
+        "model": (results.get("endpoint") or {}).get("model"),
+        "backend": (results.get("server") or {}).get("backend"),
+    }
+
+
+def check_comparable(baseline: Mapping[str, Any], candidate: Mapping[str, Any], force: bool = False) -> list[str]:
+    """Check that two runs can be compared: same profile name, model and server backend, neither interrupted.
+
+    Returns the differences found (one line each; empty when comparable). With ``force`` differences are returned
+    instead of raised, for the caller to print as warnings.
+
+    Raises:
+        ConfigError: on any difference when not ``force``; the message lists them and mentions ``--force``.
+    """
+    diffs = []
+    a, b = _ident(baseline), _ident(candidate)
+    for k in ("profile", "model", "backend"):
+        if a[k] != b[k]:
+            diffs.append(f"{k} differs: baseline {a[k]!r}, candidate {b[k]!r}")
+    for name, res in (("baseline", baseline), ("candidate", candidate)):
+        if (res.get("run") or {}).get("interrupted"):
+            diffs.append(f"the {name} run was interrupted (cells may be missing or short)")
+    if diffs and not force:
+        raise ConfigError("runs are not comparable: " + "; ".join(diffs) + " (--force compares anyway)")
+    return diffs
+
+
+def cell_samples(cell: Mapping[str, Any], metric: str) -> list[float]:
+    """The raw samples of ``metric`` in a cell summary (``cell["samples"][metric]``), None/NaN dropped."""
+    vs = (cell.get("samples") or {}).get(metric) or []
+    return [float(v) for v in vs if v is not None and _is_num(v)]
+
+
+# --- verdicts ----------------------------------------------------------------------------------------------------
+
+
+def classify(rule: Rule, lo: float, hi: float) -> str:
+    """Verdict of a ratio interval ``[lo, hi]`` under ``rule`` (table in the module docstring)."""
+    lim = rule.limit
+    if rule.higher_better:
+        if hi < lim:
+            return "regression"
+        if lo < lim:
+            return "inconclusive"
+        return "improved" if lo > 1.0 else "unchanged"
+    if lo > lim:
+        return "regression"
+    if hi > lim:
+        return "inconclusive"
+    return "improved" if hi < 1.0 else "unchanged"
+
+
+def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
+    # One independent, order-free stream per (rule, cell): adding a rule never changes another verdict.
+    tag = f"{rule.metric}|{rule.stat}|{rule.max_change_pct}|{rule.cell}|{cell}"
+    return [seed, zlib.crc32(tag.encode())]
+
+
+def compare_samples(
+    rule: Rule, cell: str, base: Sequence[float], cand: Sequence[float], *, level: float = 0.95, seed: int = 0,
+    resamples: int = 4000,
+) -> Verdict:
+    """The verdict of ``rule`` for one cell from the two sides' raw samples.
+
+    Fewer than 2 samples on a side, or a non-positive baseline statistic, gives ``inconclusive`` with a note.
+    """
+    nb, nc = len(base), len(cand)
+
+    def point(xs: Sequence[float]) -> float | None:
+        return float(make_estimator(rule.stat)([list(xs)])[0]) if xs else None
+
+    if nb < MIN_SAMPLES or nc < MIN_SAMPLES:
+        bv, cv = point(base), point(cand)
+        ratio = cv / bv if bv and cv is not None and bv > 0 else None
+        return Verdict(rule, cell, "inconclusive", bv, cv, ratio, None, None, level, nb, nc,
+                       f"too few samples to compare (baseline {nb}, candidate {nc}; need {MIN_SAMPLES} each)")
+    try:
+        bv, cv, ratio, lo, hi = bootstrap_ratio_ci(base, cand, rule.stat, level=level, resamples=resamples,
+                                                   seed=_seed(seed, rule, cell))
+    except ValueError as e:
+        return Verdict(rule, cell, "inconclusive", point(base), point(cand), None, None, None, level, nb, nc, str(e))
+    return Verdict(rule, cell, classify(rule, lo, hi), bv, cv, ratio, lo, hi, level, nb, nc)
+
+
+def compare(
+    baseline: Mapping[str, Any],
+    candidate: Mapping[str, Any],
+    rules: Sequence[Rule],
+    *,
+    level: float = 0.95,
+    seed: int = 0,
+    resamples: int = 4000,
+) -> list[Verdict]:
+    """Apply ``rules`` to two results dicts; one :class:`Verdict` per rule and matching cell, in rule order then
+    candidate cell order.
+
+    A ``"*"`` rule covers every cell present in both runs where at least one side has samples of the metric (so a
+    metric a backend never reports, such as ``server_prefill_tok_s``, is skipped quietly). A rule naming one cell
+    gives an ``inconclusive`` verdict with a note when that cell or its samples are missing on either side.
+    Deterministic for a ``seed``.
+    """
+    bcells = {c["id"]: c for c in baseline.get("cells", [])}
+    ccells = {c["id"]: c for c in candidate.get("cells", [])}
+    order = [cid for cid in ccells if cid in bcells]
+    out: list[Verdict] = []
+    for rule in rules:
+        if rule.cell == "*":
+            for cid in order:
+                bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
+                if not bs and not cs:
+                    continue
+                out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+            continue
+        cid = rule.cell
+        missing = [side for side, cells in (("baseline", bcells), ("candidate", ccells)) if cid not in cells]
+        if missing:
+            out.append(Verdict(rule, cid, "inconclusive", None, None, None, None, None, level, 0, 0,
+                               f"cell {cid} is not in the {' nor the '.join(missing)} run"))
+            continue
+        bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
+        out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+    return out
+
+
+def overall_exit(verdicts: Sequence[Verdict]) -> int:
+    """Exit code of a gate: 1 when any verdict is a regression, else 2 when any is inconclusive, else 0.
+
+    An empty list (nothing could be compared) is 2: a gate that checked nothing has not passed.
+    """
+    kinds = {v.verdict for v in verdicts}
+    if "regression" in kinds:
+        return EXIT_CHECK_FAILED
+    if "inconclusive" in kinds or not verdicts:
+        return EXIT_INCONCLUSIVE
+    return EXIT_OK
+
+
+def inconclusive_cells(verdicts: Sequence[Verdict]) -> list[str]:
+    """Ids of the cells with an inconclusive verdict that has an interval (more samples can settle it), in order."""
+    out: list[str] = []
+    for v in verdicts:
+        settle = v.lo is not None or (v.n_candidate < MIN_SAMPLES <= v.n_baseline)
+        if v.verdict == "inconclusive" and settle and v.cell not in out:
+            out.append(v.cell)
+    return out
+
+
+def verdict_counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
+    """``{verdict: count}`` over :data:`VERDICTS` (zeros included)."""
+    return {k: sum(1 for v in verdicts if v.verdict == k) for k in VERDICTS}
+
+
+def uncovered_cells(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+    """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
+    have = {c["id"] for c in baseline.get("cells", [])}
+    return [c["id"] for c in candidate.get("cells", []) if c["id"] not in have]

@@ -1,0 +1,241 @@
+"""Gate verdicts -> terminal table (rich), JUnit XML and Markdown; the side-by-side table of ``bench compare``.
+
+JUnit: one ``<testcase>`` per verdict (one gated metric in one cell). A regression is a ``<failure
+type="regression">``; an inconclusive verdict is a ``<failure type="inconclusive">`` too, not ``<skipped>``, because
+it fails the CI job (exit 2) and a report should never show green for a job that failed. Unchanged and improved
+verdicts pass. Markdown: a heading with the overall outcome and one table row per verdict, for ``--markdown FILE``
+and GitHub's ``$GITHUB_STEP_SUMMARY``.
+"""
+
+from __future__ import annotations
+
+import os
+import xml.etree.ElementTree as ET
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from ..gate import Verdict, overall_exit, verdict_counts
+
+__all__ = [
+    "OUTCOME",
+    "fmt_value",
+    "fmt_ratio",
+    "verdict_rows",
+    "gate_table",
+    "side_by_side_rows",
+    "side_by_side_table",
+    "summary_line",
+    "to_junit",
+    "to_markdown",
+    "append_step_summary",
+    "write_text",
+]
+
+OUTCOME = {0: "PASS", 1: "REGRESSION", 2: "INCONCLUSIVE"}
+_STYLE = {"regression": "bold red", "inconclusive": "yellow", "improved": "green", "unchanged": ""}
+_CHANGE = {"regression": "worse", "inconclusive": "~", "improved": "better", "unchanged": "same"}
+VERDICT_HEAD = ["verdict", "metric", "stat", "cell", "baseline", "candidate", "ratio", "CI", "limit", "n"]
+
+
+def fmt_value(v: float | None) -> str:
+    """A metric value with 4 significant digits or so: ``1,234``, ``98.7``, ``3.142``; ``-`` for None."""
+    if v is None:
+        return "-"
+    a = abs(v)
+    if a >= 1000:
+        return f"{v:,.0f}"
+    if a >= 100:
+        return f"{v:.1f}"
+    if a >= 10:
+        return f"{v:.2f}"
+    return f"{v:.3f}"
+
+
+def fmt_ratio(v: float | None) -> str:
+    """A ratio with 3 decimals (``0.947``); ``-`` for None."""
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ci(v: Verdict) -> str:
+    return "-" if v.lo is None or v.hi is None else f"[{v.lo:.3f}, {v.hi:.3f}]"
+
+
+def _limit(v: Verdict) -> str:
+    r = v.rule
+    return f"{'>=' if r.higher_better else '<='} {r.limit:.3f}"
+
+
+def verdict_rows(verdicts: Sequence[Verdict]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row of strings per verdict (columns :data:`VERDICT_HEAD`); notes go in the CI column."""
+    rows = []
+    for v in verdicts:
+        ci = _ci(v) if v.lo is not None else (v.note or "-")
+        rows.append([v.verdict, v.rule.metric, v.rule.stat, v.cell, fmt_value(v.baseline), fmt_value(v.candidate),
+                     fmt_ratio(v.ratio), ci, _limit(v), f"{v.n_baseline}/{v.n_candidate}"])
+    return list(VERDICT_HEAD), rows
+
+
+def summary_line(verdicts: Sequence[Verdict]) -> str:
+    """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 1 regression, 2 unchanged``."""
+    code = overall_exit(verdicts)
+    counts = verdict_counts(verdicts)
+    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    return f"{OUTCOME[code]}: " + (", ".join(parts) if parts else "nothing compared")
+
+
+def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> Table:
+    """A rich table: one line per verdict (metric, cell, baseline, candidate, ratio [lo, hi], verdict)."""
+    head, rows = verdict_rows(verdicts)
+    t = Table(title=title, header_style="bold")
+    for i, h in enumerate(head):
+        t.add_column(h, justify="right" if h in ("baseline", "candidate", "ratio", "n") else "left")
+    for v, r in zip(verdicts, rows):
+        style = _STYLE.get(v.verdict, "")
+        t.add_row(f"[{style}]{r[0]}[/{style}]" if style else r[0], *r[1:])
+    return t
+
+
+def side_by_side_rows(main: Sequence[Verdict],
+                      names: tuple[str, str] = ("A", "B")) -> tuple[list[str], list[list[str]]]:
+    """Rows of the side-by-side table: per cell and main metric, both medians, ratio, CI and a change word.
+
+    ``main`` are verdicts of zero-allowance median rules (``worse`` / ``better`` when the whole CI is on one side of
+    1, ``~`` when it holds 1).
+    """
+    a, b = names
+    head = ["cell", "metric", a, b, f"{b}/{a}", "CI", "change"]
+    rows = []
+    for v in main:
+        word = _CHANGE.get(v.verdict, v.verdict) if v.lo is not None else (v.note or "-")
+        rows.append([v.cell, v.rule.metric, fmt_value(v.baseline), fmt_value(v.candidate), fmt_ratio(v.ratio),
+                     _ci(v), word])
+    return head, rows
+
+
+def side_by_side_table(main: Sequence[Verdict], title: str, names: tuple[str, str] = ("A", "B")) -> Table:
+    """The rich version of :func:`side_by_side_rows`."""
+    head, rows = side_by_side_rows(main, names)
+    t = Table(title=title, header_style="bold")
+    for h in head:
+        t.add_column(h, justify="left" if h in ("cell", "metric", "CI", "change") else "right")
+    for r in rows:
+        t.add_row(*r)
+    return t
+
+
+def to_junit(
+    verdicts: Sequence[Verdict],
+    *,
+    suite: str = "bench gate",
+    properties: Mapping[str, Any] | None = None,
+    time_s: float | None = None,
+) -> str:
+    """JUnit XML (the common Ant/Jenkins schema that GitHub, GitLab and Jenkins read): one ``<testsuite>``, one
+    ``<testcase classname="bench.gate.<cell>" name="<metric> <stat>">`` per verdict; regression and inconclusive
+    are ``<failure>`` with ``type`` set to the verdict. ``properties`` (profile, files, URLs) go in
+    ``<properties>``. Returns the document as a string (UTF-8 declaration included).
+    """
+    failures = sum(1 for v in verdicts if v.failed)
+    common = {"tests": str(len(verdicts)), "failures": str(failures), "errors": "0", "skipped": "0",
+              "time": f"{time_s or 0.0:.3f}"}
+    root = ET.Element("testsuites", {"name": suite, **common})
+    ts = ET.SubElement(root, "testsuite", {
+        "name": suite, **common, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    })
+    if properties:
+        props = ET.SubElement(ts, "properties")
+        for k, val in properties.items():
+            ET.SubElement(props, "property", {"name": str(k), "value": "" if val is None else str(val)})
+    for v in verdicts:
+        r = v.rule
+        word = "drop" if r.higher_better else "rise"
+        tc = ET.SubElement(ts, "testcase", {
+            "classname": f"bench.gate.{v.cell}", "name": f"{r.metric} {r.stat} ({word} <= {r.max_change_pct:g} %)",
+            "time": "0",
+        })
+        detail = (f"{v.name}: baseline {fmt_value(v.baseline)}, candidate {fmt_value(v.candidate)}, "
+                  f"ratio {fmt_ratio(v.ratio)} {_ci(v)}, limit {_limit(v)}, samples {v.n_baseline}/{v.n_candidate}. "
+                  f"{v.explain()}")
+        if v.failed:
+            f = ET.SubElement(tc, "failure", {"type": v.verdict, "message": v.explain()})
+            f.text = detail
+        else:
+            ET.SubElement(tc, "system-out").text = detail
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+def _md_cell(s: str) -> str:
+    return s.replace("|", "\\|").replace("\n", " ")
+
+
+def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(_md_cell(h) for h in head) + " |",
+           "|" + "|".join("---:" if h in ("baseline", "candidate", "ratio", "n") else "---" for h in head) + "|"]
+    out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
+    return out
+
+
+def to_markdown(
+    verdicts: Sequence[Verdict],
+    *,
+    title: str = "bench gate",
+    context: Mapping[str, Any] | None = None,
+    side_by_side: tuple[Sequence[str], Sequence[Sequence[str]]] | None = None,
+) -> str:
+    """A Markdown report: ``### title: OUTCOME``, a context list (profile, files, URLs, notes), the verdict table
+    (regressions first, then inconclusive, then the rest), and optionally a side-by-side table (head, rows)."""
+    order = {"regression": 0, "inconclusive": 1, "improved": 2, "unchanged": 3}
+    vs = sorted(verdicts, key=lambda v: order.get(v.verdict, 9))
+    code = overall_exit(verdicts)
+    icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[code]
+    lines = [f"### {icon} {_md_cell(title)}: {summary_line(verdicts)}", ""]
+    for k, val in (context or {}).items():
+        if val not in (None, "", []):
+            lines.append(f"- **{_md_cell(str(k))}**: {_md_cell(str(val))}")
+    if context:
+        lines.append("")
+    if vs:
+        level = vs[0].level
+        head, rows = verdict_rows(vs)
+        head = [f"{level:.0%} CI" if h == "CI" else h for h in head]
+        rows = [[f"**{r[0]}**" if v.failed else r[0], *r[1:]] for v, r in zip(vs, rows)]
+        lines += _md_table(head, rows)
+        lines.append("")
+        lines.append("ratio = candidate / baseline of the statistic; CI: two-sample bootstrap (docs/gate.md). "
+                     "A regression needs the whole CI beyond the limit.")
+        lines.append("")
+    if side_by_side is not None:
+        lines.append("#### Main metrics (medians)")
+        lines.append("")
+        lines += _md_table(*side_by_side)
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_text(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temp file + rename); parent folders are created."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
+    """Append ``markdown`` to the file named by ``$GITHUB_STEP_SUMMARY`` (GitHub Actions' job summary), if set.
+
+    Returns the path written, or None when the variable is unset or empty.
+    """
+    target = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    p = Path(target)
+    with p.open("a", encoding="utf-8") as fh:
+        fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    return p

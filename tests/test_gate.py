@@ -1,0 +1,458 @@
+"""Tests of the CI gate: rules, the ratio bootstrap and verdicts (pure), reports, the compare/gate commands, and a
+short fairness run against bench sim (same server passes, 10 % slower decode fails, 3 % slower is no regression).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.errors import ConfigError
+from bench.gate import (
+    Rule,
+    Verdict,
+    check_comparable,
+    check_rule_cells,
+    classify,
+    compare,
+    default_rules,
+    inconclusive_cells,
+    load_results,
+    overall_exit,
+    parse_rules,
+    rules_from_results,
+)
+from bench.report.verdicts import append_step_summary, to_junit, to_markdown
+from bench.stats import (
+    betainc_reg,
+    bootstrap_ratio_ci,
+    expanded_tail,
+    hd_quantile,
+    hd_weights,
+    student_t_ppf,
+    thd_quantile,
+    thd_weights,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def spread(center: float, n: int = 12, cv: float = 0.01) -> list[float]:
+    """n deterministic values around ``center`` (even spread over +-1.7 cv)."""
+    return [center * (1 + cv * x) for x in np.linspace(-1.7, 1.7, n)]
+
+
+def results(cells: dict[str, dict[str, list[float]]], *, profile: str = "p", model: str = "m",
+            backend: str = "vllm", gate: list[dict] | None = None, interrupted: bool = False) -> dict:
+    """A minimal results document holding only what the gate reads."""
+    return {
+        "schema": 1,
+        "profile": {"name": profile, "settings": {"gate": gate or []}},
+        "endpoint": {"url": "http://x/v1", "model": model, "kind": "chat"},
+        "server": {"backend": backend},
+        "run": {"interrupted": interrupted},
+        "cells": [{"id": cid, "samples": s} for cid, s in cells.items()],
+    }
+
+
+DEC = Rule("decode_tok_s", "*", "median", 5.0, 0)
+TTFT = Rule("ttft_ms", "*", "p90", 10.0, 1)
+
+
+# --- stats ------------------------------------------------------------------------------------------------------
+
+
+def test_special_functions_match_known_values():
+    assert betainc_reg(2, 3, 0.4) == pytest.approx(0.5248, abs=1e-12)  # closed form: 1-(1-x)^3(1+3x)
+    assert betainc_reg(0.5, 0.5, 0.5) == pytest.approx(0.5, abs=1e-12)
+    assert student_t_ppf(0.975, 7) == pytest.approx(2.364624, abs=1e-5)
+    assert student_t_ppf(0.975, 1) == pytest.approx(12.7062, abs=1e-3)
+    assert student_t_ppf(0.025, 30) == pytest.approx(-2.042272, abs=1e-5)
+    assert expanded_tail(0.95, 100_000) == pytest.approx(0.025, abs=1e-4)
+    assert expanded_tail(0.95, 8) < expanded_tail(0.95, 8, 8) < 0.025  # small n: read further out in the tails
+
+
+def test_trimmed_harrell_davis_is_smooth_and_robust():
+    w = thd_weights(8, 0.5)
+    assert w.sum() == pytest.approx(1.0) and np.allclose(w, w[::-1])
+    assert w[0] == w[-1] == 0  # the extremes are trimmed away
+    assert thd_weights(8, 0.9)[-1] > 0.5 and thd_weights(8, 0.9).sum() == pytest.approx(1.0)
+    xs = [1.0, 2, 3, 4, 5, 6, 7, 8]
+    assert thd_quantile(xs[:-1] + [1000.0], 0.5) == pytest.approx(thd_quantile(xs, 0.5))  # an outlier: no effect
+    assert hd_quantile(xs[:-1] + [1000.0], 0.5) > hd_quantile(xs, 0.5)  # the untrimmed estimator moves
+    nudged = thd_quantile(xs[:3] + [4.1] + xs[4:], 0.5)
+    assert 0 < nudged - thd_quantile(xs, 0.5) < 0.1  # a small change in one value moves it a little, no jump
+
+
+def test_harrell_davis():
+    w = hd_weights(8, 0.5)
+    assert w.sum() == pytest.approx(1.0) and np.allclose(w, w[::-1])
+    assert hd_quantile([5.0] * 6, 0.9) == pytest.approx(5.0)
+    assert hd_quantile([1, 2, 3, 4, 5], 0.5) == pytest.approx(3.0)
+    rows = hd_quantile(np.array([[1.0, 2, 3], [3, 2, 1]]), 0.9)
+    assert rows.shape == (2,) and rows[0] == pytest.approx(rows[1])
+
+
+def test_bootstrap_ratio_ci_is_deterministic_and_brackets_the_ratio():
+    a, b = spread(100), spread(90)
+    r1 = bootstrap_ratio_ci(a, b, "median", seed=3)
+    assert r1 == bootstrap_ratio_ci(a, b, "median", seed=3)
+    base, cand, ratio, lo, hi = r1
+    assert ratio == pytest.approx(0.9, rel=1e-9) and lo < 0.9 < hi and hi - lo < 0.03
+    with pytest.raises(ValueError):
+        bootstrap_ratio_ci([1.0], b)
+
+
+# --- rules --------------------------------------------------------------------------------------------------------
+
+
+def test_parse_rules_defaults_and_limits():
+    rules = parse_rules([{"metric": "decode_tok_s", "max_drop_pct": 5},
+                         {"metric": "ttft_ms", "cell": "d32768-s1-prose", "stat": "p90", "max_rise_pct": 10}])
+    assert rules[0] == Rule("decode_tok_s", "*", "median", 5.0, 0)
+    assert rules[0].limit == pytest.approx(0.95) and rules[0].higher_better
+    assert rules[1].limit == pytest.approx(1.10) and not rules[1].higher_better and rules[1].index == 1
+    assert [r.metric for r in default_rules()] == ["decode_tok_s", "ttft_ms"]
+
+
+@pytest.mark.parametrize("table, key", [
+    ({"metric": "tok_s", "max_drop_pct": 5}, "gate[1].metric"),
+    ({"max_drop_pct": 5}, "gate[1].metric"),
+    ({"metric": "ttft_ms", "max_drop_pct": 5}, "gate[1].max_drop_pct"),
+    ({"metric": "decode_tok_s", "max_rise_pct": 5}, "gate[1].max_rise_pct"),
+    ({"metric": "decode_tok_s"}, "gate[1].max_drop_pct"),
+    ({"metric": "decode_tok_s", "max_drop_pct": -1}, "gate[1].max_drop_pct"),
+    ({"metric": "decode_tok_s", "max_drop_pct": 100}, "gate[1].max_drop_pct"),
+    ({"metric": "decode_tok_s", "max_drop_pct": "5"}, "gate[1].max_drop_pct"),
+    ({"metric": "decode_tok_s", "max_drop_pct": 5, "stat": "p100"}, "gate[1].stat"),
+    ({"metric": "decode_tok_s", "max_drop_pct": 5, "stat": "max"}, "gate[1].stat"),
+    ({"metric": "decode_tok_s", "max_drop_pct": 5, "cell": 3}, "gate[1].cell"),
+    ({"metric": "decode_tok_s", "max_drop_pct": 5, "metirc": "x"}, "gate[1].metirc"),
+])
+def test_bad_rule_names_its_key(table, key):
+    with pytest.raises(ConfigError) as e:
+        parse_rules([{"metric": "e2e_ms", "max_rise_pct": 5}, table], "profile ci")
+    assert str(e.value).startswith(f"profile ci: {key}")
+
+
+def test_rule_naming_unknown_cell():
+    rules = parse_rules([{"metric": "e2e_ms", "max_rise_pct": 5, "cell": "d0-s9-prose"}])
+    check_rule_cells(rules[:0], ["d0-s1-prose"])
+    with pytest.raises(ConfigError, match=r"gate\[0\]\.cell: no cell 'd0-s9-prose'"):
+        check_rule_cells(rules, ["d0-s1-prose"], "profile ci")
+
+
+def test_rules_from_results_file():
+    assert rules_from_results(results({}))[0].metric == "decode_tok_s"  # none stored: defaults
+    stored = results({}, gate=[{"metric": "tpot_ms", "max_rise_pct": 3}])
+    assert rules_from_results(stored) == [Rule("tpot_ms", "*", "median", 3.0, 0)]
+
+
+# --- verdicts -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factor, want", [
+    (0.90, "regression"), (0.95, "inconclusive"), (0.97, "unchanged"), (1.0, "unchanged"), (1.10, "improved"),
+])
+def test_higher_better_verdicts(factor, want):
+    base = results({"c": {"decode_tok_s": spread(100)}})
+    cand = results({"c": {"decode_tok_s": spread(100 * factor)}})
+    [v] = compare(base, cand, [DEC])
+    assert v.verdict == want, v
+    assert v.ratio == pytest.approx(factor, rel=1e-6) and v.lo <= v.ratio <= v.hi
+    assert overall_exit([v]) == {"regression": 1, "inconclusive": 2}.get(want, 0)
+
+
+@pytest.mark.parametrize("factor, want", [(1.30, "regression"), (1.10, "inconclusive"), (1.0, "unchanged"),
+                                          (0.8, "improved")])
+def test_lower_better_verdicts(factor, want):
+    base = results({"c": {"ttft_ms": spread(50, 16, 0.02)}})
+    cand = results({"c": {"ttft_ms": spread(50 * factor, 16, 0.02)}})
+    [v] = compare(base, cand, [TTFT])
+    assert v.verdict == want, v
+
+
+def test_classify_edges():
+    assert classify(DEC, 0.90, 0.949) == "regression"
+    assert classify(DEC, 0.949, 0.99) == "inconclusive"
+    assert classify(DEC, 0.95, 1.02) == "unchanged"
+    assert classify(DEC, 1.001, 1.02) == "improved"
+    assert classify(TTFT, 1.101, 1.3) == "regression"
+    assert classify(TTFT, 0.9, 0.99) == "improved"
+
+
+def test_noisy_small_samples_are_inconclusive_not_regression():
+    rng = np.random.default_rng(0)
+    base = results({"c": {"decode_tok_s": list(100 * np.exp(rng.normal(0, 0.08, 6)))}})
+    cand = results({"c": {"decode_tok_s": list(93 * np.exp(rng.normal(0, 0.08, 6)))}})
+    [v] = compare(base, cand, [DEC])
+    assert v.verdict == "inconclusive" and v.lo < 0.95 < v.hi
+
+
+def test_missing_data():
+    base = results({"a": {"decode_tok_s": spread(100)}, "b": {"decode_tok_s": [100.0]}, "only-base": {}})
+    cand = results({"a": {"decode_tok_s": spread(100)}, "b": {"decode_tok_s": spread(100)}})
+    vs = compare(base, cand, [DEC, TTFT, Rule("e2e_ms", "zz", "median", 5, 2)])
+    by = {(v.rule.metric, v.cell): v for v in vs}
+    assert by[("decode_tok_s", "a")].verdict == "unchanged"
+    assert by[("decode_tok_s", "b")].verdict == "inconclusive" and "too few" in by[("decode_tok_s", "b")].note
+    assert ("ttft_ms", "a") not in by  # "*" skips a metric neither side has
+    assert "not in the baseline nor the candidate" in by[("e2e_ms", "zz")].note
+    assert inconclusive_cells(vs) == []  # neither can be settled by measuring the candidate more
+    assert len(vs) == 3
+
+
+def test_verdicts_do_not_depend_on_rule_order_and_follow_the_seed():
+    base = results({"c": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}})
+    cand = results({"c": {"decode_tok_s": spread(96), "ttft_ms": spread(43)}})
+    v1 = compare(base, cand, [DEC, TTFT])
+    v2 = compare(base, cand, [TTFT, DEC])
+    assert (v1[0].lo, v1[1].lo) == (v2[1].lo, v2[0].lo)
+    assert compare(base, cand, [DEC], seed=1)[0].lo != v1[0].lo
+
+
+def test_overall_exit():
+    def v(kind: str) -> Verdict:
+        return Verdict(DEC, "c", kind, 1, 1, 1, 1, 1, 0.95, 8, 8)
+
+    assert overall_exit([v("unchanged"), v("improved")]) == 0
+    assert overall_exit([v("unchanged"), v("inconclusive")]) == 2
+    assert overall_exit([v("inconclusive"), v("regression")]) == 1
+    assert overall_exit([]) == 2  # nothing compared is not a pass
+
+
+def test_check_comparable():
+    a = results({}, profile="ci", model="llama", backend="vllm")
+    assert check_comparable(a, results({}, profile="ci", model="llama", backend="vllm")) == []
+    b = results({}, profile="ci", model="qwen", backend="llama.cpp")
+    with pytest.raises(ConfigError, match=r"model differs.*backend differs.*--force"):
+        check_comparable(a, b)
+    assert len(check_comparable(a, b, force=True)) == 2
+    with pytest.raises(ConfigError, match="profile differs"):
+        check_comparable(a, results({}, profile="other", model="llama", backend="vllm"))
+    with pytest.raises(ConfigError, match="interrupted"):
+        check_comparable(a, results({}, profile="ci", model="llama", backend="vllm", interrupted=True))
+
+
+def test_load_results_errors(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_results(tmp_path / "nope.json")
+    (tmp_path / "bad.json").write_text("{nope")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        load_results(tmp_path / "bad.json")
+    (tmp_path / "old.json").write_text(json.dumps({"schema": 9, "cells": []}))
+    with pytest.raises(ConfigError, match="schema 9"):
+        load_results(tmp_path / "old.json")
+    (tmp_path / "ok.json").write_text(json.dumps(results({"c": {}})))
+    assert load_results(tmp_path / "ok.json")["cells"][0]["id"] == "c"
+
+
+# --- reports ------------------------------------------------------------------------------------------------------
+
+
+def _mixed_verdicts() -> list[Verdict]:
+    base = results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)},
+                    "d0-s2-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}})
+    cand = results({"d0-s1-prose": {"decode_tok_s": spread(88), "ttft_ms": spread(40)},
+                    "d0-s2-prose": {"decode_tok_s": spread(95), "ttft_ms": spread(30)}})
+    return compare(base, cand, [DEC, TTFT])
+
+
+def test_junit_is_well_formed():
+    vs = _mixed_verdicts()
+    assert [v.verdict for v in vs] == ["regression", "inconclusive", "unchanged", "improved"]
+    xml = to_junit(vs, properties={"profile": "ci & <friends>"}, time_s=1.5)
+    root = ET.fromstring(xml.encode())
+    suite = root.find("testsuite")
+    assert root.tag == "testsuites" and suite.get("tests") == "4" and suite.get("failures") == "2"
+    cases = suite.findall("testcase")
+    assert [c.get("classname") for c in cases][:2] == ["bench.gate.d0-s1-prose", "bench.gate.d0-s2-prose"]
+    types = [(c.find("failure").get("type") if c.find("failure") is not None else None) for c in cases]
+    assert types == ["regression", "inconclusive", None, None]
+    assert suite.find("properties/property").get("value") == "ci & <friends>"
+
+
+def test_markdown_table_and_step_summary(tmp_path):
+    vs = _mixed_verdicts()
+    md = to_markdown(vs, title="bench gate", context={"baseline": "a|b.json"})
+    lines = md.splitlines()
+    assert lines[0].startswith("### :x: bench gate: REGRESSION")
+    table = [ln for ln in lines if ln.startswith("|")]
+    assert len(table) == 2 + len(vs) and all(ln.count(" | ") == table[0].count(" | ") for ln in table[2:])
+    assert "**regression**" in table[2] and "a\\|b.json" in md
+    assert append_step_summary(md, env={}) is None
+    target = tmp_path / "summary.md"
+    target.write_text("earlier step\n")
+    assert append_step_summary(md, env={"GITHUB_STEP_SUMMARY": str(target)}) == target
+    assert target.read_text().startswith("earlier step\n### ")
+
+
+# --- commands -----------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench_main():
+    """bench.cli.main, with the gate commands registered as the CLI ships them."""
+    from bench.cli import cli, main
+
+    assert {"gate", "compare", "ab"} <= set(cli.commands)
+    return main
+
+
+def _write(path: Path, doc: dict) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_compare_command(tmp_path, bench_main, capsys):
+    a = _write(tmp_path / "a.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    b = _write(tmp_path / "b.json", results({"d0-s1-prose": {"decode_tok_s": spread(85), "ttft_ms": spread(40)}}))
+    same = _write(tmp_path / "s.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    other = _write(tmp_path / "o.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}},
+                                                 model="other"))
+    junit, md = tmp_path / "g.xml", tmp_path / "g.md"
+    assert bench_main(["compare", a, b, "--junit", str(junit), "--markdown", str(md)]) == 1
+    assert ET.parse(junit).getroot().find("testsuite").get("failures") == "1"
+    assert "REGRESSION" in md.read_text()
+    assert bench_main(["compare", a, same]) == 0
+    out = capsys.readouterr().out
+    assert "decode_tok_s" in out and "unchanged" in out
+    assert bench_main(["compare", a, other]) == 3  # incomparable: refused
+    assert "model differs" in capsys.readouterr().err
+    assert bench_main(["compare", a, other, "--force"]) == 0
+    assert bench_main(["compare", a, str(tmp_path / "missing.json")]) == 3
+
+
+# --- against bench sim ----------------------------------------------------------------------------------------------
+
+SIM_PROFILE = """
+name = "gate-sim"
+max_tokens = 24
+requests = 8
+warmup = 1
+overhead_probes = 1
+gate_budget_waves = 6
+[[sweep]]
+depths = [0]
+streams = [1]
+[[gate]]
+metric = "decode_tok_s"
+cell = "*"
+max_drop_pct = 5
+"""
+STEP_MS = 5.0
+
+
+@contextmanager
+def sim(step_ms: float, seed: int) -> Iterator[str]:
+    """bench sim in its own process (so its timing does not share this process's GIL)."""
+    p = subprocess.Popen([sys.executable, "-m", "bench.sim", "--port", "0", "--decode-step-ms", f"{step_ms:.6f}",
+                          "--prefill-tok-s", "20000", "--seed", str(seed)], stdout=subprocess.PIPE, text=True,
+                         cwd=ROOT)
+    try:
+        line = p.stdout.readline()
+        assert "listening on" in line, line
+        yield line.split("listening on", 1)[1].strip()
+    finally:
+        p.terminate()
+        p.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def sims() -> Iterator[dict[str, str]]:
+    with sim(STEP_MS, 1) as same, sim(STEP_MS / 0.90, 2) as slow10, sim(STEP_MS / 0.97, 3) as slow3:
+        yield {"same": same, "slow10": slow10, "slow3": slow3}
+
+
+@pytest.fixture(scope="module")
+def sim_profile(tmp_path_factory) -> Path:
+    p = tmp_path_factory.mktemp("gate") / "gate-sim.toml"
+    p.write_text(SIM_PROFILE)
+    return p
+
+
+def test_gate_fairness_against_sim(sims, sim_profile):
+    from bench.cli_gate import gate_session, profile_rules
+    from bench.client import ClientSettings
+    from bench.profile import load_profile
+    from bench.runner import run_profile
+
+    prof = load_profile(str(sim_profile))
+    rules, from_profile = profile_rules(prof)
+    assert from_profile and rules[0].metric == "decode_tok_s"
+    settings = ClientSettings()
+
+    async def go() -> dict[str, int]:
+        baseline = await run_profile(sims["same"], prof, settings, out_dir=None)
+        codes = {}
+        for name in ("same", "slow10", "slow3"):
+            o = await gate_session(sims[name], prof, settings, baseline, rules)
+            codes[name] = o.code
+            codes[name + "_ratio"] = o.verdicts[0].ratio
+        return codes
+
+    codes = asyncio.run(go())
+    assert codes["same"] == 0, codes
+    assert codes["slow10"] == 1, codes
+    assert codes["slow3"] != 1, codes
+    assert codes["slow10_ratio"] == pytest.approx(0.90, abs=0.02)
+
+
+def test_gate_command_end_to_end(sims, sim_profile, tmp_path, bench_main, capsys, monkeypatch):
+    base_dir, cand_dir = tmp_path / "base", tmp_path / "cand"
+    assert bench_main(["run", sims["same"], "-p", str(sim_profile), "--out", str(base_dir), "--json"]) == 0
+    capsys.readouterr()
+    baseline = base_dir / "results.json"
+    before = baseline.read_text()
+    summary = tmp_path / "step-summary.md"
+    monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(summary))
+    junit = tmp_path / "gate.xml"
+    code = bench_main(["gate", sims["slow10"], "-p", str(sim_profile), "--baseline", str(baseline),
+                       "--out", str(cand_dir), "--junit", str(junit), "--update-baseline"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "regression" in out and "d0-s1-prose" in out
+    assert ET.parse(junit).getroot().find("testsuite/testcase/failure").get("type") == "regression"
+    assert "REGRESSION" in summary.read_text()
+    assert json.loads((cand_dir / "gate.json").read_text())["exit"] == 1
+    assert baseline.read_text() != before and load_results(baseline)["run"]["id"] != json.loads(before)["run"]["id"]
+
+
+def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys):
+    baseline = _write(tmp_path / "b.json", results({}, profile="gate-sim"))
+    # unreachable endpoint (a closed port): exit 3 for bench gate, not 4
+    assert bench_main(["gate", "http://127.0.0.1:9/v1", "-p", str(sim_profile), "--baseline", baseline,
+                       "--connect-timeout", "2", "--out", str(tmp_path / "o")]) == 3
+    assert bench_main(["gate", "http://127.0.0.1:9/v1", "-p", str(sim_profile), "--baseline",
+                       str(tmp_path / "none.json")]) == 3
+    other = _write(tmp_path / "other.json", results({}, profile="another"))
+    assert bench_main(["gate", "http://127.0.0.1:9/v1", "-p", str(sim_profile), "--baseline", other]) == 3
+    assert "not comparable" in capsys.readouterr().err
+
+
+def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_main, capsys):
+    out = tmp_path / "ab"
+    code = bench_main(["ab", sims["same"], sims["slow10"], "-p", str(sim_profile), "--out", str(out)])
+    text = capsys.readouterr().out
+    assert code == 1 and "B/A" in text and "regression" in text
+    a, b = load_results(out / "a" / "results.json"), load_results(out / "b" / "results.json")
+    assert a["cells"][0]["waves"] == b["cells"][0]["waves"] == 8
+    assert json.loads((out / "ab.json").read_text())["verdicts"][0]["ratio"] == pytest.approx(0.90, abs=0.02)
+    # the waves really alternate: ordered by send time, measured requests go A, B, A, B, ...
+    sides = []
+    for side in ("a", "b"):
+        for line in (out / side / "records.jsonl").read_text().splitlines():
+            r = json.loads(line)
+            if (r.get("meta") or {}).get("phase") == "measure":
+                sides.append((r["sent_ns"], side))
+    order = "".join(side for _, side in sorted(sides))
+    assert order == "ab" * 8, order
