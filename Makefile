@@ -5,10 +5,10 @@ PY ?= python3
 .PHONY: install run test
 install:
 	$(PY) -m pip install -q -e '.[test]'
-	.ci/install-engine
+	PYTHON=$(PY) .ci/install-engine
 
 run: install
-	bench run --profile quick
+	$(PY) -m bench run --profile quick
 
 test: install
 	$(PY) -m pytest -q
