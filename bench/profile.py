@@ -17,7 +17,16 @@ from .errors import ConfigError
 
 __all__ = ["Profile", "Sweep", "Cell", "load_profile", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
 
-PROFILES_DIR = Path(__file__).resolve().parent.parent / "profiles"
+def _profiles_dir() -> Path:
+    """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
+    installed inside the package (``bench.shipped_profiles``)."""
+    repo = Path(__file__).resolve().parent.parent / "profiles"
+    if repo.is_dir():
+        return repo
+    return Path(__file__).resolve().parent / "shipped_profiles"
+
+
+PROFILES_DIR = _profiles_dir()
 PROMPT_KINDS = ("prose", "code", "structured", "json")
 _DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
