@@ -1,7 +1,10 @@
 """The streaming client: one request to an OpenAI-compatible endpoint -> one :class:`RequestRecord`.
 
-Timing rule: each network read is stamped with ``time.perf_counter_ns()`` the moment it is returned, before SSE
-decoding or JSON parsing; every event gets the stamp of the read that completed it. JSON is parsed after the
+Timing rule: each network read is stamped with ``time.perf_counter_ns()`` the moment it arrives, before SSE
+decoding or JSON parsing; every event gets the stamp of the read that completed it. For ``http://`` streams the
+stamp is taken in ``asyncio.Protocol.data_received`` (:mod:`bench.fastio`, ``ClientSettings.fast_io``), so a burst
+of reads on many streams is stamped before any of them is parsed; ``https://`` streams go through httpx and are
+stamped when httpx returns the read. JSON is parsed after the
 stream ends, so parsing never delays the reads of other streams on the same event loop. The send time is taken
 just before the request goes out, after any client-side queueing (recorded separately as ``queued_ns``).
 
@@ -25,6 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import ConfigError, EndpointUnreachable, ServerError
+from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout
 from .records import Event, RequestRecord
 from .sse import SSEDecoder
 
@@ -85,12 +89,16 @@ class ClientSettings:
         read_timeout_s: longest silence between two reads in seconds; ``None`` (default) = no limit, because a
             long prefill (a 1M-token prompt) can send no byte for many minutes.
         extra_headers: sent with every request.
+        fast_io: stream ``http://`` responses through :mod:`bench.fastio`, which stamps each read the moment it
+            arrives (in ``asyncio.Protocol.data_received``) instead of after httpx's stack processed it; ``https://``
+            and every non-streaming call (``/models``, ``/tokenize``) stay on httpx.
     """
 
     api_key_env: str = "OPENAI_API_KEY"
     connect_timeout_s: float = 10.0
     read_timeout_s: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
+    fast_io: bool = True
 
     @property
     def api_key(self) -> str | None:
@@ -120,7 +128,35 @@ def make_http_client(settings: ClientSettings, concurrency: int = 1) -> httpx.As
         connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=60.0, pool=None
     )
     transport = _StaleRetryTransport(httpx.AsyncHTTPTransport(limits=limits, http2=False))
-    return httpx.AsyncClient(timeout=timeout, headers=settings.headers(), transport=transport)
+    client = _BenchClient(timeout=timeout, headers=settings.headers(), transport=transport)
+    if settings.fast_io:
+        client.bench_fast_pool = FastPool()
+    return client
+
+
+class _BenchClient(httpx.AsyncClient):
+    """``httpx.AsyncClient`` carrying bench's :class:`~bench.fastio.FastPool` (``bench_fast_pool``, used by
+    :func:`stream_request` for ``http://`` streams); closing the client closes the pool too."""
+
+    bench_fast_pool: FastPool | None = None
+
+    async def aclose(self) -> None:
+        try:
+            await _close_fast_pool(self)
+        finally:
+            await super().aclose()
+
+    async def __aexit__(self, *exc: Any) -> None:
+        try:
+            await _close_fast_pool(self)
+        finally:
+            await super().__aexit__(*exc)
+
+
+async def _close_fast_pool(client: Any) -> None:
+    pool, client.bench_fast_pool = client.bench_fast_pool, None
+    if pool is not None:
+        await pool.aclose()
 
 
 class _StaleRetryTransport(httpx.AsyncBaseTransport):
@@ -288,12 +324,19 @@ async def stream_request(
     )
     raw: list[Any] = []  # SSEEvent
     perf = time.perf_counter_ns
-    response: httpx.Response | None = None
+    response: Any = None  # httpx.Response or fastio.FastResponse
+    fast: FastPool | None = getattr(client, "bench_fast_pool", None)
+    if fast is not None and request.url.scheme != "http":
+        fast = None  # https stays on httpx
     try:
         if tap is not None:
             tap.started = True
         rec.sent_ns = perf()
-        response = await client.send(request, stream=True)
+        if fast is not None:
+            response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
+                                         connect_timeout=client.timeout.connect, read_timeout=client.timeout.read)
+        else:
+            response = await client.send(request, stream=True)
         rec.status = response.status_code
         if log.isEnabledFor(logging.DEBUG):
             hdrs = {k: ("Bearer ***" if k.lower() == "authorization" else v) for k, v in request.headers.items()}
@@ -315,8 +358,9 @@ async def stream_request(
             return rec
         dec = SSEDecoder()
         try:
-            async for chunk in response.aiter_raw():
-                t = perf()
+            # fastio stamps in data_received (when the bytes arrived); httpx reads are stamped as they come out
+            stamped = response.aiter_stamped() if fast is not None else _stamp_reads(response)
+            async for t, chunk in stamped:
                 evs = dec.feed(chunk, t)
                 if evs:
                     raw.extend(evs)
@@ -329,9 +373,15 @@ async def stream_request(
     except asyncio.CancelledError:
         rec.error, rec.error_kind = "cancelled", "cancelled"
         raise
-    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+    except (httpx.ConnectError, httpx.ConnectTimeout, FastConnectError) as e:
         rec.error = redact(f"cannot connect to {base}: {_exc_text(e)}", secret)
         rec.error_kind = "connect"
+    except FastTimeout as e:
+        rec.error = redact(f"timed out waiting for the server ({_exc_text(e)})", secret)
+        rec.error_kind = "timeout"
+    except FastIOError as e:
+        rec.error = redact(f"stream broken: {_exc_text(e)}", secret)
+        rec.error_kind = "incomplete"
     except httpx.TimeoutException as e:
         rec.error = redact(f"timed out waiting for the server ({type(e).__name__})", secret)
         rec.error_kind = "timeout"
@@ -355,7 +405,14 @@ async def stream_request(
     return rec
 
 
-async def _read_limited(response: httpx.Response) -> bytes:
+async def _stamp_reads(response: httpx.Response) -> Any:
+    """``(perf_counter_ns, bytes)`` for each read of an httpx streaming response, stamped as it is returned."""
+    perf = time.perf_counter_ns
+    async for chunk in response.aiter_raw():
+        yield perf(), chunk
+
+
+async def _read_limited(response: Any) -> bytes:
     buf = bytearray()
     async for chunk in response.aiter_raw():
         buf += chunk

@@ -1,0 +1,443 @@
+"""A minimal HTTP/1.1 streaming client on asyncio Protocols that stamps every read the moment it arrives.
+
+Why: through httpx/httpcore/anyio/h11 each network read costs ~150-250 µs of Python before the caller sees it. When
+a server writes one event to each of N streams at the same instant (every decode step of a batching engine), the
+k-th stream's stamp taken after that stack is late by about k x 200 µs. Here the stamp is taken in
+:meth:`_StampProtocol.data_received`, which the event loop calls for every ready socket in one pass before any
+task runs; it only stamps, queues ``(t_ns, bytes)`` and wakes the waiting reader. HTTP parsing (``h11``) happens
+later, in the reading task, and every body piece keeps the stamp of the read that completed it.
+
+Scope: plain ``http://`` only (``https://`` stays on httpx), HTTP/1.1, one request per connection at a time, a
+keep-alive pool per ``(host, port)`` with no cap on connections. Errors:
+
+* :class:`FastConnectError` - the TCP connect failed or timed out;
+* :class:`FastTimeout` - no byte for ``read_timeout`` seconds (or the request could not be written in time);
+* :class:`FastIOError` - anything else: the connection broke or the response is not valid HTTP/1.1 (the message
+  names the cause, e.g. ``peer closed connection without sending complete message body``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Iterable, Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import h11
+
+__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse"]
+
+KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
+WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
+
+
+class FastIOError(Exception):
+    """The connection broke or the peer did not speak valid HTTP/1.1."""
+
+
+class FastConnectError(FastIOError):
+    """The TCP connection could not be opened (refused, unreachable, DNS, connect timeout)."""
+
+
+class FastTimeout(FastIOError):
+    """No byte arrived within the read timeout (or the request could not be written in time)."""
+
+
+class _StaleConnection(FastIOError):
+    """A reused keep-alive connection failed before any response byte: safe to send again on a fresh one."""
+
+
+class _StampProtocol(asyncio.Protocol):
+    """Queues every read as ``(perf_counter_ns at arrival, bytes)``; parses nothing."""
+
+    __slots__ = ("transport", "chunks", "waiter", "closed", "exc", "_drain")
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.chunks: deque[tuple[int, bytes]] = deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.closed = False
+        self.exc: BaseException | None = None
+        self._drain: asyncio.Future[None] | None = None
+
+    # --- called by the event loop -------------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        t = time.perf_counter_ns()
+        self.chunks.append((t, data))
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    def eof_received(self) -> bool:
+        return False  # close our side too; connection_lost follows
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.exc = exc
+        w = self.waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+        d = self._drain
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drain is None or self._drain.done():
+            self._drain = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        d = self._drain
+        if d is not None and not d.done():
+            d.set_result(None)
+
+    # --- called by the reading task -----------------------------------------------------------------------------
+    async def drain(self, timeout: float | None) -> None:
+        d = self._drain
+        if d is None or d.done() or self.closed:
+            return
+        try:
+            await asyncio.wait_for(asyncio.shield(d), timeout)
+        except asyncio.TimeoutError:
+            raise FastTimeout("timed out writing the request") from None
+
+    async def next_chunk(self, timeout: float | None) -> tuple[int, bytes] | None:
+        """The next stamped read, or None once the connection is closed and everything was read."""
+        if self.chunks:
+            return self.chunks.popleft()
+        if self.closed:
+            return None
+        loop = asyncio.get_running_loop()
+        w = self.waiter = loop.create_future()
+        handle = None
+        if timeout is not None:
+            handle = loop.call_later(timeout, _expire, w)
+        try:
+            await w
+        finally:
+            self.waiter = None
+            if handle is not None:
+                handle.cancel()
+        if self.chunks:
+            return self.chunks.popleft()
+        return None  # closed
+
+
+def _expire(w: asyncio.Future[None]) -> None:
+    if not w.done():
+        w.set_exception(FastTimeout("no byte within the read timeout"))
+
+
+class _Conn:
+    """One TCP connection with its h11 state."""
+
+    __slots__ = ("key", "proto", "h11", "idle_since", "got_bytes")
+
+    def __init__(self, key: tuple[str, int], proto: _StampProtocol) -> None:
+        self.key = key
+        self.proto = proto
+        self.h11 = h11.Connection(h11.CLIENT)
+        self.idle_since = 0.0
+        self.got_bytes = False  # any byte received in the current request/response cycle
+
+    def close(self) -> None:
+        tr = self.proto.transport
+        if tr is not None and not tr.is_closing():
+            tr.close()
+
+    @property
+    def usable(self) -> bool:
+        tr = self.proto.transport
+        return not self.proto.closed and not self.proto.chunks and tr is not None and not tr.is_closing()
+
+
+class FastResponse:
+    """A streamed response: ``status_code``, ``headers`` (dict, lower-case names; repeated headers joined with
+    ``", "``), the body as stamped pieces (:meth:`aiter_stamped`) or whole (:meth:`aread`)."""
+
+    def __init__(self, pool: FastPool, conn: _Conn, status: int, headers: dict[str, str], reason: str,
+                 read_timeout: float | None) -> None:
+        self._pool = pool
+        self._conn: _Conn | None = conn
+        self.status_code = status
+        self.reason_phrase = reason
+        self.headers = headers
+        self._read_timeout = read_timeout
+        self._t = 0  # stamp of the last read fed to h11
+        self._done = False
+
+    @property
+    def status(self) -> int:
+        return self.status_code
+
+    async def aiter_stamped(self) -> AsyncIterator[tuple[int, bytes]]:
+        """Body pieces as ``(perf_counter_ns of the read that completed the piece, bytes)``. Raises
+        :class:`FastIOError` / :class:`FastTimeout` when the body is cut or the server goes silent."""
+        conn = self._conn
+        if conn is None or self._done:
+            return
+        h = conn.h11
+        proto = conn.proto
+        timeout = self._read_timeout
+        try:
+            while True:
+                try:
+                    ev = h.next_event()
+                except h11.RemoteProtocolError as e:
+                    raise FastIOError(_h11_text(e, proto)) from None
+                if ev is h11.NEED_DATA:
+                    item = await proto.next_chunk(timeout)
+                    try:
+                        if item is None:
+                            h.receive_data(b"")
+                        else:
+                            self._t, data = item
+                            h.receive_data(data)
+                    except h11.RemoteProtocolError as e:
+                        raise FastIOError(_h11_text(e, proto)) from None
+                    continue
+                tp = type(ev)
+                if tp is h11.Data:
+                    yield self._t, bytes(ev.data)
+                elif tp is h11.EndOfMessage:
+                    self._done = True
+                    self._release()
+                    return
+                elif tp is h11.ConnectionClosed:  # close-delimited body ended
+                    self._done = True
+                    self._release()
+                    return
+                elif ev is h11.PAUSED:  # cannot happen before EndOfMessage; be safe
+                    self._done = True
+                    self._release()
+                    return
+        finally:
+            if not self._done:
+                self._discard()
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """Body pieces without stamps (httpx's ``aiter_raw`` shape)."""
+        async for _t, data in self.aiter_stamped():
+            yield data
+
+    async def aread(self) -> bytes:
+        """The whole body."""
+        buf = bytearray()
+        async for _t, data in self.aiter_stamped():
+            buf += data
+        return bytes(buf)
+
+    async def aclose(self) -> None:
+        """Give the connection back (body fully read and reusable) or close it."""
+        if not self._done:
+            self._discard()
+
+    def _release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._pool._put_back(conn)
+
+    def _discard(self) -> None:
+        conn, self._conn = self._conn, None
+        self._done = True
+        if conn is not None:
+            conn.close()
+
+
+def _h11_text(e: BaseException, proto: _StampProtocol) -> str:
+    msg = str(e).strip() or type(e).__name__
+    if proto.exc is not None and "peer closed" in msg:
+        msg = f"{msg} ({_exc_text(proto.exc)})"
+    return msg
+
+
+def _exc_text(e: BaseException) -> str:
+    return (str(e).strip() or type(e).__name__).splitlines()[0][:300]
+
+
+class FastPool:
+    """Keep-alive connections per ``(host, port)``; no cap on their number (never queues a request).
+
+    Args:
+        keepalive_expiry: idle connections older than this (seconds) are closed instead of reused.
+    """
+
+    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
+        self.keepalive_expiry = keepalive_expiry
+        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self._closed = False
+        self.connects = 0  # connections opened (for tests and diagnostics)
+
+    async def stream(self, method: str, url: str, headers: Mapping[str, str] | Iterable[tuple[str, str]],
+                     body: bytes, *, connect_timeout: float | None,
+                     read_timeout: float | None) -> FastResponse:
+        """Send one request and return once the response head arrived.
+
+        ``headers`` are sent as given; ``Host`` and ``Content-Length`` are added when absent. A reused keep-alive
+        connection that fails before any response byte is retried once on a fresh connection.
+        """
+        if self._closed:
+            raise FastIOError("the connection pool is closed")
+        parts = urlsplit(url)
+        if parts.scheme != "http":
+            raise ValueError(f"fastio handles http:// URLs only, not {url!r}")
+        host = parts.hostname or ""
+        port = parts.port or 80
+        target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
+        names = {k.lower() for k, _ in items}
+        if "host" not in names:
+            items.insert(0, ("Host", parts.netloc.rsplit("@", 1)[-1]))
+        if "content-length" not in names and "transfer-encoding" not in names:
+            items.append(("Content-Length", str(len(body))))
+        key = (host, port)
+        conn = self._take_idle(key)
+        if conn is not None:
+            try:
+                return await self._exchange(conn, method, target, items, body, read_timeout, reused=True)
+            except _StaleConnection:
+                pass  # the server closed the idle connection: nothing reached it, send again
+        conn = await self._connect(key, connect_timeout)
+        return await self._exchange(conn, method, target, items, body, read_timeout, reused=False)
+
+    async def aclose(self) -> None:
+        """Close every idle connection; connections in use close when their response does."""
+        self._closed = True
+        idle, self._idle = self._idle, {}
+        for conns in idle.values():
+            for c in conns:
+                c.close()
+
+    # --- internals ----------------------------------------------------------------------------------------------
+    def _take_idle(self, key: tuple[str, int]) -> _Conn | None:
+        conns = self._idle.get(key)
+        if not conns:
+            return None
+        now = time.monotonic()
+        while conns:
+            c = conns.pop()  # most recently used first
+            if c.usable and now - c.idle_since <= self.keepalive_expiry:
+                return c
+            c.close()
+        return None
+
+    def _put_back(self, conn: _Conn) -> None:
+        h = conn.h11
+        if (self._closed or h.our_state is not h11.DONE or h.their_state is not h11.DONE or not conn.usable):
+            conn.close()
+            return
+        try:
+            h.start_next_cycle()
+        except h11.LocalProtocolError:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        conn.got_bytes = False
+        conns = self._idle.setdefault(conn.key, [])
+        # drop the expired ones here too, so a long run does not keep dead sockets around
+        if conns and conn.idle_since - conns[0].idle_since > self.keepalive_expiry:
+            keep = []
+            for c in conns:
+                if conn.idle_since - c.idle_since <= self.keepalive_expiry and c.usable:
+                    keep.append(c)
+                else:
+                    c.close()
+            conns[:] = keep
+        conns.append(conn)
+
+    async def _connect(self, key: tuple[str, int], timeout: float | None) -> _Conn:
+        loop = asyncio.get_running_loop()
+        proto = _StampProtocol()
+        try:
+            await asyncio.wait_for(loop.create_connection(lambda: proto, key[0], key[1]), timeout)
+        except asyncio.TimeoutError:
+            raise FastConnectError(f"connect timed out after {timeout:g} s") from None
+        except OSError as e:
+            raise FastConnectError(_exc_text(e)) from None
+        sock = proto.transport.get_extra_info("socket") if proto.transport else None
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+        self.connects += 1
+        return _Conn(key, proto)
+
+    async def _exchange(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
+                        read_timeout: float | None, *, reused: bool) -> FastResponse:
+        """Write the request on ``conn`` and read up to the response head. On a reused connection, a failure
+        before any response byte raises :class:`_StaleConnection`."""
+        h = conn.h11
+        proto = conn.proto
+        ok = False
+        try:
+            if reused and not conn.usable:
+                raise _StaleConnection("idle connection closed by the server")
+            try:
+                out = h.send(h11.Request(method=method, target=target, headers=headers))
+                if body:
+                    out += h.send(h11.Data(data=body))
+                out += h.send(h11.EndOfMessage())
+            except h11.LocalProtocolError as e:
+                raise FastIOError(f"cannot send request: {e}") from None
+            tr = proto.transport
+            if tr is None or tr.is_closing():
+                raise (_StaleConnection if reused else FastIOError)("connection closed before the request was sent")
+            tr.write(out)
+            await proto.drain(WRITE_TIMEOUT_S)
+            t = 0
+            while True:
+                try:
+                    ev = h.next_event()
+                except h11.RemoteProtocolError as e:
+                    if reused and not conn.got_bytes:
+                        raise _StaleConnection(str(e)) from None
+                    raise FastIOError(_h11_text(e, proto)) from None
+                if ev is h11.NEED_DATA:
+                    item = await proto.next_chunk(read_timeout)
+                    if item is None:
+                        if reused and not conn.got_bytes:
+                            raise _StaleConnection("server closed the connection without sending a response")
+                        if not conn.got_bytes:
+                            raise FastIOError("server disconnected without sending a response"
+                                              + (f" ({_exc_text(proto.exc)})" if proto.exc else ""))
+                        try:
+                            h.receive_data(b"")
+                        except h11.RemoteProtocolError as e:
+                            raise FastIOError(_h11_text(e, proto)) from None
+                        continue
+                    conn.got_bytes = True
+                    t, data = item
+                    try:
+                        h.receive_data(data)
+                    except h11.RemoteProtocolError as e:
+                        raise FastIOError(_h11_text(e, proto)) from None
+                    continue
+                if type(ev) is h11.InformationalResponse:
+                    continue
+                if type(ev) is h11.Response:
+                    hdrs: dict[str, str] = {}
+                    for name, value in ev.headers:
+                        k = name.decode("latin-1")
+                        v = value.decode("latin-1")
+                        hdrs[k] = f"{hdrs[k]}, {v}" if k in hdrs else v
+                    resp = FastResponse(self, conn, ev.status_code, hdrs, ev.reason.decode("latin-1"), read_timeout)
+                    resp._t = t
+                    ok = True
+                    return resp
+                if type(ev) is h11.ConnectionClosed:
+                    raise FastIOError("server disconnected without sending a response")
+                raise FastIOError(f"unexpected HTTP event {type(ev).__name__}")  # pragma: no cover
+        finally:
+            if not ok:
+                conn.close()
+
+
+def is_fast_url(url: Any) -> bool:
+    """True for the URLs :class:`FastPool` handles (``http://``)."""
+    return str(url).startswith("http://")
