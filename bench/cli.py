@@ -67,13 +67,19 @@ def _settings(api_key_env: str, connect_timeout: float, read_timeout: float | No
         raise ConfigError("--connect-timeout must be > 0")
     if read_timeout is not None and read_timeout <= 0:
         raise ConfigError("--read-timeout must be > 0")
-    return ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout)
+    ctx = click.get_current_context(silent=True)
+    io = ctx.find_root().params.get("io", "fast") if ctx is not None else "fast"
+    return ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout,
+                          fast_io=io == "fast")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="bench")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request and response line to stderr (API key hidden).")
-def cli(verbose: bool) -> None:
+@click.option("--io", type=click.Choice(["fast", "httpx"]), default="fast", show_default=True,
+              help="How http:// streams are read: 'fast' stamps each read the moment it arrives (asyncio protocol); "
+              "'httpx' reads through httpx (https:// always does).")
+def cli(verbose: bool, io: str) -> None:
     """bench: speed profiler for OpenAI-compatible LLM endpoints (vLLM, SGLang, llama.cpp, TGI, Ollama...).
 
     \b
@@ -159,7 +165,7 @@ def replay(case_file: str, as_json: bool) -> None:
     from .report.console import stderr
 
     case = load_case(case_file)
-    rec, m, fails = replay_case(case)
+    rec, m, fails = replay_case(case, fast_io=_settings("OPENAI_API_KEY", 10.0, None).fast_io)
     _print_record(rec, m, as_json, f"replay {case.id}: {case.about}")
     for f in fails:
         stderr.print(f"[red]mismatch[/red] {f}", highlight=False)

@@ -175,10 +175,10 @@ def check_expect(metrics: dict[str, Any], expect: dict[str, Any]) -> list[str]:
     return fails
 
 
-async def _probe(base: str, case: Case) -> Any:
+async def _probe(base: str, case: Case, fast_io: bool) -> Any:
     from .client import ClientSettings, RequestSpec, discover_model, make_http_client, stream_request
 
-    settings = ClientSettings(connect_timeout_s=5.0, read_timeout_s=30.0)
+    settings = ClientSettings(connect_timeout_s=5.0, read_timeout_s=30.0, fast_io=fast_io)
     async with make_http_client(settings) as client:
         # as in a real probe: model discovery first, so one-time costs (imports, connect) stay out of the timing
         model = await discover_model(client, base)
@@ -190,15 +190,16 @@ async def _probe(base: str, case: Case) -> Any:
         return await stream_request(client, base, RequestSpec(case.id, case.endpoint, body), model=model)
 
 
-def replay_case(case: Case) -> tuple[Any, Any, list[str]]:
+def replay_case(case: Case, *, fast_io: bool = True) -> tuple[Any, Any, list[str]]:
     """Serve ``case``, probe it once with the normal client, and check it.
 
+    ``fast_io`` picks the client's read path (``ClientSettings.fast_io``); both must measure every case alike.
     Returns ``(record, metrics, failures)``: the :class:`~bench.records.RequestRecord`, its
     :class:`~bench.metrics.RequestMetrics`, and the mismatch lines of :func:`check_expect`.
     """
     from .metrics import request_metrics
 
     with serve_case(case) as base:
-        rec = asyncio.run(_probe(base, case))
+        rec = asyncio.run(_probe(base, case, fast_io))
     m = request_metrics(rec)
     return rec, m, check_expect(m.to_dict(), case.expect)

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench.cli import main
-from bench.replay import check_expect, load_case
+from bench.replay import check_expect, load_case, replay_case
 
 from .conftest import all_case_files
 
@@ -30,6 +30,18 @@ def test_replay_meets_expect(path, capsys) -> None:
     if not record["ok"]:
         assert record["error"], "a failed request must say why"
         assert record["decode_tok_s"] is None or record["ok"] is False
+
+
+@pytest.mark.parametrize("path", CASES, ids=[f"{p.parent.name}/{p.stem}" for p in CASES])
+def test_httpx_read_path_measures_cases_alike(path) -> None:
+    """The same cases through httpx's read path (https:// uses it; `bench --io httpx` forces it)."""
+    _, m, fails = replay_case(load_case(path), fast_io=False)
+    assert fails == [], fails
+
+
+def test_io_flag_reaches_the_client(capsys) -> None:
+    assert main(["--io", "httpx", "replay", "--json", str(CASES[0])]) == 0
+    assert json.loads(capsys.readouterr().out)
 
 
 def test_replay_exit_code_on_mismatch(tmp_path, capsys) -> None:
