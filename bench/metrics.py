@@ -34,7 +34,9 @@ class RequestMetrics:
         cached_tokens: usage.prompt_tokens_details.cached_tokens, else timings.cache_n, else 0.
         chunks: events that carried generated text.
         tokens_per_event: output_tokens / chunks.
-        decode_tok_s: (output_tokens - 1) / (last token time - first token time) in tok/s; needs 2+ events.
+        decode_tok_s: (output_tokens - first_event_tokens) / (last token time - first token time) in tok/s; needs
+            2+ events. With one token per event this is (output_tokens - 1) / (last - first).
+        first_event_tokens: tokens the first token-bearing event carried (1 unless the server packs several).
         itl_ms: per-token inter-token latencies: each gap between consecutive token-bearing events, divided by
             the tokens the later event carried, once per token. The TTFT is not one of them.
         itl_ms_p50, itl_ms_p99, itl_ms_max, itl_count: summary of ``itl_ms``.
@@ -59,6 +61,7 @@ class RequestMetrics:
     cached_tokens: int
     chunks: int
     tokens_per_event: float | None
+    first_event_tokens: float
     decode_tok_s: float | None
     itl_ms_p50: float | None
     itl_ms_p99: float | None
@@ -136,11 +139,14 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     ttfc_ms = next((e.t_ns / 1e6 for e in text_events if e.content), None)
     e2e_ms = rec.end_ns / 1e6 if rec.end_ns is not None else None
 
+    # tokens decoded inside the first -> last window: all but those the first event carried (1 without
+    # speculative decoding, where this is (output_tokens - 1); k when the first event carries k tokens)
+    first_tokens = max(1.0, per_event[0]) if per_event else 1.0
     decode = None
-    if chunks >= 2 and output_tokens >= 2:
+    if chunks >= 2 and output_tokens > first_tokens:
         span = (text_events[-1].t_ns - text_events[0].t_ns) / 1e9
         if span > 0:
-            decode = (output_tokens - 1) / span
+            decode = (output_tokens - first_tokens) / span
 
     itl: list[float] = []
     for prev, cur, n in zip(text_events, text_events[1:], per_event[1:]):
@@ -179,6 +185,7 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         cached_tokens=cached,
         chunks=chunks,
         tokens_per_event=(output_tokens / chunks) if chunks else None,
+        first_event_tokens=first_tokens,
         decode_tok_s=decode,
         itl_ms_p50=percentile(itl, 50),
         itl_ms_p99=percentile(itl, 99),

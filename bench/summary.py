@@ -3,7 +3,7 @@
 A cell is waves of N concurrent streams at one depth and prompt type. Per-stream figures summarize per-request
 metrics over the cell's successful requests; the aggregate decode rate is per wave:
 
-    aggregate_decode_tok_s = sum over the wave's streams of (output_tokens - 1)
+    aggregate_decode_tok_s = sum over the wave's streams of (output_tokens - first_event_tokens)
                              / (latest last-token time - earliest first-token time)
 
 on one clock (sparkDash's aggregate: all streams' decode tokens over the wave's decode window). Prompt throughput
@@ -42,11 +42,11 @@ def wave_aggregate_decode(recs: Sequence[RequestRecord], ms: Sequence[RequestMet
         if not m.ok:
             continue
         tev = [e for e in r.events if e.has_text]
-        if len(tev) < 2 or m.output_tokens < 2:
+        if len(tev) < 2 or m.output_tokens <= m.first_event_tokens:
             continue
         firsts.append(r.sent_ns + tev[0].t_ns)
         lasts.append(r.sent_ns + tev[-1].t_ns)
-        toks += m.output_tokens - 1
+        toks += m.output_tokens - m.first_event_tokens
     if not firsts:
         return None
     span = (max(lasts) - min(firsts)) / 1e9

@@ -1,0 +1,303 @@
+"""Spreading one wave's streams over several worker processes, for event rates one Python process cannot read
+on time.
+
+One bench process reads every stream of a wave on one event loop; past some tens of thousands of events per
+second (``benchmarks/results/fidelity.md`` has the figure for this machine) it cannot take each read the moment
+the data arrives, and the arrival stamps, hence TTFT and ITL, come out late. :class:`WorkerPool` runs N worker
+processes, each with its own event loop and its own ``httpx`` client (:func:`bench.client.make_http_client`), and
+gives each a share of the wave's requests. The workers call :func:`bench.client.stream_request` exactly as the
+single-process runner does, so a record from a worker is the same record, field for field.
+
+Clock: records hold ``time.perf_counter_ns()`` values. On Linux that is ``CLOCK_MONOTONIC``, one clock for the
+whole system, so stamps taken in different processes compare directly and the records of all workers merge into
+one wave (aggregate decode windows, ITL, everything). On systems where ``perf_counter`` is not system-wide the
+pool refuses to start (:func:`shared_clock`).
+
+Start: the parent picks a start time a little ahead (``start_delay_s``) on that shared clock and every worker
+sends its requests at that time, so the streams of all workers start together, as the streams of a
+single-process wave do.
+
+Records cross the process boundary as dicts (:meth:`RequestRecord.to_dict` / :meth:`RequestRecord.from_dict`;
+event times keep whole-ns precision). They come back in the order of the specs given. Failed requests come back
+as records with ``error`` set, like in a single process; a worker that dies is an error (``RuntimeError``), not a
+record.
+
+While a wave runs a worker keeps Python's garbage collector off (``gc_quiet``, on by default) and collects once
+the wave is over: a full collection over a wave's records stalls the process for tens of milliseconds, which
+would show as late reads. Memory use grows by one wave's records at most.
+
+Not in the workers: :class:`bench.client.StreamTap` progress counters (live counts stay in each worker) and the
+runner's retry without ``min_tokens``/``ignore_eos`` (send specs whose body the server accepts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .client import ClientSettings, RequestSpec, make_http_client, stream_request
+from .records import RequestRecord
+
+__all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "split_specs", "shared_clock"]
+
+DEFAULT_START_DELAY_S = 0.05
+
+
+def shared_clock() -> bool:
+    """True when ``time.perf_counter_ns()`` reads a clock shared by all processes (CLOCK_MONOTONIC on Linux)."""
+    try:
+        info = time.get_clock_info("perf_counter")
+    except ValueError:
+        return False
+    return sys.platform.startswith("linux") and "CLOCK_MONOTONIC" in info.implementation
+
+
+def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
+    """Indexes of ``specs`` per worker, round-robin (worker i gets i, i + n, i + 2n, ...); never an empty share
+    (fewer shares than workers when there are fewer specs)."""
+    n = max(1, min(int(workers), len(specs)))
+    return [list(range(i, len(specs), n)) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the worker process
+# ---------------------------------------------------------------------------------------------------------------
+async def _wave(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None,
+                start_ns: int) -> list[RequestRecord]:
+    delay = (start_ns - time.perf_counter_ns()) / 1e9
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return list(await asyncio.gather(*(stream_request(client, base, s, model=model, secret=secret) for s in specs)))
+
+
+def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
+                 gc_quiet: bool) -> None:
+    """Entry point of a worker: serve wave jobs from ``conn`` until told to stop (``None``) or the pipe closes.
+
+    Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns)`` is answered by
+    ``("done", job_id, [record dict], cpu_s)`` or ``("error", job_id, text)``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the pool stops
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def make() -> Any:
+        return make_http_client(settings, concurrency)
+
+    client = loop.run_until_complete(make())
+    secret = settings.api_key
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg is None:
+                break
+            job_id, specs, start_ns = msg
+            cpu0 = time.process_time()
+            try:
+                if gc_quiet:
+                    gc.disable()
+                recs = loop.run_until_complete(_wave(client, base, specs, model, secret, start_ns))
+                cpu = time.process_time() - cpu0
+                out = [r.to_dict() for r in recs]
+                del recs
+            except Exception as e:  # noqa: BLE001 - reported to the parent, which raises
+                conn.send(("error", job_id, f"{type(e).__name__}: {e}"))
+                continue
+            finally:
+                if gc_quiet:
+                    gc.enable()
+            conn.send(("done", job_id, out, cpu))
+            del out
+            if gc_quiet:
+                gc.collect()
+    finally:
+        try:
+            loop.run_until_complete(client.aclose())
+        finally:
+            loop.close()
+            conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the pool
+# ---------------------------------------------------------------------------------------------------------------
+class WorkerPool:
+    """N worker processes, each with one event loop and one HTTP client, kept alive between waves (so their
+    connections are reused like the single-process runner's).
+
+    Usage::
+
+        with WorkerPool(base, model=model, settings=settings, workers=2, concurrency=1024) as pool:
+            records = pool.run(specs)            # one wave; blocking
+            records = await pool.arun(specs)     # the same from async code (the loop stays free)
+            pool.last_cpu_s                       # CPU seconds each worker spent on the last wave
+
+    Args:
+        base: normalized base URL.
+        model: model name sent with every request.
+        settings: client settings (the API key is read from the environment in each worker).
+        workers: processes (>= 1).
+        concurrency: the most streams one wave may have (sizes each worker's connection pool); default 1024.
+        start_method: ``"spawn"`` (default) or ``"forkserver"``; ``"fork"`` is refused (a forked copy of a
+            process with a running event loop or threads is unsafe).
+        gc_quiet: keep the garbage collector off in a worker while its wave runs (module docstring).
+
+    Raises:
+        RuntimeError: the clock is not shared between processes, or a worker failed to start.
+    """
+
+    def __init__(self, base: str, *, model: str, settings: ClientSettings, workers: int,
+                 concurrency: int = 1024, start_method: str = "spawn", gc_quiet: bool = True) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        self.base = base
+        self.model = model
+        self.settings = settings
+        self.workers = workers
+        self.concurrency = max(1, concurrency)
+        self.start_method = start_method
+        self.gc_quiet = gc_quiet
+        self.last_cpu_s: list[float] = []
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._jobs = 0
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> WorkerPool:
+        """Start the workers and wait until each is ready (its imports and HTTP client done)."""
+        if self._procs:
+            return self
+        if not shared_clock():
+            raise RuntimeError("worker processes need a system-wide perf_counter clock (Linux CLOCK_MONOTONIC); "
+                               f"this system has {time.get_clock_info('perf_counter').implementation}")
+        ctx = mp.get_context(self.start_method)
+        per_worker = -(-self.concurrency // self.workers) + 4
+        try:
+            for _ in range(self.workers):
+                parent, child = ctx.Pipe(duplex=True)
+                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,
+                                args=(child, self.base, self.model, self.settings, per_worker, self.gc_quiet))
+                p.start()
+                child.close()
+                self._procs.append(p)
+                self._conns.append(parent)
+            for p, c in zip(self._procs, self._conns):
+                if not c.poll(60):
+                    raise RuntimeError(f"bench worker {p.pid} did not start within 60 s")
+                msg = c.recv()
+                if not (isinstance(msg, tuple) and msg[0] == "ready"):
+                    raise RuntimeError(f"bench worker {p.pid} sent {msg!r} instead of ready")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop the workers (idempotent): ask each to finish, then terminate any that does not within 5 s."""
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(1.0)
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._procs, self._conns = [], []
+
+    def __enter__(self) -> WorkerPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- waves -------------------------------------------------------------------------------------------------
+    def run(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S) -> list[RequestRecord]:
+        """Run one wave: every spec as one concurrent streaming request, spread round-robin over the workers, all
+        sent at one start time ``start_delay_s`` from now. Returns the records in the order of ``specs``.
+
+        Raises:
+            RuntimeError: the pool is not started, or a worker died or failed.
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        if not self._procs:
+            raise RuntimeError("WorkerPool.run before start()")
+        with self._lock:
+            self._jobs += 1
+            job = self._jobs
+            shares = split_specs(specs, self.workers)
+            start_ns = time.perf_counter_ns() + int(start_delay_s * 1e9)
+            used = list(zip(self._conns, self._procs, shares))
+            for c, p, idx in used:
+                try:
+                    c.send((job, [specs[i] for i in idx], start_ns))
+                except (OSError, ValueError) as e:
+                    raise RuntimeError(f"bench worker {p.pid} is gone: {e}") from None
+            out: list[RequestRecord | None] = [None] * len(specs)
+            cpu: list[float] = []
+            problems: list[str] = []
+            for c, p, idx in used:  # read every worker's answer before raising, so none is left in a pipe
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    problems.append(f"bench worker {p.pid} died during a wave (exit code {p.exitcode})")
+                    continue
+                if msg[0] != "done" or msg[1] != job:
+                    problems.append(f"bench worker {p.pid} failed: {msg[2] if msg[0] == 'error' else msg!r}")
+                    continue
+                for i, d in zip(idx, msg[2]):
+                    out[i] = RequestRecord.from_dict(d)
+                cpu.append(msg[3])
+            self.last_cpu_s = cpu
+            if problems:
+                raise RuntimeError("; ".join(problems))
+        assert all(r is not None for r in out)
+        return out  # type: ignore[return-value]
+
+    async def arun(self, specs: Sequence[RequestSpec], *,
+                   start_delay_s: float = DEFAULT_START_DELAY_S) -> list[RequestRecord]:
+        """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.run(specs, start_delay_s=start_delay_s))
+
+
+def run_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,
+                           workers: int) -> list[RequestRecord]:
+    """One wave of ``specs`` spread over ``workers`` fresh worker processes (started and stopped here; keep a
+    :class:`WorkerPool` open instead to run several waves). Returns the records in the order of ``specs``."""
+    if not specs:
+        return []
+    n = max(1, min(workers, len(specs)))
+    with WorkerPool(base, model=model, settings=settings, workers=n, concurrency=len(specs)) as pool:
+        return pool.run(specs)
+
+
+async def arun_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,
+                                  workers: int) -> list[RequestRecord]:
+    """:func:`run_requests_multiproc` from async code (runs in a thread; the caller's loop stays free)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: run_requests_multiproc(base, specs, model=model, settings=settings, workers=workers))

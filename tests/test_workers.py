@@ -1,0 +1,176 @@
+"""bench.workers: a wave spread over worker processes gives the same records as one process would.
+
+Against ``bench sim`` in a thread of the test process (the workers reach it over loopback). Worker processes are
+started with 'spawn', which costs ~0.5-1 s each on this box; the pool tests reuse one pool (module fixture).
+
+Timing tolerances, and why: the streams of all workers start at one shared-clock start time, so their first
+tokens land in the same one or two decode steps (20 ms): first-token arrival times of a wave must lie within
+2 steps + 30 ms of each other (worker start skew ~1 ms idle, more on a loaded 2-core box). Records' times must
+be consistent with the sim's own timestamps on the shared clock: every arrival at or after the sim's write of
+that event (hard bound), and the median lag under 10 ms (typically < 1 ms; the box is shared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import statistics
+from collections.abc import Iterator
+
+import pytest
+
+from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.metrics import request_metrics
+from bench.records import RequestRecord
+from bench.sim import SimConfig, running_sim
+from bench.workers import WorkerPool, arun_requests_multiproc, run_requests_multiproc, shared_clock, split_specs
+
+MODEL = "bench-sim"
+STEP_MS = 20.0
+TOKENS = 12
+
+
+def specs(n: int, tag: str, max_tokens: int = TOKENS) -> list[RequestSpec]:
+    return [RequestSpec(f"{tag}-{i:03d}", "chat",
+                        {"messages": [{"role": "user", "content": f"workers test {tag} {i}"}],
+                         "max_tokens": max_tokens}, {"stream": i, "tag": tag})
+            for i in range(n)]
+
+
+async def one_process(base: str, sp: list[RequestSpec]) -> list[RequestRecord]:
+    client = make_http_client(ClientSettings(), len(sp))
+    try:
+        return list(await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in sp)))
+    finally:
+        await client.aclose()
+
+
+def shape(r: RequestRecord) -> dict:
+    """What must not depend on the process that made the request: everything but times and the sim's request
+    numbering (text, ids and per-event sim fields carry the request number)."""
+    d = r.to_dict()
+    d.pop("queued_ns"), d.pop("sent_ns"), d.pop("end_ns")
+    d["events"] = [(bool(e[1]), bool(e[2]), e[6]) for e in d["events"]]
+    d.pop("usage")
+    return d
+
+
+@pytest.fixture(scope="module")
+def sim() -> Iterator[str]:
+    with running_sim(SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6, error_rate=0.25)) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def pool(sim: str) -> Iterator[WorkerPool]:
+    with WorkerPool(sim, model=MODEL, settings=ClientSettings(), workers=2, concurrency=16) as p:
+        yield p
+
+
+def test_split_specs() -> None:
+    sp = specs(5, "s")
+    assert split_specs(sp, 2) == [[0, 2, 4], [1, 3]]
+    assert split_specs(sp, 8) == [[0], [1], [2], [3], [4]]  # never an empty share
+    assert split_specs(sp, 1) == [[0, 1, 2, 3, 4]]
+    assert shared_clock()  # Linux: perf_counter is CLOCK_MONOTONIC
+
+
+def test_records_like_single_process(sim: str, pool: WorkerPool) -> None:
+    """8 streams over 2 workers: every stream present, in spec order, each record shaped like a single-process
+    one; failures (error_rate 0.25 -> exactly 2 of every 8 consecutive requests) kept as error records."""
+    sp = specs(8, "multi")
+    recs = pool.run(sp)
+    assert [r.request_id for r in recs] == [s.request_id for s in sp]
+    assert [r.meta for r in recs] == [s.meta for s in sp]
+    assert all(isinstance(r, RequestRecord) for r in recs)
+    failed = [r for r in recs if not r.ok]
+    assert len(failed) == 2 and all(r.error_kind == "http_5xx" and r.status == 503 for r in failed)
+    ok = [r for r in recs if r.ok]
+    single = asyncio.run(one_process(sim, specs(8, "single")))
+    single_ok = [r for r in single if r.ok]
+    assert len([r for r in single if not r.ok]) == 2
+    # same shape field for field (times and the sim's per-request numbering aside)
+    ref = shape(single_ok[0])
+    for r in ok:
+        s = shape(r)
+        s["request_id"], s["meta"] = ref["request_id"], ref["meta"]
+        assert s == ref
+        m = request_metrics(r)
+        assert m.output_tokens == TOKENS and m.chunks == TOKENS and m.ttft_ms is not None
+        assert m.decode_tok_s is not None
+    # CPU use reported per worker for the wave
+    assert len(pool.last_cpu_s) == 2 and all(c > 0 for c in pool.last_cpu_s)
+
+
+def test_one_clock_and_one_start(sim: str, pool: WorkerPool) -> None:
+    """Records of different workers share the clock: each arrival is at or after the sim's write of that event,
+    and the streams of both workers start together."""
+    recs = [r for r in pool.run(specs(8, "clock")) if r.ok]
+    lags, firsts = [], []
+    for r in recs:
+        tev = [e for e in r.events if e.has_text]
+        firsts.append(r.sent_ns + tev[0].t_ns)
+        for e in tev:
+            lag = r.sent_ns + e.t_ns - e.write_ns
+            assert lag >= 0, f"{r.request_id}: read {lag} ns before the sim wrote it: clocks differ"
+            lags.append(lag / 1e6)
+    assert statistics.median(lags) < 10.0
+    spread_ms = (max(firsts) - min(firsts)) / 1e6
+    assert spread_ms <= 2 * STEP_MS + 30.0, spread_ms
+
+
+def test_pool_reused_across_waves(pool: WorkerPool) -> None:
+    a = pool.run(specs(4, "w1", 2))
+    b = pool.run(specs(3, "w2", 2))  # an uneven split: 2 + 1
+    assert [r.request_id for r in a] == [f"w1-{i:03d}" for i in range(4)]
+    assert [r.request_id for r in b] == [f"w2-{i:03d}" for i in range(3)]
+    assert pool.run([]) == []
+
+
+def test_async_wrapper(pool: WorkerPool) -> None:
+    async def go() -> list[RequestRecord]:
+        ticks = 0
+
+        async def ticker() -> None:  # the caller's loop stays free while the workers stream
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+
+        t = asyncio.create_task(ticker())
+        try:
+            return await pool.arun(specs(4, "async", 8))
+        finally:
+            t.cancel()
+            assert ticks >= 5
+
+    recs = asyncio.run(go())
+    assert len(recs) == 4 and [r.meta["stream"] for r in recs] == [0, 1, 2, 3]
+
+
+def test_one_shot_functions(sim: str) -> None:
+    """run_requests_multiproc / arun_requests_multiproc start and stop their own workers."""
+    recs = run_requests_multiproc(sim, specs(3, "oneshot", 4), model=MODEL, settings=ClientSettings(), workers=2)
+    assert [r.request_id for r in recs] == [f"oneshot-{i:03d}" for i in range(3)]
+    recs = asyncio.run(arun_requests_multiproc(sim, specs(2, "aoneshot", 4), model=MODEL,
+                                               settings=ClientSettings(), workers=3))
+    assert [r.request_id for r in recs] == ["aoneshot-000", "aoneshot-001"]
+    assert run_requests_multiproc(sim, [], model=MODEL, settings=ClientSettings(), workers=2) == []
+
+
+def test_unreachable_endpoint_gives_error_records() -> None:
+    """A refused connection is a record with error_kind 'connect', as in one process; the pool survives."""
+    with WorkerPool("http://127.0.0.1:9/v1", model=MODEL, settings=dataclasses.replace(
+            ClientSettings(), connect_timeout_s=2.0), workers=1, concurrency=2) as p:
+        recs = p.run(specs(2, "down", 2))
+        assert [r.error_kind for r in recs] == ["connect", "connect"]
+        assert all(not r.ok and r.events == [] for r in recs)
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError):
+        WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=0)
+    with pytest.raises(ValueError):
+        WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1, start_method="fork")
+    with pytest.raises(RuntimeError):
+        WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1).run(specs(1, "x"))
