@@ -190,12 +190,15 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Measure the cached case on purpose: requests share their prompt (no unique prefix).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Results folder "
               "(default bench-results/<time>-<profile>).")
+@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+              help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
+              "(see benchmarks/results/fidelity.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
 @client_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, as_json: bool, model: str | None, api_key_env: str,
-        connect_timeout: float, read_timeout: float | None) -> None:
+        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, model: str | None,
+        api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -234,11 +237,12 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .runner import default_out_dir
 
         out = Path(out_dir) if out_dir else default_out_dir(prof)
-        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json)
+        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers)
     _print_results(results, out, as_json)
 
 
-def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool) -> Any:
+def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
+                       workers: int = 1) -> Any:
     from .report.console import stderr
     from .report.progress import QuietObserver, RichObserver
     from .runner import RunInterrupted, run_profile
@@ -246,7 +250,7 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
     async def go() -> Any:
         if quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
-                                     observer=QuietObserver(stderr))
+                                     observer=QuietObserver(stderr), workers=workers)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -255,7 +259,8 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
 
             t = asyncio.create_task(ticker())
             try:
-                return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs)
+                return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
+                                         workers=workers)
             finally:
                 t.cancel()
 

@@ -98,6 +98,7 @@ class Session:
         self.writer: RecordWriter | None = None
         self.observer: Observer | None = None
         self.warnings: list[str] = []
+        self.pool: Any = None  # bench.workers.WorkerPool when measured waves are spread over processes
         self.started = datetime.now(timezone.utc)
         self._n = 0
 
@@ -112,8 +113,12 @@ class Session:
         model: str | None = None,
         out_dir: Path | None = None,
         observer: Observer | None = None,
+        workers: int = 1,
     ) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
+
+        ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
+        set-up, probes and warm-ups stay in this process.
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -129,6 +134,10 @@ class Session:
                 s.writer = RecordWriter(Path(out_dir) / "records.jsonl")
             await s._setup_tokenizer()
             await s._measure_overhead()
+            if workers > 1:
+                from .workers import WorkerPool
+
+                s.pool = WorkerPool(base, model=s.model, settings=settings, workers=workers, concurrency=conc).start()
             gc.collect()
             gc.freeze()  # what exists now (modules, the session) is never scanned again by the collector
         except BaseException:
@@ -137,7 +146,10 @@ class Session:
         return s
 
     async def close(self) -> None:
-        """Close the HTTP client and the records file."""
+        """Close the HTTP client, the worker processes and the records file."""
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
         await self.client.aclose()
         if self.writer is not None:
             self.writer.close()
@@ -281,6 +293,8 @@ class Session:
 
     async def _wave(self, cell: Cell, prompts: list[tuple[str, dict[str, Any]]], max_tokens: int,
                     tag: str, wave_no: int) -> list[RequestRecord]:
+        if self.pool is not None and tag == "measure":
+            return await self._wave_in_workers(cell, prompts, max_tokens, tag, wave_no)
         taps = [StreamTap() for _ in prompts]
         if self.observer is not None and tag == "measure":
             self.observer.wave_started(cell, taps)
@@ -303,6 +317,20 @@ class Session:
             if gc_was_on:
                 gc.enable()
                 gc.collect()
+
+    async def _wave_in_workers(self, cell: Cell, prompts: list[tuple[str, dict[str, Any]]], max_tokens: int,
+                               tag: str, wave_no: int) -> list[RequestRecord]:
+        """One measured wave spread over the worker processes (records on one clock; no live counters)."""
+        specs = []
+        for text, meta in prompts:
+            rid, _ = self._next_id(tag)
+            specs.append(RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), {**meta, "wave": wave_no}))
+        recs = await self.pool.arun(specs)
+        for rec in recs:
+            self._write(rec)
+            if self.observer is not None:
+                self.observer.request_done(cell, rec.ok)
+        return recs
 
     def planned_waves(self, cell: Cell) -> int:
         """Waves a cell runs at least: enough for ``requests`` and ``min_waves``."""
@@ -395,6 +423,7 @@ class Session:
                 "template_overhead_tokens": self.template_overhead_tokens,
                 "template_cached_tokens": self.template_cached_tokens,
                 "forced_length": self.force_length,
+                "workers": self.pool.workers if self.pool is not None else 1,
             },
             "cells": cells,
             "warnings": warnings,
@@ -425,15 +454,19 @@ async def run_profile(
     out_dir: Path | None,
     model: str | None = None,
     observer: Observer | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
     """Run every cell of ``profile`` against ``base``; returns the results document.
+
+    ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`).
 
     Writes ``out_dir/records.jsonl`` (each request as it finishes) and rewrites ``out_dir/results.json`` after each
     cell, so nothing finished is lost. Raises :class:`RunInterrupted` on cancellation (Ctrl-C), after writing.
     """
     from .report.export import write_results
 
-    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                 workers=workers)
     cells: list[dict[str, Any]] = []
     try:
         for cell in profile.cells():

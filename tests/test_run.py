@@ -227,3 +227,21 @@ def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys, strict) -> N
     # the rejected attempt is on disk but not counted as a measured success
     recs = read_records(tmp_path / "records.jsonl")
     assert any(not r.ok and r.status == 400 for r in recs)
+
+
+def test_workers_give_the_same_measurement(tmp_path, capsys) -> None:
+    """--workers 2: the measured waves run in two processes; the sim's truth still holds (decode 50 tok/s)."""
+    from bench.sim import SimConfig, running_sim
+
+    with running_sim(SimConfig(decode_step_ms=20.0, prefill_tok_s=50_000.0)) as url:
+        rc = main(["run", url, "--profile", "quick", "--depths", "0", "--streams", "4", "--repeats", "8",
+                   "--max-tokens", "24", "--workers", "2", "--out", str(tmp_path), "--json"])
+    res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["run"]["workers"] == 2
+    cell = res["cells"][0]
+    assert cell["requests_ok"] == 8 and cell["waves"] == 2
+    # truth: 1000 / 20 ms = 50 tok/s per stream, 200 aggregate; 4 % for a noisy 2-core box
+    assert cell["decode_tok_s"]["median"] == pytest.approx(50.0, rel=0.04)
+    assert cell["aggregate_decode_tok_s"]["median"] == pytest.approx(200.0, rel=0.06)
+    measured = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    assert len(measured) == 8 and all(r.ok for r in measured)
