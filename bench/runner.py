@@ -164,7 +164,7 @@ class Session:
         self._n += 1
         return f"{self.run_id}-{tag}-{i:05d}", i
 
-    def body(self, text: str, max_tokens: int, *, force: bool | None = None) -> dict[str, Any]:
+    def body(self, text: str, max_tokens: int) -> dict[str, Any]:
         """The JSON body for a prompt (endpoint, max_tokens, temperature, forcing, thinking)."""
         p = self.profile
         if p.endpoint == "chat":
@@ -175,37 +175,35 @@ class Session:
             b = {"prompt": text}
         b["max_tokens"] = max_tokens
         b["temperature"] = p.temperature
-        if self.force_length if force is None else force:
+        if self.force_length:
             b["min_tokens"] = max_tokens
             b["ignore_eos"] = True
         return b
 
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
                    tap: StreamTap | None = None) -> RequestRecord:
-        """One request; retried once without the length-forcing fields if the server rejects them."""
+        """One request. When the server rejects an optional field (HTTP 400/422), it is dropped for the rest of the
+        run, the run warns, and the request is sent again: first the length forcing (``min_tokens``/``ignore_eos``,
+        which servers reject naming it in many ways, or not at all), then ``chat_template_kwargs`` if the error
+        names it (strict servers such as OpenAI's own API; thinking then cannot be switched off)."""
         rid, _ = self._next_id(tag)
         spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), meta)
         rec = await stream_request(self.client, self.base, spec, model=self.model, secret=self.settings.api_key,
                                    tap=tap)
-        if self.force_length and rec.status in (400, 422):  # servers name the field in many ways, or not at all
-            self.force_length = False
-            self._note(
-                f"server rejected min_tokens/ignore_eos ({rec.error}); retrying without them: output lengths are "
-                "what the model produced, reported per cell"
-            )
-            if self.writer is not None:
-                self.writer.write(rec)
-            spec = RequestSpec(rid + "-retry", self.profile.endpoint, self.body(text, max_tokens), meta)
-            rec = await stream_request(self.client, self.base, spec, model=self.model,
-                                       secret=self.settings.api_key, tap=tap)
-        if (rec.status in (400, 422) and "chat_template_kwargs" in spec.body
-                and "chat_template_kwargs" in (rec.error or "")):
-            # a strict server (OpenAI's own API) rejects the field itself: thinking cannot be switched off here
-            self.template_kwargs = False
-            self._note(f"server rejected chat_template_kwargs ({rec.error}); thinking cannot be disabled on it")
-            if self.writer is not None:
-                self.writer.write(rec)
-            spec = RequestSpec(rid + "-retry2", self.profile.endpoint, self.body(text, max_tokens), meta)
+        for attempt in (1, 2):
+            if rec.status not in (400, 422):
+                break
+            if self.force_length:
+                self.force_length = False
+                self._note(f"server rejected min_tokens/ignore_eos ({rec.error}); retrying without them: output "
+                           "lengths are what the model produced, reported per cell")
+            elif "chat_template_kwargs" in spec.body and "chat_template_kwargs" in (rec.error or ""):
+                self.template_kwargs = False
+                self._note(f"server rejected chat_template_kwargs ({rec.error}); thinking cannot be disabled on it")
+            else:
+                break
+            self._write(rec)  # the rejected attempt stays on disk, as a failure
+            spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint, self.body(text, max_tokens), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
         return rec
