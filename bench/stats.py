@@ -209,11 +209,17 @@ def hd_quantile(values: Sequence[float] | np.ndarray, q: float) -> float | np.nd
     ``values`` of shape ``(n,)`` gives a float; shape ``(rows, n)`` gives one estimate per row. Raises
     ValueError on an empty sample.
     """
+    return _weighted_quantile(values, q, hd_weights, "hd_quantile")
+
+
+def _weighted_quantile(values: Sequence[float] | np.ndarray, q: float, weights: Callable[[int, float], np.ndarray],
+                       name: str) -> float | np.ndarray:
+    """Sort along the last axis and take the weighted sum of order statistics given by ``weights(n, q)``."""
     xs = np.sort(np.asarray(values, dtype=float), axis=-1)
     n = xs.shape[-1]
     if n == 0:
-        raise ValueError("hd_quantile of an empty sample")
-    out = xs @ hd_weights(n, q)
+        raise ValueError(f"{name} of an empty sample")
+    out = xs @ weights(n, q)
     return float(out) if xs.ndim == 1 else out
 
 
@@ -283,12 +289,7 @@ def thd_quantile(values: Sequence[float] | np.ndarray, q: float) -> float | np.n
     ``values`` of shape ``(n,)`` gives a float; shape ``(rows, n)`` gives one estimate per row. Raises
     ValueError on an empty sample.
     """
-    xs = np.sort(np.asarray(values, dtype=float), axis=-1)
-    n = xs.shape[-1]
-    if n == 0:
-        raise ValueError("thd_quantile of an empty sample")
-    out = xs @ thd_weights(n, q)
-    return float(out) if xs.ndim == 1 else out
+    return _weighted_quantile(values, q, thd_weights, "thd_quantile")
 
 
 def make_estimator(stat: str) -> Callable[[np.ndarray], np.ndarray]:
