@@ -77,8 +77,8 @@ def _settings(api_key_env: str, connect_timeout: float, read_timeout: float | No
 @click.version_option(__version__, prog_name="bench")
 @click.option("-v", "--verbose", is_flag=True, help="Log each request and response line to stderr (API key hidden).")
 @click.option("--io", type=click.Choice(["fast", "httpx"]), default="fast", show_default=True,
-              help="How http:// streams are read: 'fast' stamps each read the moment it arrives (asyncio protocol); "
-              "'httpx' reads through httpx (https:// always does).")
+              help="How streams are read: 'fast' stamps each read the moment it arrives (asyncio protocol, http and "
+              "https); 'httpx' reads through httpx.")
 def cli(verbose: bool, io: str) -> None:
     """bench: speed profiler for OpenAI-compatible LLM endpoints (vLLM, SGLang, llama.cpp, TGI, Ollama...).
 

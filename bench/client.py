@@ -1,10 +1,10 @@
 """The streaming client: one request to an OpenAI-compatible endpoint -> one :class:`RequestRecord`.
 
 Timing rule: each network read is stamped with ``time.perf_counter_ns()`` the moment it arrives, before SSE
-decoding or JSON parsing; every event gets the stamp of the read that completed it. For ``http://`` streams the
-stamp is taken in ``asyncio.Protocol.data_received`` (:mod:`bench.fastio`, ``ClientSettings.fast_io``), so a burst
-of reads on many streams is stamped before any of them is parsed; ``https://`` streams go through httpx and are
-stamped when httpx returns the read. JSON is parsed after the
+decoding or JSON parsing; every event gets the stamp of the read that completed it. Streams are read by
+:mod:`bench.fastio` (``ClientSettings.fast_io``, the default), which stamps in ``asyncio.Protocol.data_received``,
+so a burst of reads on many streams is stamped before any of them is parsed; with ``fast_io=False`` (``--io
+httpx``) they go through httpx and are stamped when httpx returns the read. JSON is parsed after the
 stream ends, so parsing never delays the reads of other streams on the same event loop. The send time is taken
 just before the request goes out, after any client-side queueing (recorded separately as ``queued_ns``).
 
@@ -89,9 +89,9 @@ class ClientSettings:
         read_timeout_s: longest silence between two reads in seconds; ``None`` (default) = no limit, because a
             long prefill (a 1M-token prompt) can send no byte for many minutes.
         extra_headers: sent with every request.
-        fast_io: stream ``http://`` responses through :mod:`bench.fastio`, which stamps each read the moment it
-            arrives (in ``asyncio.Protocol.data_received``) instead of after httpx's stack processed it; ``https://``
-            and every non-streaming call (``/models``, ``/tokenize``) stay on httpx.
+        fast_io: stream responses (``http://`` and ``https://``) through :mod:`bench.fastio`, which stamps each
+            read the moment it arrives (in ``asyncio.Protocol.data_received``) instead of after httpx's stack
+            processed it; every non-streaming call (``/models``, ``/tokenize``) stays on httpx.
     """
 
     api_key_env: str = "OPENAI_API_KEY"
@@ -326,8 +326,6 @@ async def stream_request(
     perf = time.perf_counter_ns
     response: Any = None  # httpx.Response or fastio.FastResponse
     fast: FastPool | None = getattr(client, "bench_fast_pool", None)
-    if fast is not None and request.url.scheme != "http":
-        fast = None  # https stays on httpx
     try:
         if tap is not None:
             tap.started = True

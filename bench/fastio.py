@@ -7,8 +7,10 @@ k-th stream's stamp taken after that stack is late by about k x 200 µs. Here th
 task runs; it only stamps, queues ``(t_ns, bytes)`` and wakes the waiting reader. HTTP parsing (``h11``) happens
 later, in the reading task, and every body piece keeps the stamp of the read that completed it.
 
-Scope: plain ``http://`` only (``https://`` stays on httpx), HTTP/1.1, one request per connection at a time, a
-keep-alive pool per ``(host, port)`` with no cap on connections. Errors:
+Scope: ``http://`` and ``https://`` (TLS through asyncio's SSL transport, verified like httpx: its default context,
+certifi's CA bundle and ``SSL_CERT_FILE``; ``data_received`` then gets decrypted bytes, stamped as they come out of
+the TLS layer), HTTP/1.1, one request per connection at a time, a keep-alive pool per ``(scheme, host, port)`` with
+no cap on connections. Errors:
 
 * :class:`FastConnectError` - the TCP connect failed or timed out;
 * :class:`FastTimeout` - no byte for ``read_timeout`` seconds (or the request could not be written in time);
@@ -267,9 +269,10 @@ class FastPool:
         keepalive_expiry: idle connections older than this (seconds) are closed instead of reused.
     """
 
-    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S) -> None:
+    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S, ssl_context: Any = None) -> None:
         self.keepalive_expiry = keepalive_expiry
-        self._idle: dict[tuple[str, int], list[_Conn]] = {}
+        self.ssl_context = ssl_context  # for https://; None: httpx's default context, made on first use
+        self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._closed = False
         self.connects = 0  # connections opened (for tests and diagnostics)
 
@@ -284,10 +287,10 @@ class FastPool:
         if self._closed:
             raise FastIOError("the connection pool is closed")
         parts = urlsplit(url)
-        if parts.scheme != "http":
-            raise ValueError(f"fastio handles http:// URLs only, not {url!r}")
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"fastio handles http:// and https:// URLs only, not {url!r}")
         host = parts.hostname or ""
-        port = parts.port or 80
+        port = parts.port or (443 if parts.scheme == "https" else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
         names = {k.lower() for k, _ in items}
@@ -295,7 +298,7 @@ class FastPool:
             items.insert(0, ("Host", parts.netloc.rsplit("@", 1)[-1]))
         if "content-length" not in names and "transfer-encoding" not in names:
             items.append(("Content-Length", str(len(body))))
-        key = (host, port)
+        key = (parts.scheme, host, port)
         conn = self._take_idle(key)
         if conn is not None:
             try:
@@ -314,7 +317,7 @@ class FastPool:
                 c.close()
 
     # --- internals ----------------------------------------------------------------------------------------------
-    def _take_idle(self, key: tuple[str, int]) -> _Conn | None:
+    def _take_idle(self, key: tuple[str, str, int]) -> _Conn | None:
         conns = self._idle.get(key)
         if not conns:
             return None
@@ -350,11 +353,19 @@ class FastPool:
             conns[:] = keep
         conns.append(conn)
 
-    async def _connect(self, key: tuple[str, int], timeout: float | None) -> _Conn:
+    async def _connect(self, key: tuple[str, str, int], timeout: float | None) -> _Conn:
         loop = asyncio.get_running_loop()
         proto = _StampProtocol()
+        scheme, host, port = key
+        tls: dict[str, Any] = {}
+        if scheme == "https":
+            if self.ssl_context is None:
+                import httpx
+
+                self.ssl_context = httpx.create_ssl_context()  # the same verification as the httpx path
+            tls = {"ssl": self.ssl_context, "server_hostname": host}
         try:
-            await asyncio.wait_for(loop.create_connection(lambda: proto, key[0], key[1]), timeout)
+            await asyncio.wait_for(loop.create_connection(lambda: proto, host, port, **tls), timeout)
         except asyncio.TimeoutError:
             raise FastConnectError(f"connect timed out after {timeout:g} s") from None
         except OSError as e:

@@ -7,6 +7,7 @@ import json
 import socket
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
@@ -35,8 +36,9 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, dict[str, s
 class Server:
     """A scripted HTTP server: ``handler(reader, writer, connection_index)`` per connection."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, ssl: Any = None) -> None:
         self.handler = handler
+        self.ssl = ssl
         self.connections = 0
         self.requests: list[tuple[bytes, dict[str, str], bytes]] = []
         self.server: asyncio.AbstractServer | None = None
@@ -53,9 +55,9 @@ class Server:
             writer.close()
 
     async def __aenter__(self) -> Server:
-        self.server = await asyncio.start_server(self._on_conn, "127.0.0.1", 0)
+        self.server = await asyncio.start_server(self._on_conn, "127.0.0.1", 0, ssl=self.ssl)
         port = self.server.sockets[0].getsockname()[1]
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if self.ssl else 'http'}://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:
@@ -329,10 +331,54 @@ def test_stamps_are_taken_when_bytes_arrive() -> None:
     asyncio.run(main())
 
 
-def test_pool_rejects_https() -> None:
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory) -> tuple[str, str]:
+    """A self-signed certificate for 127.0.0.1 (openssl CLI), as (cert.pem, key.pem)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl CLI not available")
+    d = tmp_path_factory.mktemp("tls")
+    cert, key = str(d / "cert.pem"), str(d / "key.pem")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+                   check=True, capture_output=True)
+    return cert, key
+
+
+def _server_ctx(tls_cert: tuple[str, str]) -> Any:
+    import ssl
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*tls_cert)
+    return ctx
+
+
+def test_https_keepalive_and_verification(tls_cert) -> None:
+    import ssl
+
+    async def main():
+        ref: list[Server] = []
+        async with Server(keepalive_handler(ref), ssl=_server_ctx(tls_cert)) as srv:
+            ref.append(srv)
+            trusting = ssl.create_default_context(cafile=tls_cert[0])
+            pool = FastPool(ssl_context=trusting)
+            for _ in range(3):
+                status, _, body = await _get(pool, srv.url + "/x")
+                assert status == 200 and body == b"hello"
+            assert pool.connects == 1  # TLS connection reused
+            await pool.aclose()
+            with pytest.raises(FastConnectError):  # httpx's default trust store does not know this certificate
+                await _get(FastPool(), srv.url + "/x")
+
+    asyncio.run(main())
+
+
+def test_pool_rejects_other_schemes() -> None:
     async def main():
         with pytest.raises(ValueError):
-            await FastPool().stream("POST", "https://x/v1", {}, b"", connect_timeout=1, read_timeout=None)
+            await FastPool().stream("POST", "ftp://x/v1", {}, b"", connect_timeout=1, read_timeout=None)
 
     asyncio.run(main())
 
@@ -436,5 +482,25 @@ def test_fast_io_off_uses_httpx() -> None:
     async def main():
         async with make_http_client(ClientSettings(fast_io=False)) as client:
             assert getattr(client, "bench_fast_pool", None) is None
+
+    asyncio.run(main())
+
+
+def test_stream_request_over_https_is_stamped_on_arrival(tls_cert, monkeypatch) -> None:
+    """https:// streams take the fast path too, verified like httpx (SSL_CERT_FILE is honoured)."""
+    monkeypatch.setenv("SSL_CERT_FILE", tls_cert[0])
+    events = [_chunk(" a"), _chunk(" b"), _chunk(" c"), _chunk("", "stop")]
+
+    async def main():
+        global srv
+        async with Server(_sse_handler(events, gap_s=0.05), ssl=_server_ctx(tls_cert)) as srv:
+            srv.writes = []
+            async with make_http_client(ClientSettings()) as client:
+                spec = RequestSpec("r1", "chat", {"messages": [{"role": "user", "content": "x"}]})
+                rec = await stream_request(client, srv.url + "/v1", spec, model="m")
+                assert rec.ok, rec.error
+                assert [e.content for e in rec.events if e.has_text] == [" a", " b", " c"]
+                gaps = [(b.t_ns - a.t_ns) / 1e6 for a, b in zip(rec.events, rec.events[1:])]
+                assert all(30 < g < 150 for g in gaps[:2]), gaps
 
     asyncio.run(main())
