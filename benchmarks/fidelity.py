@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import dataclasses
 import os
 import platform
@@ -152,8 +153,15 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
     client = make_http_client(settings, len(specs))
     try:
         await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in warm))
+        # as bench's runner does: no garbage collection while a measured wave is in flight
+        gc.collect()
+        gc.freeze()
+        gc.disable()
         cpu0, w0 = time.process_time(), time.perf_counter()
-        recs = await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in specs))
+        try:
+            recs = await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in specs))
+        finally:
+            gc.enable()
         return list(recs), time.process_time() - cpu0, time.perf_counter() - w0
     finally:
         await client.aclose()
