@@ -9,68 +9,18 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import click
 
 from . import __version__
+from .cli_common import client_options, endpoint
+from .cli_gate import ab, compare, gate
+from .cli_common import settings_from_options as _settings
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
 
 PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
-
-
-@contextmanager
-def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768) -> Iterator[str]:
-    """Yield the base URL: ``url`` normalized, or the embedded llama-server started for the duration."""
-    from .client import normalize_url
-
-    if url:
-        yield normalize_url(url)
-        return
-    from .engine import LocalEngine
-    from .report.console import stderr
-
-    with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
-        eng = LocalEngine(parallel=parallel, ctx_size=ctx_size)
-        eng.start()
-    try:
-        stderr.print(f"embedded endpoint: {eng.url}", highlight=False)
-        yield eng.url
-    finally:
-        eng.stop()
-
-
-def client_options(f: Any) -> Any:
-    """Options shared by every command that talks to an endpoint."""
-    f = click.option("--model", default=None, help="Model name (default: first entry of GET {URL}/models).")(f)
-    f = click.option(
-        "--api-key-env", default="OPENAI_API_KEY", show_default=True,
-        help="Environment variable holding the API key (never printed or saved).",
-    )(f)
-    f = click.option(
-        "--connect-timeout", type=float, default=10.0, show_default=True, help="Connect timeout, seconds."
-    )(f)
-    f = click.option(
-        "--read-timeout", type=float, default=None,
-        help="Longest silence allowed mid-response, seconds (default: none; long prefills send nothing for minutes).",
-    )(f)
-    return f
-
-
-def _settings(api_key_env: str, connect_timeout: float, read_timeout: float | None) -> Any:
-    from .client import ClientSettings
-
-    if connect_timeout <= 0:
-        raise ConfigError("--connect-timeout must be > 0")
-    if read_timeout is not None and read_timeout <= 0:
-        raise ConfigError("--read-timeout must be > 0")
-    ctx = click.get_current_context(silent=True)
-    io = ctx.find_root().params.get("io", "fast") if ctx is not None else "fast"
-    return ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout,
-                          fast_io=io == "fast")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
@@ -343,14 +293,8 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-def _register_gate_commands() -> None:
-    from .cli_gate import ab, compare, gate  # imports this module's helpers: register after they exist
-
-    for cmd in (gate, compare, ab):
-        cli.add_command(cmd)
-
-
-_register_gate_commands()
+for _cmd in (gate, compare, ab):
+    cli.add_command(_cmd)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,7 +22,8 @@ from typing import Any
 
 import click
 
-from .cli import _settings, client_options, endpoint
+from .cli_common import client_options, endpoint
+from .cli_common import settings_from_options as _settings
 from .errors import EXIT_CHECK_FAILED, EXIT_OK, BenchError, ConfigError
 from .gate import (
     MAIN_METRICS,

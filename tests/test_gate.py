@@ -456,3 +456,14 @@ def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_mai
                 sides.append((r["sent_ns"], side))
     order = "".join(side for _, side in sorted(sides))
     assert order == "ab" * 8, order
+
+
+def test_gate_module_imports_first() -> None:
+    """bench.cli_gate imported before bench.cli (as benchmarks/gate_fairness.py does) must not hit an import cycle."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c", "import bench.cli_gate, bench.cli; "
+                        "assert {'gate', 'compare', 'ab'} <= set(bench.cli.cli.commands)"],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
