@@ -39,8 +39,6 @@ import gc
 import dataclasses
 import os
 import platform
-import re
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -65,43 +63,7 @@ P99_LIMIT_MS = 3.0
 # ---------------------------------------------------------------------------------------------------------------
 # the sim in its own process
 # ---------------------------------------------------------------------------------------------------------------
-class SimProcess:
-    """``python -m bench.sim --port 0 ...`` as a child process; ``base`` is the URL it printed."""
-
-    def __init__(self, **cfg: Any) -> None:
-        args = [sys.executable, "-m", "bench.sim", "--port", "0"]
-        for k, v in cfg.items():
-            args += [f"--{k.replace('_', '-')}", str(v)]
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        m = re.search(r"listening on (\S+)", line)
-        if not m:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            self.proc.kill()
-            raise RuntimeError(f"bench sim did not start: {line!r} {err[-500:]}")
-        self.base = m.group(1)
-
-    def cpu_s(self) -> float:
-        """User + system CPU seconds the sim process has used so far."""
-        try:
-            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        except (OSError, IndexError, ValueError):
-            return float("nan")
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-
-    def __enter__(self) -> SimProcess:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 
 # ---------------------------------------------------------------------------------------------------------------

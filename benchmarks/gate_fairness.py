@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import math
 import os
-import subprocess
 import sys
 import time
 from collections import Counter
@@ -43,6 +42,7 @@ from bench.gate import Rule, classify  # noqa: E402
 from bench.profile import parse_profile  # noqa: E402
 from bench.runner import run_profile  # noqa: E402
 from bench.stats import bootstrap_ratio_ci  # noqa: E402
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 STEP_MS = 5.0  # decode step of the baseline sim: 200 tok/s per stream
 PROFILE = {
@@ -72,20 +72,9 @@ SCENARIOS = [  # name, decode speed factor (candidate / baseline), what a fair g
 @contextmanager
 def sim_process(step_ms: float, tokens_per_event: str, seed: int) -> Iterator[str]:
     """A ``python -m bench.sim`` process on a free port; yields its base URL."""
-    cmd = [sys.executable, "-m", "bench.sim", "--port", "0", "--decode-step-ms", f"{step_ms:.6f}",
-           "--prefill-tok-s", "20000", "--tokens-per-event", tokens_per_event, "--seed", str(seed)]
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=Path(__file__).resolve().parent.parent)
-    try:
-        line = p.stdout.readline() if p.stdout else ""
-        if "listening on" not in line:
-            raise RuntimeError(f"sim did not start: {line!r}")
-        yield line.split("listening on", 1)[1].strip()
-    finally:
-        p.terminate()
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
+    with SimProcess(decode_step_ms=f"{step_ms:.6f}", prefill_tok_s=20000, tokens_per_event=tokens_per_event,
+                    seed=seed) as sim:
+        yield sim.base
 
 
 async def _scenarios(urls: dict[str, str], n: int, label: str) -> dict[str, list]:

@@ -31,7 +31,6 @@ import http.server
 import json
 import os
 import platform
-import re
 import resource
 import shutil
 import socketserver
@@ -40,7 +39,6 @@ import sys
 import tempfile
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -50,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.sim import SimConfig, expected_ttft_ms  # noqa: E402
 from bench.sim.text import WORDS  # noqa: E402
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "peers.md"
@@ -91,48 +90,10 @@ print(len(vocab))
 # ---------------------------------------------------------------------------------------------------------------
 # the sim, the book server
 # ---------------------------------------------------------------------------------------------------------------
-class Sim:
-    """``python -m bench.sim --port 0`` in its own process."""
-
-    def __init__(self, cfg: SimConfig) -> None:
-        args = [sys.executable, "-m", "bench.sim", "--port", "0",
-                "--decode-step-ms", str(cfg.decode_step_ms), "--prefill-tok-s", str(cfg.prefill_tok_s),
-                "--max-running", str(cfg.max_running), "--tokens-per-event", str(cfg.tokens_per_event),
-                "--model", cfg.model]
-        self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        m = re.search(r"listening on (\S+)", line)
-        if not m:
-            self.proc.kill()
-            raise RuntimeError(f"bench sim did not start: {line!r}")
-        self.base = m.group(1)  # http://127.0.0.1:PORT/v1
-        self.root = self.base[: -len("/v1")]
-
-    def metrics(self) -> dict[str, float]:
-        """TTFT sum/count, finished requests and generated tokens from the sim's /metrics."""
-        text = urllib.request.urlopen(self.root + "/metrics", timeout=10).read().decode()
-        out: dict[str, float] = {"requests": 0.0}
-        for line in text.splitlines():
-            if line.startswith("#") or " " not in line:
-                continue
-            name, value = line.rsplit(" ", 1)
-            if name.startswith("vllm:time_to_first_token_seconds_sum"):
-                out["ttft_sum_s"] = float(value)
-            elif name.startswith("vllm:time_to_first_token_seconds_count"):
-                out["ttft_count"] = float(value)
-            elif name.startswith("vllm:generation_tokens_total"):
-                out["gen_tokens"] = float(value)
-            elif name.startswith("vllm:request_success_total"):
-                out["requests"] += float(value)
-        return out
-
-    def close(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+def start_sim(cfg: SimConfig) -> SimProcess:
+    """The sim of one run, in its own process, with ``cfg``'s timing."""
+    return SimProcess(decode_step_ms=cfg.decode_step_ms, prefill_tok_s=cfg.prefill_tok_s,
+                      max_running=cfg.max_running, tokens_per_event=cfg.tokens_per_event, model=cfg.model)
 
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
@@ -185,7 +146,7 @@ def child(cmd: list[str], env: dict[str, str], cwd: Path, timeout: float) -> tup
     return rc, out[-3000:], cpu, wall
 
 
-def run_bench(sim: Sim, c: int, n: int, a: argparse.Namespace, work: Path, cfg: SimConfig) -> Run:
+def run_bench(sim: SimProcess, c: int, n: int, a: argparse.Namespace, work: Path, cfg: SimConfig) -> Run:
     run = Run("bench", c, n)
     prof = work / f"bench-{c}.toml"
     prof.write_text(
@@ -215,7 +176,7 @@ def run_bench(sim: Sim, c: int, n: int, a: argparse.Namespace, work: Path, cfg: 
     return run
 
 
-def run_guidellm(sim: Sim, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path) -> Run:
+def run_guidellm(sim: SimProcess, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path) -> Run:
     run = Run("guidellm", c, n)
     out = work / f"guidellm-{c}.json"
     cmd = [str(exe), "run",
@@ -241,7 +202,7 @@ def run_guidellm(sim: Sim, exe: Path, c: int, n: int, a: argparse.Namespace, wor
     return run
 
 
-def run_llama_benchy(sim: Sim, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path,
+def run_llama_benchy(sim: SimProcess, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path,
                      book: str) -> Run:
     run = Run("llama-benchy", c, n)
     out = work / f"llama-benchy-{c}.json"
@@ -262,7 +223,7 @@ def run_llama_benchy(sim: Sim, exe: Path, c: int, n: int, a: argparse.Namespace,
     return run
 
 
-def run_aiperf(sim: Sim, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path) -> Run:
+def run_aiperf(sim: SimProcess, exe: Path, c: int, n: int, a: argparse.Namespace, work: Path, tok: Path) -> Run:
     run = Run("aiperf", c, n)
     out = work / f"aiperf-{c}"
     cmd = [str(exe), "profile", "--model", MODEL, "--url", sim.root, "--endpoint-type", "chat", "--streaming",
@@ -390,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 if t in missing:
                     runs.append(Run(t, c, n, status="missing", note=f"not in {venv}"))
                     continue
-                sim = Sim(cfg)
+                sim = start_sim(cfg)
                 try:
                     if t == "bench":
                         r = run_bench(sim, c, n, a, work, cfg)
