@@ -15,8 +15,8 @@ import click
 
 from . import __version__
 from .cli_common import client_options, endpoint
-from .cli_gate import ab, compare, gate
 from .cli_common import settings_from_options as _settings
+from .cli_gate import ab, compare, gate
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
 
 PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
@@ -68,7 +68,7 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     request. Exits 0 on success, 4 if the URL is unreachable, 5 if the request failed (the record is still
     printed).
     """
-    from .client import RequestSpec, make_http_client, require_ok, discover_model, stream_request
+    from .client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from .metrics import request_metrics
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)

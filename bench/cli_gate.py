@@ -32,7 +32,6 @@ from .gate import (
     Verdict,
     check_comparable,
     check_rule_cells,
-    compare as compare_results,
     default_rules,
     inconclusive_cells,
     load_results,
@@ -40,6 +39,9 @@ from .gate import (
     parse_rules,
     rules_from_results,
     uncovered_cells,
+)
+from .gate import (
+    compare as compare_results,
 )
 
 __all__ = ["gate", "compare", "ab", "GateOutcome", "gate_session", "ab_sessions", "profile_rules", "main_verdicts"]
@@ -461,11 +463,11 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     Example:
       bench ab http://gpu:8000/v1 http://gpu:8001/v1 -p decode --markdown ab.md
     """
+    from .client import normalize_url
     from .profile import load_profile
     from .report.console import stderr, stdout
     from .report.export import write_results
     from .report.verdicts import side_by_side_rows, side_by_side_table, write_text
-    from .client import normalize_url
 
     prof = load_profile(profile_name)
     rules, _ = profile_rules(prof)

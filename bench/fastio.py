@@ -105,7 +105,7 @@ class _StampProtocol(asyncio.Protocol):
             return
         try:
             await asyncio.wait_for(asyncio.shield(d), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise FastTimeout("timed out writing the request") from None
 
     async def next_chunk(self, timeout: float | None) -> tuple[int, bytes] | None:
@@ -366,7 +366,7 @@ class FastPool:
             tls = {"ssl": self.ssl_context, "server_hostname": host}
         try:
             await asyncio.wait_for(loop.create_connection(lambda: proto, host, port, **tls), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise FastConnectError(f"connect timed out after {timeout:g} s") from None
         except OSError as e:
             raise FastConnectError(_exc_text(e)) from None

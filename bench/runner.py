@@ -23,7 +23,7 @@ import socket
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -99,7 +99,7 @@ class Session:
         self.observer: Observer | None = None
         self.warnings: list[str] = []
         self.pool: Any = None  # bench.workers.WorkerPool when measured waves are spread over processes
-        self.started = datetime.now(timezone.utc)
+        self.started = datetime.now(UTC)
         self._n = 0
 
     # ---- setup ------------------------------------------------------------------------------------------------
@@ -406,7 +406,7 @@ class Session:
         return {
             "schema": SCHEMA_VERSION,
             "bench_version": __version__,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "profile": {"name": p.name, "source": p.source, "settings": settings},
             "endpoint": {"url": self.base, "model": self.model, "kind": p.endpoint},
             "server": self.server,
@@ -414,7 +414,7 @@ class Session:
             "run": {
                 "id": self.run_id,
                 "started": self.started.isoformat(timespec="seconds"),
-                "duration_s": round((datetime.now(timezone.utc) - self.started).total_seconds(), 2),
+                "duration_s": round((datetime.now(UTC) - self.started).total_seconds(), 2),
                 "interrupted": interrupted,
                 "overhead_ms": self.overhead_ms,
                 "tokenizer": self.tokenizer_kind,

@@ -35,14 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import dataclasses
+import gc
 import os
 import platform
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -329,7 +329,7 @@ def main(argv: list[str] | None = None) -> int:
     wlist = [int(x) for x in a.workers.split(",") if x.strip()]
     clients1 = ["process"] + ([] if a.no_httpx else ["httpx"])
     m = machine()
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
 
     def log(s: str) -> None:
         print(s, flush=True)

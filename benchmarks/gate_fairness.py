@@ -36,13 +36,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 from bench.cli_gate import gate_session, profile_rules  # noqa: E402
 from bench.client import ClientSettings  # noqa: E402
 from bench.gate import Rule, classify  # noqa: E402
 from bench.profile import parse_profile  # noqa: E402
 from bench.runner import run_profile  # noqa: E402
 from bench.stats import bootstrap_ratio_ci  # noqa: E402
-from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 STEP_MS = 5.0  # decode step of the baseline sim: 200 tok/s per stream
 PROFILE = {

@@ -40,15 +40,16 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
 from bench.sim import SimConfig, expected_ttft_ms  # noqa: E402
 from bench.sim.text import WORDS  # noqa: E402
-from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "peers.md"
@@ -301,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = SimConfig(decode_step_ms=a.step_ms, prefill_tok_s=a.prefill_tok_s, max_running=1024, model=MODEL)
     truth_decode = 1000.0 / a.step_ms
     truth_ttft = expected_ttft_ms(cfg, a.prompt_tokens)
-    started = datetime.now(timezone.utc)
+    started = datetime.now(UTC)
     mach = machine()
     print(f"machine: {mach}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from bench.metrics import request_metrics
-from bench.records import Event, RequestRecord, read_records, RecordWriter
+from bench.records import Event, RecordWriter, RequestRecord, read_records
 from bench.tokens import estimate_tokens, event_token_counts
 
 MS = 1_000_000

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -144,7 +144,7 @@ def to_junit(
               "time": f"{time_s or 0.0:.3f}"}
     root = ET.Element("testsuites", {"name": suite, **common})
     ts = ET.SubElement(root, "testsuite", {
-        "name": suite, **common, "timestamp": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "name": suite, **common, "timestamp": datetime.now(UTC).isoformat(timespec="seconds"),
     })
     if properties:
         props = ET.SubElement(ts, "properties")

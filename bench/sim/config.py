@@ -147,12 +147,12 @@ class SimConfig:
             return 0
         return max(1, round(1.0 / self.error_rate))
 
-    def replace(self, **changes: Any) -> "SimConfig":
+    def replace(self, **changes: Any) -> SimConfig:
         """A copy with some fields changed (validated)."""
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_mapping(cls, data: dict[str, Any], *, base: "SimConfig | None" = None) -> "SimConfig":
+    def from_mapping(cls, data: dict[str, Any], *, base: SimConfig | None = None) -> SimConfig:
         """Build from a dict of field values; an unknown key raises ValueError naming it."""
         names = {f.name for f in dataclasses.fields(cls)}
         for key in data:

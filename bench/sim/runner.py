@@ -8,7 +8,7 @@ import dataclasses
 import signal
 import sys
 import threading
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from aiohttp import web
 

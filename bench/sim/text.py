@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import re
 import zlib
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 __all__ = ["tokenize", "count_tokens", "token_id", "output_words", "WORDS", "chat_prompt_tokens"]
 
