@@ -9,7 +9,8 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -18,6 +19,11 @@ from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
+
+if TYPE_CHECKING:
+    from .client import ClientSettings
+    from .profile import Profile
+    from .results import Results
 
 PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
@@ -70,13 +76,11 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     """
     from .client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from .metrics import request_metrics
+    from .plan import BodyOptions, request_body
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
-    if endpoint_kind == "chat":
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt_text or PROBE_PROMPT}]}
-    else:
-        body = {"prompt": prompt_text or PROBE_COMPLETION_PROMPT}
-    body.update({"max_tokens": max_tokens, "temperature": 0})
+    text = prompt_text or (PROBE_PROMPT if endpoint_kind == "chat" else PROBE_COMPLETION_PROMPT)
+    body = request_body(BodyOptions(endpoint_kind, force_length=False, template_kwargs=False), text, max_tokens)
 
     async def go(base: str) -> Any:
         async with make_http_client(settings) as client:
@@ -164,8 +168,6 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
     """
-    from pathlib import Path
-
     from .profile import load_profile, parse_depths, parse_ints
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
@@ -191,16 +193,18 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     _print_results(results, out, as_json)
 
 
-def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
-                       workers: int = 1) -> Any:
+def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, model: str | None,
+                       quiet: bool, workers: int = 1) -> Results:
+    from .errors import RunInterrupted
     from .report.console import stderr
+    from .report.export import VIEWS
     from .report.progress import QuietObserver, RichObserver
-    from .runner import RunInterrupted, run_profile
+    from .runloop import run_profile
 
-    async def go() -> Any:
+    async def go() -> Results:
         if quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
-                                     observer=QuietObserver(stderr), workers=workers)
+                                     observer=QuietObserver(stderr), workers=workers, views=VIEWS)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -210,24 +214,26 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
             t = asyncio.create_task(ticker())
             try:
                 return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
-                                         workers=workers)
+                                         workers=workers, views=VIEWS)
             finally:
                 t.cancel()
 
     try:
         return asyncio.run(go())
     except RunInterrupted as e:
-        stderr.print(f"interrupted: {e.records} finished records kept in {e.out_dir}/records.jsonl "
-                     f"(partial results in {e.out_dir}/results.json)", highlight=False, soft_wrap=True)
+        stderr.print(f"interrupted ({e.signal_name}): {e.records} finished records kept in "
+                     f"{e.out_dir}/records.jsonl (partial results in {e.out_dir}/results.json)", highlight=False,
+                     soft_wrap=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
         stderr.print(f"interrupted: finished records kept in {out}/records.jsonl", highlight=False, soft_wrap=True)
         raise SystemExit(EXIT_INTERRUPTED) from None
 
 
-def _print_results(results: Any, out: Any, as_json: bool) -> None:
+def _print_results(results: Results, out: Path, as_json: bool) -> None:
     from .report.console import results_table, stderr, stdout
-    from .report.export import headline, to_json
+    from .report.export import headline
+    from .results import to_json
 
     if as_json:
         click.echo(to_json(results), nl=False)
@@ -235,7 +241,7 @@ def _print_results(results: Any, out: Any, as_json: bool) -> None:
     stdout.print(results_table(results))
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
-    for w in results.get("warnings", []):
+    for w in results.warnings:
         stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False, soft_wrap=True)
     stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False,
                  soft_wrap=True)
@@ -254,26 +260,14 @@ def plot(results_file: str, out_dir: str | None) -> None:
 
     from .report.console import stderr
     from .report.plots import plot_results
+    from .results import load_results
 
-    results = _load_results(results_file)
+    results = load_results(results_file)
     paths = plot_results(results, out_dir or Path(results_file).parent)
     if not paths:
         stderr.print("nothing to plot: the results have no stream sweep and no depth > 0", highlight=False)
     for p in paths:
         click.echo(str(p))
-
-
-def _load_results(path: str) -> dict[str, Any]:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            d = json.load(fh)
-    except FileNotFoundError:
-        raise ConfigError(f"results file not found: {path}") from None
-    except ValueError as e:
-        raise ConfigError(f"results file {path} is not JSON: {e}") from None
-    if not isinstance(d, dict) or "cells" not in d:
-        raise ConfigError(f"{path} is not a bench results file (no 'cells')")
-    return d
 
 
 @cli.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []})

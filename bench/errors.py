@@ -5,7 +5,10 @@ Error tree (every class is raised by bench code only, never leaked from a librar
     BenchError                  base; ``exit_code`` says how the CLI exits
     ├── ConfigError             bad profile, flag, or file (exit 3)
     ├── EndpointUnreachable     the URL does not answer: DNS, refused, connect timeout (exit 4)
-    └── ServerError             the server answered, but every request failed (exit 5)
+    ├── ServerError             the server answered, but every request failed (exit 5)
+    ├── TokenizerError          the server's /tokenize failed (the run falls back to a calibrated count)
+    ├── GateCouldNotRun         ``bench gate`` could not produce a verdict (exit 3, whatever the cause)
+    └── RunInterrupted          SIGINT/SIGTERM stopped a run; finished records and results are on disk (exit 130)
 
 Per-request failures (HTTP 429, an error inside a stream, a cut stream) are *data*: they are written into the
 request's record (``ok=False``, ``error``, ``error_kind``) and never raised.
@@ -24,6 +27,9 @@ Exit codes used by the CLI (``cli.py`` is the only place that turns errors into 
 """
 
 from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -56,3 +62,44 @@ class ServerError(BenchError):
     """The endpoint answered but the request(s) failed (HTTP error, broken stream, error event)."""
 
     exit_code = EXIT_SERVER_ERROR
+
+
+class TokenizerError(BenchError):
+    """The server's tokenizer endpoint failed or answered something unusable (the message is redacted)."""
+
+    exit_code = EXIT_SERVER_ERROR
+
+
+class GateCouldNotRun(BenchError):
+    """``bench gate`` could not produce a verdict (unreachable endpoint, bad baseline, a cell with no success...)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RunInterrupted(BenchError):
+    """The run was stopped (SIGINT or SIGTERM); ``out_dir`` holds every finished record and the partial results."""
+
+    exit_code = EXIT_INTERRUPTED
+
+    def __init__(self, out_dir: Path | None, records: int, signal_name: str = "SIGINT") -> None:
+        super().__init__(f"interrupted ({signal_name}); {records} finished records kept in {out_dir}")
+        self.out_dir = out_dir
+        self.records = records
+        self.signal_name = signal_name
+
+
+class ErrorKind(StrEnum):
+    """The closed set of ``error_kind`` values of a failed request's record (docs/metrics.md lists the same)."""
+
+    HTTP_REDIRECT = "http_redirect"
+    HTTP_4XX = "http_4xx"
+    HTTP_429 = "http_429"
+    HTTP_5XX = "http_5xx"
+    STREAM_ERROR = "stream_error"
+    INCOMPLETE = "incomplete"
+    NO_TOKENS = "no_tokens"
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    PROTOCOL = "protocol"
+    BAD_JSON = "bad_json"
+    CANCELLED = "cancelled"

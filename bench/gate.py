@@ -1,4 +1,4 @@
-"""The CI speed gate: rules, verdicts and exit codes (pure; the only I/O is reading a results file).
+"""The CI speed gate: rules, verdicts and exit codes (pure: results documents in, verdicts out).
 
 A *rule* (one ``[[gate]]`` table of a profile) says how much worse one statistic of one metric may get in one cell
 (or every cell, ``cell = "*"``)::
@@ -36,15 +36,16 @@ so a regression is declared only when the whole interval lies beyond the allowan
 
 from __future__ import annotations
 
-import json
 import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, ConfigError
+import numpy as np
+
+from .errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
+from .results import CellResult, Results
 from .stats import bootstrap_ratio_ci, make_estimator
 
 __all__ = [
@@ -55,7 +56,6 @@ __all__ = [
     "VERDICTS",
     "Rule",
     "Verdict",
-    "GateCouldNotRun",
     "parse_rules",
     "default_rules",
     "rules_from_results",
@@ -65,7 +65,8 @@ __all__ = [
     "classify",
     "overall_exit",
     "check_comparable",
-    "load_results",
+    "profile_rules",
+    "main_verdicts",
     "cell_samples",
     "inconclusive_cells",
     "verdict_counts",
@@ -85,15 +86,6 @@ DEFAULT_GATE_TABLES: tuple[dict[str, Any], ...] = (
     {"metric": "ttft_ms", "cell": "*", "stat": "p90", "max_rise_pct": 10},
 )
 MIN_SAMPLES = 2  # fewer on either side: inconclusive (a bootstrap of one value says nothing about spread)
-
-
-class GateCouldNotRun(BenchError):
-    """``bench gate`` could not run or compare (any cause: unreachable endpoint, bad file, incomparable runs).
-
-    Exit code 3, whatever the underlying error's own code would be.
-    """
-
-    exit_code = EXIT_BAD_INPUT
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,11 +126,6 @@ class Rule:
     def where(self) -> str:
         """``gate[i]`` for a profile rule, ``default`` for a built-in one."""
         return f"gate[{self.index}]" if self.index is not None else "default"
-
-    def describe(self) -> str:
-        """One line: ``decode_tok_s median, drop <= 5 %, cell *``."""
-        word = "drop" if self.higher_better else "rise"
-        return f"{self.metric} {self.stat}, {word} <= {self.max_change_pct:g} %, cell {self.cell}"
 
     def to_dict(self) -> dict[str, Any]:
         """The rule as a ``[[gate]]`` table."""
@@ -274,16 +261,29 @@ def default_rules() -> list[Rule]:
     return [Rule(r.metric, r.cell, r.stat, r.max_change_pct, None) for r in parse_rules(DEFAULT_GATE_TABLES)]
 
 
-def rules_from_results(results: Mapping[str, Any]) -> list[Rule]:
+def rules_from_results(results: Results) -> list[Rule]:
     """The rules stored with a results file (``profile.settings.gate``), or :func:`default_rules` when it has none.
 
     Raises ConfigError naming the bad key.
     """
-    prof = results.get("profile") or {}
-    tables = (prof.get("settings") or {}).get("gate") or []
+    tables = results.profile.settings.get("gate") or []
     if not tables:
         return default_rules()
-    return parse_rules(tables, f"profile {prof.get('name', '?')} (from results)")
+    return parse_rules(tables, f"profile {results.profile.name or '?'} (from results)")
+
+
+def profile_rules(rules: Sequence[Rule]) -> tuple[list[Rule], bool]:
+    """A profile's parsed ``[[gate]]`` rules, or the default rules: ``(rules, from_profile)``."""
+    return (list(rules), True) if rules else (default_rules(), False)
+
+
+def main_verdicts(baseline: Results, candidate: Results, *, seed: int = 0) -> list[Verdict]:
+    """Zero-allowance median comparisons of :data:`MAIN_METRICS` in every common cell, cell by cell (the
+    side-by-side table of compare / ab; the verdict word only says on which side of 1 the whole CI lies)."""
+    rules = [Rule(m, "*", "median", 0.0, None) for m in MAIN_METRICS]
+    vs = compare(baseline, candidate, rules, seed=seed)
+    order = {c.id: i for i, c in enumerate(candidate.cells)}
+    return sorted(vs, key=lambda v: (order.get(v.cell, 0), MAIN_METRICS.index(v.rule.metric)))
 
 
 def check_rule_cells(rules: Sequence[Rule], cell_ids: Iterable[str], where: str = "profile") -> None:
@@ -298,42 +298,15 @@ def check_rule_cells(rules: Sequence[Rule], cell_ids: Iterable[str], where: str 
 # --- results files -----------------------------------------------------------------------------------------------
 
 
-def load_results(path: str | Path) -> dict[str, Any]:
-    """Read a ``results.json`` written by ``bench run`` (schema 1).
-
-    Raises:
-        ConfigError: the file is missing, not JSON, or not a bench results file of schema 1.
-    """
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"results file {p}: not found") from None
-    except OSError as e:
-        raise ConfigError(f"results file {p}: cannot read it ({e.strerror or e})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"results file {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    if not isinstance(data, dict) or "cells" not in data:
-        raise ConfigError(f"results file {p}: not a bench results file (no 'cells')")
-    if data.get("schema") != 1:
-        raise ConfigError(f"results file {p}: schema {data.get('schema')!r} is not supported (this bench reads 1)")
-    if not isinstance(data["cells"], list) or not all(isinstance(c, dict) and "id" in c for c in data["cells"]):
-        raise ConfigError(f"results file {p}: 'cells' must be a list of cell summaries with an 'id'")
-    return data
+def _ident(results: Results) -> dict[str, Any]:
+    return {"profile": results.profile.name, "model": results.endpoint.model,
+            "backend": results.server.get("backend")}
 
 
-def _ident(results: Mapping[str, Any]) -> dict[str, Any]:
-    return {
-        "profile": (results.get("profile") or {}).get("name"),
-        "model": (results.get("endpoint") or {}).get("model"),
-        "backend": (results.get("server") or {}).get("backend"),
-    }
-
-
-def check_comparable(baseline: Mapping[str, Any], candidate: Mapping[str, Any], force: bool = False) -> list[str]:
-    """Check that two runs can be compared: same profile name, model and server backend, neither interrupted.
+def check_comparable(baseline: Results, candidate: Results, force: bool = False, *,
+                     ignore_interrupted: bool = False) -> list[str]:
+    """Check that two runs can be compared: same profile name, model and server backend, both complete (a run
+    that was interrupted or killed before its end is incomplete).
 
     Returns the differences found (one line each; empty when comparable). With ``force`` differences are returned
     instead of raised, for the caller to print as warnings.
@@ -347,16 +320,20 @@ def check_comparable(baseline: Mapping[str, Any], candidate: Mapping[str, Any], 
         if a[k] != b[k]:
             diffs.append(f"{k} differs: baseline {a[k]!r}, candidate {b[k]!r}")
     for name, res in (("baseline", baseline), ("candidate", candidate)):
-        if (res.get("run") or {}).get("interrupted"):
+        if ignore_interrupted:
+            break
+        if res.run.interrupted:
             diffs.append(f"the {name} run was interrupted (cells may be missing or short)")
+        elif not res.run.complete:
+            diffs.append(f"the {name} run is incomplete (it was stopped before its end)")
     if diffs and not force:
         raise ConfigError("runs are not comparable: " + "; ".join(diffs) + " (--force compares anyway)")
     return diffs
 
 
-def cell_samples(cell: Mapping[str, Any], metric: str) -> list[float]:
-    """The raw samples of ``metric`` in a cell summary (``cell["samples"][metric]``), None/NaN dropped."""
-    vs = (cell.get("samples") or {}).get(metric) or []
+def cell_samples(cell: CellResult, metric: str) -> list[float]:
+    """The raw samples of ``metric`` in a cell summary (``cell.samples[metric]``), None/NaN dropped."""
+    vs = cell.samples.get(metric) or []
     return [float(v) for v in vs if v is not None and _is_num(v)]
 
 
@@ -396,7 +373,7 @@ def compare_samples(
     nb, nc = len(base), len(cand)
 
     def point(xs: Sequence[float]) -> float | None:
-        return float(make_estimator(rule.stat)([list(xs)])[0]) if xs else None
+        return float(make_estimator(rule.stat)(np.asarray([list(xs)], dtype=float))[0]) if xs else None
 
     if nb < MIN_SAMPLES or nc < MIN_SAMPLES:
         bv, cv = point(base), point(cand)
@@ -412,8 +389,8 @@ def compare_samples(
 
 
 def compare(
-    baseline: Mapping[str, Any],
-    candidate: Mapping[str, Any],
+    baseline: Results,
+    candidate: Results,
     rules: Sequence[Rule],
     *,
     level: float = 0.95,
@@ -428,8 +405,8 @@ def compare(
     gives an ``inconclusive`` verdict with a note when that cell or its samples are missing on either side.
     Deterministic for a ``seed``.
     """
-    bcells = {c["id"]: c for c in baseline.get("cells", [])}
-    ccells = {c["id"]: c for c in candidate.get("cells", [])}
+    bcells = {c.id: c for c in baseline.cells}
+    ccells = {c.id: c for c in candidate.cells}
     order = [cid for cid in ccells if cid in bcells]
     out: list[Verdict] = []
     for rule in rules:
@@ -479,7 +456,7 @@ def verdict_counts(verdicts: Sequence[Verdict]) -> dict[str, int]:
     return {k: sum(1 for v in verdicts if v.verdict == k) for k in VERDICTS}
 
 
-def uncovered_cells(baseline: Mapping[str, Any], candidate: Mapping[str, Any]) -> list[str]:
+def uncovered_cells(baseline: Results, candidate: Results) -> list[str]:
     """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
-    have = {c["id"] for c in baseline.get("cells", [])}
-    return [c["id"] for c in candidate.get("cells", []) if c["id"] not in have]
+    have = {c.id for c in baseline.cells}
+    return [c.id for c in candidate.cells if c.id not in have]

@@ -11,9 +11,13 @@ import re
 import tomllib
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .prompts.content import KINDS as PROMPT_KINDS
+
+if TYPE_CHECKING:
+    from .gate import Rule
 
 __all__ = ["Profile", "Sweep", "Cell", "load_profile", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
 
@@ -27,7 +31,6 @@ def _profiles_dir() -> Path:
 
 
 PROFILES_DIR = _profiles_dir()
-PROMPT_KINDS = ("prose", "code", "structured", "json")
 _DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
 
 
@@ -102,7 +105,8 @@ class Profile:
             <= the cell's depth applies).
         warmup: warm-up waves per cell (short prompts, short outputs, not measured).
         overhead_probes: tiny requests at the start whose median TTFT is the fixed overhead of a request.
-        gate: the ``[[gate]]`` tables, validated by :mod:`bench.gate`.
+        gate: the ``[[gate]]`` rules, parsed and checked against the cells when the profile is read
+            (:func:`bench.gate.parse_rules`); empty: the gate's default rules.
     """
 
     name: str = "custom"
@@ -121,7 +125,7 @@ class Profile:
     prefix_cache: bool = False
     force_length: bool = True
     sweeps: tuple[Sweep, ...] = (Sweep(),)
-    gate: tuple[dict[str, Any], ...] = ()
+    gate: tuple[Rule, ...] = ()
     gate_budget_waves: int = 0
     source: str = ""
 
@@ -281,12 +285,13 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
     _type_check(where, "gate", gate, list)
     for i, g in enumerate(gate):
         _type_check(where, f"gate[{i}]", g, dict)
-    from .gate import parse_rules
+    from .gate import check_rule_cells, parse_rules
 
-    parse_rules(gate, where)  # a bad gate rule fails when the profile is read, not after the run
-    kw["gate"] = tuple(gate)
+    rules = parse_rules(gate, where)  # a bad gate rule fails when the profile is read, not after the run
+    kw["gate"] = tuple(rules)
     p = Profile(**kw)
     _validate_numbers(p, where)
+    check_rule_cells(rules, [c.id for c in p.cells()], where)
     return p
 
 
@@ -302,4 +307,8 @@ def load_profile(name_or_path: str) -> Profile:
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"profile {path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile {path}: not UTF-8 text (save it as UTF-8)") from None
+    except OSError as e:
+        raise ConfigError(f"profile {path}: cannot read it ({e.strerror or e})") from None
     return parse_profile(data, path.stem, str(path))

@@ -177,16 +177,13 @@ def check_expect(metrics: dict[str, Any], expect: dict[str, Any]) -> list[str]:
 
 async def _probe(base: str, case: Case, fast_io: bool) -> Any:
     from .client import ClientSettings, RequestSpec, discover_model, make_http_client, stream_request
+    from .plan import BodyOptions, request_body
 
     settings = ClientSettings(connect_timeout_s=5.0, read_timeout_s=30.0, fast_io=fast_io)
     async with make_http_client(settings) as client:
         # as in a real probe: model discovery first, so one-time costs (imports, connect) stay out of the timing
         model = await discover_model(client, base)
-        body: dict[str, Any]
-        if case.endpoint == "chat":
-            body = {"messages": [{"role": "user", "content": "replay"}], "max_tokens": 16}
-        else:
-            body = {"prompt": "replay", "max_tokens": 16}
+        body = request_body(BodyOptions(case.endpoint, force_length=False, template_kwargs=False), "replay", 16)
         return await stream_request(client, base, RequestSpec(case.id, case.endpoint, body), model=model)
 
 

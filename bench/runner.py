@@ -1,28 +1,27 @@
-"""Running a profile: prepare the endpoint, then warm-up and waves of concurrent streams per cell.
+"""A measuring session against one endpoint: set-up, then warm-up and waves of concurrent streams per cell.
 
-Flow: :meth:`Session.open` (model, server info, tokenizer, capabilities, fixed overhead) ->
-:meth:`Session.run_cell` for each cell (prompts built before each wave, so building never overlaps timing) ->
-:func:`run_profile` (records written as each request finishes; results.json rewritten after each cell).
+Flow: :meth:`Session.open` (model, server info, tokenizer, capabilities, fixed overhead) -> :meth:`Session.run_cell`
+for each cell (the plan's requests get their prompt text before each wave, so building never overlaps timing) ->
+:meth:`Session.summarize` (the one cell-summary step) -> :meth:`Session.results` (the typed results document).
+The loops over cells (``bench run``, ``gate``, ``ab``) and their signal handling live in :mod:`bench.runloop`.
 
-Rules kept here:
-- every request's prompt starts with a unique prefix (``prompts.unique_prefix``), warm-ups and probes included,
-  so no request shares a cached prefix with another (unless ``prefix_cache`` is asked for on purpose);
-- output length is forced with ``min_tokens``/``ignore_eos`` beside ``max_tokens``; if the server rejects those
-  fields (HTTP 400/422), the request is retried once without them, thinking stays disabled, and the run warns;
-- thinking is off for chat unless asked (``chat_template_kwargs: {enable_thinking: false}``); temperature 0.
+Capability fallbacks: when the server rejects an optional field (HTTP 400/422), it is dropped for the rest of the
+run, the run warns, and the request is sent again: first the length forcing (``min_tokens``/``ignore_eos``), then
+``chat_template_kwargs`` if the error names it. A 400 that says the prompt does not fit the context is a failure
+of that request, never taken for a rejected field.
 """
 
 from __future__ import annotations
 
 import asyncio
 import gc
-import math
 import os
 import platform
+import re
 import socket
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -31,21 +30,22 @@ import httpx
 
 from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
-from .errors import EndpointUnreachable, ServerError
+from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from .metrics import request_metrics
+from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
 from .profile import Cell, Profile
-from .prompts import CalibratedTokenizer, HttpTokenizer, TokenizerError, build_prompt, unique_prefix
+from .prompts import CalibratedTokenizer, HttpTokenizer, build_prompt, unique_prefix
+from .prompts.build import PREFIX_SHARED_TOKENS_MAX
 from .prompts.content import stream_text
 from .records import RecordWriter, RequestRecord
+from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
 from .server_info import discover_server
 from .stats import bootstrap_ci
 from .summary import summarize_cell
 
-__all__ = ["Session", "CellRun", "Observer", "run_profile", "RunInterrupted", "SCHEMA_VERSION"]
+__all__ = ["Session", "CellRun", "Observer", "machine_info", "default_out_dir", "check_fits_context"]
 
-SCHEMA_VERSION = 1
-WARMUP_MAX_TOKENS = 8
-CLIENT_CPU_WARN_PCT = 70.0
+_CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
 
 
 class Observer(Protocol):
@@ -54,27 +54,43 @@ class Observer(Protocol):
     def cell_started(self, cell: Cell, total_requests: int) -> None: ...
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None: ...
     def request_done(self, cell: Cell, ok: bool) -> None: ...
-    def cell_done(self, cell: Cell, summary: dict[str, Any]) -> None: ...
+    def cell_done(self, cell: Cell, summary: CellResult) -> None: ...
     def note(self, text: str) -> None: ...
-
-
-class RunInterrupted(Exception):
-    """The run was stopped (Ctrl-C); ``out_dir`` holds every finished record."""
-
-    def __init__(self, out_dir: Path | None, records: int) -> None:
-        super().__init__(f"interrupted; {records} finished records kept in {out_dir}")
-        self.out_dir = out_dir
-        self.records = records
 
 
 @dataclass
 class CellRun:
-    """What one cell produced: measured records, request ids per wave, and the cell summary."""
+    """What one cell produced: measured records, request ids per wave, bench's CPU use, and the cell summary."""
 
     cell: Cell
     records: list[RequestRecord] = field(default_factory=list)
     waves: list[list[str]] = field(default_factory=list)
-    summary: dict[str, Any] = field(default_factory=dict)
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    summary: CellResult | None = None
+
+    def extend(self, more: CellRun) -> None:
+        """Add another run of the same cell (re-measured waves, or one side's interleaved wave)."""
+        self.records.extend(more.records)
+        self.waves.extend(more.waves)
+        self.cpu_s += more.cpu_s
+        self.wall_s += more.wall_s
+
+
+def check_fits_context(profile: Profile, context: int | None) -> None:
+    """Refuse, before sending anything, a profile whose prompt + output cannot fit the server's context.
+
+    Raises:
+        ConfigError: naming the cell's depth, the context and the fix.
+    """
+    if not context:
+        return
+    for c in profile.cells():
+        need = c.depth + c.max_tokens
+        if need > context:
+            raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {need} "
+                              f"tokens do not fit the server's context of {context} tokens (use --depths below "
+                              f"{context - c.max_tokens}, or start the server with a larger context)")
 
 
 class Session:
@@ -92,37 +108,36 @@ class Session:
         self.template_overhead_tokens = 0
         self.template_cached_tokens = 0
         self.overhead_ms: float | None = None
-        self.force_length = profile.force_length
-        self.template_kwargs = True  # send chat_template_kwargs (thinking off) until the server rejects them
+        self.body_opts = BodyOptions(profile.endpoint, profile.temperature, profile.thinking, profile.force_length)
         self.run_id = uuid.uuid4().hex[:8]
+        self.planner = Planner(self.run_id, profile)
         self.writer: RecordWriter | None = None
         self.observer: Observer | None = None
         self.warnings: list[str] = []
-        self.pool: Any = None  # bench.workers.WorkerPool when measured waves are spread over processes
+        self.pool: Any = None  # a worker pool (bench.workers) when measured waves are spread over processes
+        self.workers_auto = False
         self.started = datetime.now(UTC)
-        self._n = 0
 
-    # ---- setup ------------------------------------------------------------------------------------------------
+    @property
+    def force_length(self) -> bool:
+        """Whether requests still carry ``min_tokens``/``ignore_eos`` (False once the server rejected them)."""
+        return self.body_opts.force_length
+
+    # ---- set-up -------------------------------------------------------------------------------------------------
     @classmethod
-    async def open(
-        cls,
-        base: str,
-        settings: ClientSettings,
-        profile: Profile,
-        *,
-        model: str | None = None,
-        out_dir: Path | None = None,
-        observer: Observer | None = None,
-        workers: int = 1,
-    ) -> Session:
+    async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
+                   out_dir: Path | None = None, observer: Observer | None = None, workers: int = 1,
+                   pool: Any = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
-        set-up, probes and warm-ups stay in this process.
+        ``pool`` is any object with the same ``start``/``arun``/``close`` (e.g. Ray actors). Set-up, probes and
+        warm-ups stay in this process.
 
         Raises:
             EndpointUnreachable: the URL does not answer.
             ServerError: the server answers but the probe requests fail.
+            ConfigError: a cell cannot fit the server's context.
         """
         conc = max((c.streams for c in profile.cells()), default=1)
         s = cls(base, settings, profile, make_http_client(settings, conc))
@@ -130,20 +145,26 @@ class Session:
         try:
             s.model = model or await discover_model(s.client, base, settings.api_key)
             s.server = await discover_server(s.client, base)
+            check_fits_context(profile, s.server.get("context_size"))
             if out_dir is not None:
                 s.writer = RecordWriter(Path(out_dir) / "records.jsonl")
             await s._setup_tokenizer()
             await s._measure_overhead()
-            if workers > 1:
-                from .workers import WorkerPool
-
-                s.pool = WorkerPool(base, model=s.model, settings=settings, workers=workers, concurrency=conc).start()
+            s.pool = pool if pool is not None else s._worker_pool(workers, conc)
             gc.collect()
             gc.freeze()  # what exists now (modules, the session) is never scanned again by the collector
         except BaseException:
             await s.close()
             raise
         return s
+
+    def _worker_pool(self, workers: int, conc: int) -> Any:
+        if workers <= 1:
+            return None
+        from .workers import WorkerPool
+
+        return WorkerPool(self.base, model=self.model, settings=self.settings, workers=workers,
+                          concurrency=conc).start()
 
     async def close(self) -> None:
         """Close the HTTP client, the worker processes and the records file."""
@@ -154,75 +175,74 @@ class Session:
         if self.writer is not None:
             self.writer.close()
 
-    def _note(self, text: str) -> None:
+    def note(self, text: str) -> None:
+        """A run-level warning: kept for results.json and shown by the observer."""
         self.warnings.append(text)
         if self.observer is not None:
             self.observer.note(text)
 
-    def _next_id(self, tag: str) -> tuple[str, int]:
-        i = self._n
-        self._n += 1
-        return f"{self.run_id}-{tag}-{i:05d}", i
+    def write(self, rec: RequestRecord) -> None:
+        """Append a finished record to records.jsonl (when the session has a results folder)."""
+        if self.writer is not None:
+            self.writer.write(rec)
+
+    _write = write
 
     def body(self, text: str, max_tokens: int) -> dict[str, Any]:
-        """The JSON body for a prompt (endpoint, max_tokens, temperature, forcing, thinking)."""
-        p = self.profile
-        if p.endpoint == "chat":
-            b: dict[str, Any] = {"messages": [{"role": "user", "content": text}]}
-            if not p.thinking and self.template_kwargs:
-                b["chat_template_kwargs"] = {"enable_thinking": False}
-        else:
-            b = {"prompt": text}
-        b["max_tokens"] = max_tokens
-        b["temperature"] = p.temperature
-        if self.force_length:
-            b["min_tokens"] = max_tokens
-            b["ignore_eos"] = True
-        return b
+        """The JSON body for a prompt with the capabilities the server accepted so far."""
+        return request_body(self.body_opts, text, max_tokens)
 
+    # ---- sending ------------------------------------------------------------------------------------------------
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
-                   tap: StreamTap | None = None) -> RequestRecord:
-        """One request. When the server rejects an optional field (HTTP 400/422), it is dropped for the rest of the
-        run, the run warns, and the request is sent again: first the length forcing (``min_tokens``/``ignore_eos``,
-        which servers reject naming it in many ways, or not at all), then ``chat_template_kwargs`` if the error
-        names it (strict servers such as OpenAI's own API; thinking then cannot be switched off)."""
-        rid, _ = self._next_id(tag)
+                   tap: StreamTap | None = None, request_id: str | None = None) -> RequestRecord:
+        """One request, with the capability fallbacks of the module docstring (rejected attempts are written)."""
+        rid = request_id or self.planner.next_id(tag)[0]
         spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), meta)
         rec = await stream_request(self.client, self.base, spec, model=self.model, secret=self.settings.api_key,
                                    tap=tap)
         for attempt in (1, 2):
-            if rec.status not in (400, 422):
+            if rec.status not in (400, 422) or not self._drop_rejected_field(spec, rec):
                 break
-            if self.force_length:
-                self.force_length = False
-                self._note(f"server rejected min_tokens/ignore_eos ({rec.error}); retrying without them: output "
-                           "lengths are what the model produced, reported per cell")
-            elif "chat_template_kwargs" in spec.body and "chat_template_kwargs" in (rec.error or ""):
-                self.template_kwargs = False
-                self._note(f"server rejected chat_template_kwargs ({rec.error}); thinking cannot be disabled on it")
-            else:
-                break
-            self._write(rec)  # the rejected attempt stays on disk, as a failure
+            self.write(rec)  # the rejected attempt stays on disk, as a failure
             spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint, self.body(text, max_tokens), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
         return rec
+
+    def _drop_rejected_field(self, spec: RequestSpec, rec: RequestRecord) -> bool:
+        """Drop the optional field a 400/422 rejected; False when the error is not about one (e.g. context)."""
+        err = rec.error or ""
+        if _CONTEXT_ERROR.search(err) and "min_tokens" not in err and "ignore_eos" not in err:
+            return False
+        if self.body_opts.force_length:
+            self.body_opts = replace(self.body_opts, force_length=False)
+            self.note(f"server rejected min_tokens/ignore_eos ({err}); retrying without them: output lengths are "
+                      "what the model produced, reported per cell")
+            return True
+        if "chat_template_kwargs" in spec.body and "chat_template_kwargs" in err:
+            self.body_opts = replace(self.body_opts, template_kwargs=False)
+            self.note(f"server rejected chat_template_kwargs ({err}); thinking cannot be disabled on it")
+            return True
+        return False
 
     async def _setup_tokenizer(self) -> None:
         http = HttpTokenizer(self.client, root_url(self.base), self.model)
         if await http.available():
             self.tokenizer, self.tokenizer_kind = http, "server"
             return
-        # no /tokenize: calibrate chars per token from two probes of different lengths
+        await self._calibrate()
+
+    async def _calibrate(self) -> None:
+        """No /tokenize (or it broke): calibrate chars per token from two probes of different lengths."""
         short = unique_prefix(self.run_id, 999_999) + "Say OK."
         long_ = short + " " + stream_text("prose", 7, 4000)
         pts = []
         for text in (short, long_):
-            rec = await self.send(text, 1, "calib", {"phase": "calibration"})
-            self._write(rec)
+            rec = await self.send(text, 1, "calibration", {"phase": "calibration"})
+            self.write(rec)
             m = request_metrics(rec)
             if m.prompt_tokens is None:  # a probe that failed after usage arrived still tells the prompt size
-                self._note(f"cannot calibrate prompt length (no usage.prompt_tokens): {rec.error or 'no usage'}")
+                self.note(f"cannot calibrate prompt length (no usage.prompt_tokens): {rec.error or 'no usage'}")
                 self.tokenizer, self.tokenizer_kind = CalibratedTokenizer(4.0), "default-ratio"
                 return
             pts.append(m.prompt_tokens)
@@ -230,7 +250,8 @@ class Session:
         self.tokenizer = CalibratedTokenizer(cpt)
         self.template_overhead_tokens = max(0, pts[0] - round(len(short) / cpt))
         self.tokenizer_kind = "calibrated"
-        self._note(f"server has no /tokenize: prompt lengths calibrated at {cpt:.2f} chars/token (an estimate)")
+        self.note(f"prompt lengths calibrated at {cpt:.2f} chars/token from two probes (an estimate; the server "
+                  "has no working /tokenize)")
 
     async def _measure_overhead(self) -> None:
         """Tiny prompts: template overhead tokens (with a server tokenizer) and the fixed TTFT overhead.
@@ -245,7 +266,7 @@ class Session:
             text = unique_prefix(self.run_id, 1_000_000 + tries) + "Say OK."
             tries += 1
             rec = await self.send(text, 1, "overhead", {"phase": "overhead"})
-            self._write(rec)
+            self.write(rec)
             m = request_metrics(rec)
             if not rec.ok:
                 if rec.error_kind == "connect":
@@ -254,7 +275,7 @@ class Session:
                     continue
                 raise ServerError(f"probe request failed: {rec.error}")
             if not header_known and self.tokenizer_kind == "server" and m.prompt_tokens is not None:
-                self.template_overhead_tokens = max(0, m.prompt_tokens - await self.tokenizer.count(text))
+                self.template_overhead_tokens = max(0, m.prompt_tokens - await self._count(text))
                 header_known = True
             if done > 0:
                 # a prompt unique from its first character still shares the chat template's fixed header
@@ -266,42 +287,47 @@ class Session:
             ttfts.sort()
             self.overhead_ms = ttfts[len(ttfts) // 2]
 
-    def _write(self, rec: RequestRecord) -> None:
-        if self.writer is not None:
-            self.writer.write(rec)
+    async def _count(self, text: str) -> int:
+        try:
+            return int(await self.tokenizer.count(text))
+        except TokenizerError as e:
+            self.note(f"the server's /tokenize failed ({e}); switching to a calibrated count")
+            await self._calibrate()
+            return int(await self.tokenizer.count(text))
 
     # ---- cells --------------------------------------------------------------------------------------------------
-    async def _prompts(self, cell: Cell, n: int, depth: int, tag: str) -> list[tuple[str, dict[str, Any]]]:
-        out = []
-        for k in range(n):
-            _, idx = self._next_id("p")
-            if self.profile.prefix_cache:
-                prefix, seed = "", k
-            else:
-                prefix, seed = unique_prefix(self.run_id, idx), idx
-            try:
-                pr = await build_prompt(cell.prompt, depth, seed=seed, prefix=prefix, tokenizer=self.tokenizer,
-                                        overhead_tokens=self.template_overhead_tokens)
-            except TokenizerError as e:
-                raise ServerError(f"building a {depth}-token prompt: {e}") from None
-            meta = {"cell": cell.id, "stream": k, "phase": tag, "target_tokens": depth,
-                    "counted_tokens": pr.expected_prompt_tokens}
-            out.append((pr.text, meta))
-        return out
+    async def realize(self, req: PlannedRequest) -> str:
+        """The exact prompt text of a planned request (the server's tokenizer, or the calibration, sizes it).
 
-    async def _wave(self, cell: Cell, prompts: list[tuple[str, dict[str, Any]]], max_tokens: int,
-                    tag: str, wave_no: int) -> list[RequestRecord]:
-        if self.pool is not None and tag == "measure":
-            return await self._wave_in_workers(cell, prompts, max_tokens, tag, wave_no)
-        taps = [StreamTap() for _ in prompts]
-        if self.observer is not None and tag == "measure":
+        A /tokenize that fails mid-run switches the run to a calibrated count (with a warning) instead of stopping.
+        """
+        for _ in range(2):
+            try:
+                pr = await build_prompt(req.kind, req.target_tokens, seed=req.seed, prefix=req.prefix,
+                                        tokenizer=self.tokenizer, overhead_tokens=self.template_overhead_tokens)
+                req.meta["counted_tokens"] = pr.expected_prompt_tokens
+                return pr.text
+            except TokenizerError as e:
+                if self.tokenizer_kind != "server":
+                    raise ServerError(f"building a {req.target_tokens}-token prompt: {e}") from None
+                self.note(f"the server's /tokenize failed ({e}); switching to a calibrated count")
+                await self._calibrate()
+        raise ServerError(f"building a {req.target_tokens}-token prompt failed twice")
+
+    async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
+        texts = [await self.realize(r) for r in reqs]
+        measured = bool(reqs) and reqs[0].phase == "measure"
+        if self.pool is not None and measured:
+            return await self._wave_in_workers(cell, reqs, texts)
+        taps = [StreamTap() for _ in reqs]
+        if self.observer is not None and measured:
             self.observer.wave_started(cell, taps)
 
         async def one(i: int) -> RequestRecord:
-            text, meta = prompts[i]
-            rec = await self.send(text, max_tokens, tag, {**meta, "wave": wave_no}, tap=taps[i])
-            self._write(rec)
-            if self.observer is not None and tag == "measure":
+            r = reqs[i]
+            rec = await self.send(texts[i], r.max_tokens, r.phase, r.meta, tap=taps[i], request_id=r.request_id)
+            self.write(rec)
+            if self.observer is not None and measured:
                 self.observer.request_done(cell, rec.ok)
             return rec
 
@@ -310,60 +336,58 @@ class Session:
         gc_was_on = gc.isenabled()
         gc.disable()
         try:
-            return list(await asyncio.gather(*(one(i) for i in range(len(prompts)))))
+            return list(await asyncio.gather(*(one(i) for i in range(len(reqs)))))
         finally:
             if gc_was_on:
                 gc.enable()
                 gc.collect()
 
-    async def _wave_in_workers(self, cell: Cell, prompts: list[tuple[str, dict[str, Any]]], max_tokens: int,
-                               tag: str, wave_no: int) -> list[RequestRecord]:
+    async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str]) -> list[RequestRecord]:
         """One measured wave spread over the worker processes (records on one clock; no live counters)."""
-        specs = []
-        for text, meta in prompts:
-            rid, _ = self._next_id(tag)
-            specs.append(RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), {**meta, "wave": wave_no}))
-        recs = await self.pool.arun(specs)
+        specs = [RequestSpec(r.request_id, self.profile.endpoint, self.body(t, r.max_tokens), r.meta)
+                 for r, t in zip(reqs, texts)]
+        recs: list[RequestRecord] = await self.pool.arun(specs)
         for rec in recs:
-            self._write(rec)
+            self.write(rec)
             if self.observer is not None:
                 self.observer.request_done(cell, rec.ok)
         return recs
 
     def planned_waves(self, cell: Cell) -> int:
         """Waves a cell runs at least: enough for ``requests`` and ``min_waves``."""
-        return max(self.profile.min_waves, math.ceil(cell.requests / cell.streams))
+        return planned_waves(self.profile, cell)
 
-    async def run_cell(self, cell: Cell, waves: int | None = None, *, warmup: bool = True) -> CellRun:
-        """Warm-up waves, then measured waves of ``cell.streams`` concurrent requests.
+    async def _warm(self, cell: Cell) -> None:
+        for w in range(self.profile.warmup):
+            await self._wave(cell, self.planner.wave(cell, "warmup", w, depth=0, max_tokens=WARMUP_MAX_TOKENS))
+        if self.profile.prefix_cache:  # prime the cache: one request with the shared prompt, not measured
+            await self._wave(cell, self.planner.wave(cell, "prime", 0, n=1, max_tokens=WARMUP_MAX_TOKENS))
+
+    async def run_cell(self, cell: Cell, waves: int | None = None, *, warmup: bool = True,
+                       first_wave: int = 0) -> CellRun:
+        """Warm-up waves, then measured waves of ``cell.streams`` concurrent requests; returns them summarized.
 
         Args:
             waves: run exactly this many measured waves; default: :meth:`planned_waves`, extended up to
                 ``max_waves`` while ``target_ci`` is not met.
             warmup: run the profile's warm-up waves first.
+            first_wave: number of the first measured wave (for re-measured or interleaved waves).
         """
         p = self.profile
         run = CellRun(cell)
         fixed = waves is not None
-        want = waves if fixed else self.planned_waves(cell)
+        want = waves if waves is not None else self.planned_waves(cell)
         if self.observer is not None:
             self.observer.cell_started(cell, want * cell.streams)
         if warmup:
-            for w in range(p.warmup):
-                prompts = await self._prompts(cell, cell.streams, 0, "warmup")
-                await self._wave(cell, prompts, WARMUP_MAX_TOKENS, "warmup", w)
-        if p.prefix_cache:
-            # prime the cache: one request with the shared prompt, not measured
-            prompts = await self._prompts(cell, 1, cell.depth, "prime")
-            await self._wave(cell, prompts, WARMUP_MAX_TOKENS, "prime", 0)
+            await self._warm(cell)
         w = 0
-        cpu_s = wall_s = 0.0
         while True:
-            prompts = await self._prompts(cell, cell.streams, cell.depth, "measure")
+            reqs = self.planner.wave(cell, "measure", first_wave + w)
             c0, t0 = time.process_time(), time.perf_counter()
-            recs = await self._wave(cell, prompts, cell.max_tokens, "measure", w)
-            cpu_s += time.process_time() - c0
-            wall_s += time.perf_counter() - t0
+            recs = await self._wave(cell, reqs)
+            run.cpu_s += time.process_time() - c0
+            run.wall_s += time.perf_counter() - t0
             run.records.extend(recs)
             run.waves.append([r.request_id for r in recs])
             w += 1
@@ -372,22 +396,20 @@ class Session:
                     break
                 if self.observer is not None:
                     self.observer.cell_started(cell, (w + 1) * cell.streams)
+        self.summarize(run)
+        return run
+
+    def summarize(self, run: CellRun) -> CellResult:
+        """The one cell-summary step (used for every cell of run, gate, its re-measurements, and ab)."""
+        cell, p = run.cell, self.profile
+        cpu = 100.0 * run.cpu_s / run.wall_s if run.wall_s > 0 else None
+        expected = None if p.prefix_cache else self.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
-                                     depth_target_tokens=cell.depth or None,
-                                     expected_cached_tokens=None if p.prefix_cache else self.template_cached_tokens)
-        # bench is one thread: near 100 % of a core while measuring, the client may be the bottleneck
-        cpu_pct = 100.0 * cpu_s / wall_s if wall_s > 0 else None
-        run.summary["client_cpu_pct"] = None if cpu_pct is None else round(cpu_pct, 1)
-        if cpu_pct is not None and cpu_pct > CLIENT_CPU_WARN_PCT:
-            run.summary["warnings"].append(
-                f"{cell.id}: bench's client used {cpu_pct:.0f} % of a CPU core while measuring; its timestamps may "
-                "lag (see benchmarks/fidelity.py)")
-        if all(not r.ok for r in run.records):
-            kinds = sorted({r.error_kind or "?" for r in run.records})
-            run.summary["warnings"].append(f"{cell.id}: every request failed ({', '.join(kinds)})")
+                                     depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
+                                     client_cpu_pct=cpu, target_ci=p.target_ci)
         if self.observer is not None:
             self.observer.cell_done(cell, run.summary)
-        return run
+        return run.summary
 
     def _ci_met(self, run: CellRun) -> bool:
         vals = [m.decode_tok_s for m in map(request_metrics, run.records) if m.ok and m.decode_tok_s]
@@ -397,35 +419,28 @@ class Session:
         med = sorted(vals)[len(vals) // 2]
         return (hi - lo) / 2 <= self.profile.target_ci * med
 
-    # ---- results -------------------------------------------------------------------------------------------------
-    def results(self, cells: list[dict[str, Any]], *, interrupted: bool = False) -> dict[str, Any]:
-        """The results document (schema: docs/results.md)."""
+    # ---- results ------------------------------------------------------------------------------------------------
+    def results(self, cells: list[CellResult], *, complete: bool = False, interrupted: bool = False) -> Results:
+        """The typed results document of the cells so far (``complete`` once every cell is in)."""
         p = self.profile
         settings = {k: v for k, v in asdict(p).items() if k not in ("source",)}
-        warnings = list(self.warnings) + [w for c in cells for w in c.get("warnings", [])]
-        return {
-            "schema": SCHEMA_VERSION,
-            "bench_version": __version__,
-            "created": datetime.now(UTC).isoformat(timespec="seconds"),
-            "profile": {"name": p.name, "source": p.source, "settings": settings},
-            "endpoint": {"url": self.base, "model": self.model, "kind": p.endpoint},
-            "server": self.server,
-            "machine": machine_info(),
-            "run": {
-                "id": self.run_id,
-                "started": self.started.isoformat(timespec="seconds"),
-                "duration_s": round((datetime.now(UTC) - self.started).total_seconds(), 2),
-                "interrupted": interrupted,
-                "overhead_ms": self.overhead_ms,
-                "tokenizer": self.tokenizer_kind,
-                "template_overhead_tokens": self.template_overhead_tokens,
-                "template_cached_tokens": self.template_cached_tokens,
-                "forced_length": self.force_length,
-                "workers": self.pool.workers if self.pool is not None else 1,
-            },
-            "cells": cells,
-            "warnings": warnings,
-        }
+        warnings = list(self.warnings) + [w for c in cells for w in c.warnings]
+        now = datetime.now(UTC)
+        run = RunInfo(
+            id=self.run_id, started=self.started.isoformat(timespec="seconds"),
+            duration_s=round((now - self.started).total_seconds(), 2), complete=complete, interrupted=interrupted,
+            overhead_ms=self.overhead_ms, tokenizer=self.tokenizer_kind,
+            template_overhead_tokens=self.template_overhead_tokens,
+            template_cached_tokens=self.template_cached_tokens, forced_length=self.force_length,
+            workers=getattr(self.pool, "workers", 1) if self.pool is not None else 1, workers_auto=self.workers_auto,
+            nodes=getattr(self.pool, "nodes", None),
+        )
+        return Results(
+            profile=ProfileInfo(p.name, p.source, settings),
+            endpoint=EndpointInfo(self.base, self.model, p.endpoint),
+            run=run, cells=list(cells), server=self.server, machine=machine_info(), warnings=warnings,
+            bench_version=__version__, created=now.isoformat(timespec="seconds"),
+        )
 
 
 def machine_info() -> dict[str, Any]:
@@ -442,44 +457,3 @@ def machine_info() -> dict[str, Any]:
 def default_out_dir(profile: Profile) -> Path:
     """``bench-results/<UTC time>-<profile>``."""
     return Path("bench-results") / f"{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}-{profile.name}"
-
-
-async def run_profile(
-    base: str,
-    profile: Profile,
-    settings: ClientSettings,
-    *,
-    out_dir: Path | None,
-    model: str | None = None,
-    observer: Observer | None = None,
-    workers: int = 1,
-) -> dict[str, Any]:
-    """Run every cell of ``profile`` against ``base``; returns the results document.
-
-    ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`).
-
-    Writes ``out_dir/records.jsonl`` (each request as it finishes) and rewrites ``out_dir/results.json`` after each
-    cell, so nothing finished is lost. Raises :class:`RunInterrupted` on cancellation (Ctrl-C), after writing.
-    """
-    from .report.export import write_results
-
-    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                 workers=workers)
-    cells: list[dict[str, Any]] = []
-    try:
-        for cell in profile.cells():
-            run = await session.run_cell(cell)
-            cells.append(run.summary)
-            if out_dir is not None:
-                write_results(session.results(cells), out_dir, formats=("json",))
-        results = session.results(cells)
-        if out_dir is not None:
-            write_results(results, out_dir)
-        return results
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        if out_dir is not None:
-            write_results(session.results(cells, interrupted=True), out_dir)
-        n = session.writer.count if session.writer else 0
-        raise RunInterrupted(out_dir, n) from None
-    finally:
-        await session.close()

@@ -38,11 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from bench.cli_gate import gate_session, profile_rules  # noqa: E402
 from bench.client import ClientSettings  # noqa: E402
-from bench.gate import Rule, classify  # noqa: E402
+from bench.gate import Rule, classify, profile_rules  # noqa: E402
 from bench.profile import parse_profile  # noqa: E402
-from bench.runner import run_profile  # noqa: E402
+from bench.runloop import run_gate, run_profile  # noqa: E402
 from bench.stats import bootstrap_ratio_ci  # noqa: E402
 
 STEP_MS = 5.0  # decode step of the baseline sim: 200 tok/s per stream
@@ -80,7 +79,7 @@ def sim_process(step_ms: float, tokens_per_event: str, seed: int) -> Iterator[st
 
 async def _scenarios(urls: dict[str, str], n: int, label: str) -> dict[str, list]:
     prof = parse_profile(PROFILE, "fairness")
-    rules, _ = profile_rules(prof)
+    rules, _ = profile_rules(prof.gate)
     settings = ClientSettings()
     out: dict[str, list] = {name: [] for name, *_ in SCENARIOS}
     for rep in range(n):
@@ -89,7 +88,7 @@ async def _scenarios(urls: dict[str, str], n: int, label: str) -> dict[str, list
         order = SCENARIOS[rep % 3:] + SCENARIOS[:rep % 3]  # rotate, so no scenario always runs first
         codes = []
         for name, *_ in order:
-            o = await gate_session(urls[name], prof, settings, baseline, rules)
+            o = await run_gate(urls[name], prof, settings, baseline, rules)
             dec = [v for v in o.verdicts if v.rule.metric == "decode_tok_s" and v.cell == "d0-s1-prose"][0]
             out[name].append((o.code, o.extra_waves, dec.ratio, dec.lo, dec.hi,
                               [f"{v.verdict} {v.name}" for v in o.verdicts if v.failed]))
@@ -114,7 +113,7 @@ def run_sim_scenarios(n: int, noisy: bool, steady: bool = True) -> None:
                 f"{'met':>4}  {'decode ratio d0-s1 (median; CI lo..hi range)':<44} {'extra waves':>11}")
         print(head)
         print("-" * len(head))
-        for name, factor, wanted, ok_codes in SCENARIOS:
+        for name, _factor, wanted, ok_codes in SCENARIOS:
             rows = res[name]
             c = Counter(r[0] for r in rows)
             fair = sum(c[k] for k in ok_codes)
@@ -172,7 +171,7 @@ def run_synthetic(trials: int) -> None:
                         a, b = _draw(rng, n, cv, 100.0), _draw(rng, n, cv, 100.0 * true)
                         for look in range(2):
                             if method.startswith("bench"):
-                                lo, hi = bootstrap_ratio_ci(a, b, "median", seed=[7, t, look])[3:]
+                                lo, hi = bootstrap_ratio_ci(list(a), list(b), "median", seed=[7, t, look])[3:]
                             else:
                                 lo, hi = _plain_median_ci(a, b, rng)
                             v = classify(rule, lo, hi)

@@ -62,7 +62,7 @@ from bench.client import ClientSettings
 from bench.metrics import request_metrics
 from bench.profile import parse_profile
 from bench.records import RequestRecord, read_records
-from bench.runner import run_profile
+from bench.runloop import run_profile
 from bench.sim import (
     SimConfig,
     expected_cached_tokens,
@@ -101,7 +101,7 @@ def measure(cfg: SimConfig, profile: dict[str, Any], out: Path) -> tuple[dict[st
     gc.freeze()
     try:
         with running_sim(cfg) as base:
-            results = asyncio.run(run_profile(base, prof, ClientSettings(), out_dir=out))
+            results = asyncio.run(run_profile(base, prof, ClientSettings(), out_dir=out)).to_dict()
     finally:
         gc.unfreeze()
     return results, read_records(out / "records.jsonl")

@@ -26,11 +26,11 @@ from bench.gate import (
     compare,
     default_rules,
     inconclusive_cells,
-    load_results,
     overall_exit,
     parse_rules,
     rules_from_results,
 )
+from bench.results import Results, load_results, results_from_dict
 from bench.report.verdicts import append_step_summary, to_junit, to_markdown
 from bench.stats import (
     betainc_reg,
@@ -52,16 +52,17 @@ def spread(center: float, n: int = 12, cv: float = 0.01) -> list[float]:
 
 
 def results(cells: dict[str, dict[str, list[float]]], *, profile: str = "p", model: str = "m",
-            backend: str = "vllm", gate: list[dict] | None = None, interrupted: bool = False) -> dict:
+            backend: str = "vllm", gate: list[dict] | None = None, interrupted: bool = False,
+            complete: bool = True) -> Results:
     """A minimal results document holding only what the gate reads."""
-    return {
+    return results_from_dict({
         "schema": 1,
         "profile": {"name": profile, "settings": {"gate": gate or []}},
         "endpoint": {"url": "http://x/v1", "model": model, "kind": "chat"},
         "server": {"backend": backend},
-        "run": {"interrupted": interrupted},
+        "run": {"id": "r1", "interrupted": interrupted, "complete": complete and not interrupted},
         "cells": [{"id": cid, "samples": s} for cid, s in cells.items()],
-    }
+    })
 
 
 DEC = Rule("decode_tok_s", "*", "median", 5.0, 0)
@@ -252,8 +253,8 @@ def test_load_results_errors(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({"schema": 9, "cells": []}))
     with pytest.raises(ConfigError, match="schema 9"):
         load_results(tmp_path / "old.json")
-    (tmp_path / "ok.json").write_text(json.dumps(results({"c": {}})))
-    assert load_results(tmp_path / "ok.json")["cells"][0]["id"] == "c"
+    (tmp_path / "ok.json").write_text(json.dumps(results({"c": {}}).to_dict()))
+    assert load_results(tmp_path / "ok.json").cells[0].id == "c"
 
 
 # --- reports ------------------------------------------------------------------------------------------------------
@@ -308,8 +309,8 @@ def bench_main():
     return main
 
 
-def _write(path: Path, doc: dict) -> str:
-    path.write_text(json.dumps(doc))
+def _write(path: Path, doc: Results) -> str:
+    path.write_text(json.dumps(doc.to_dict()))
     return str(path)
 
 
@@ -381,13 +382,13 @@ def sim_profile(tmp_path_factory) -> Path:
 
 
 def test_gate_fairness_against_sim(sims, sim_profile):
-    from bench.cli_gate import gate_session, profile_rules
     from bench.client import ClientSettings
+    from bench.gate import profile_rules
     from bench.profile import load_profile
-    from bench.runner import run_profile
+    from bench.runloop import run_gate, run_profile
 
     prof = load_profile(str(sim_profile))
-    rules, from_profile = profile_rules(prof)
+    rules, from_profile = profile_rules(prof.gate)
     assert from_profile and rules[0].metric == "decode_tok_s"
     settings = ClientSettings()
 
@@ -395,7 +396,7 @@ def test_gate_fairness_against_sim(sims, sim_profile):
         baseline = await run_profile(sims["same"], prof, settings, out_dir=None)
         codes = {}
         for name in ("same", "slow10", "slow3"):
-            o = await gate_session(sims[name], prof, settings, baseline, rules)
+            o = await run_gate(sims[name], prof, settings, baseline, rules)
             codes[name] = o.code
             codes[name + "_ratio"] = o.verdicts[0].ratio
         return codes
@@ -424,7 +425,7 @@ def test_gate_command_end_to_end(sims, sim_profile, tmp_path, bench_main, capsys
     assert ET.parse(junit).getroot().find("testsuite/testcase/failure").get("type") == "regression"
     assert "REGRESSION" in summary.read_text()
     assert json.loads((cand_dir / "gate.json").read_text())["exit"] == 1
-    assert baseline.read_text() != before and load_results(baseline)["run"]["id"] != json.loads(before)["run"]["id"]
+    assert baseline.read_text() != before and load_results(baseline).run.id != json.loads(before)["run"]["id"]
 
 
 def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys):
@@ -445,7 +446,8 @@ def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_mai
     text = capsys.readouterr().out
     assert code == 1 and "B/A" in text and "regression" in text
     a, b = load_results(out / "a" / "results.json"), load_results(out / "b" / "results.json")
-    assert a["cells"][0]["waves"] == b["cells"][0]["waves"] == 8
+    assert a.cells[0].waves == b.cells[0].waves == 8
+    assert a.cells[0].client_cpu_pct is not None and b.cells[0].client_cpu_pct is not None
     assert json.loads((out / "ab.json").read_text())["verdicts"][0]["ratio"] == pytest.approx(0.90, abs=0.02)
     # the waves really alternate: ordered by send time, measured requests go A, B, A, B, ...
     sides = []

@@ -9,6 +9,7 @@ import pytest
 
 from bench.cli import main
 from bench.report.export import CSV_COLUMNS, headline, to_csv, to_markdown, write_results
+from bench.results import results_from_dict
 
 
 def _summ(median: float) -> dict:
@@ -27,12 +28,13 @@ def _cell(depth: int, streams: int, dec: float, agg: float, ttft: float) -> dict
     return c
 
 
-RESULTS = {
-    "profile": {"name": "t"}, "endpoint": {"model": "m", "url": "http://x/v1", "kind": "chat"}, "server": {},
-    "run": {"overhead_ms": 20.0}, "bench_version": "0", "created": "now", "warnings": ["a note"],
+RESULTS = results_from_dict({
+    "schema": 1, "profile": {"name": "t"}, "endpoint": {"model": "m", "url": "http://x/v1", "kind": "chat"},
+    "server": {}, "run": {"id": "r", "overhead_ms": 20.0, "complete": True}, "bench_version": "0", "created": "now",
+    "warnings": ["a note"],
     "cells": [_cell(0, 1, 87.9, 87.9, 50), _cell(0, 2, 80.0, 160.0, 60), _cell(32768, 1, 64.1, 64.1, 14000),
               _cell(131072, 1, 64.9, 64.9, 60000)],
-}
+})
 
 
 def test_headline_in_the_seeds_shape() -> None:

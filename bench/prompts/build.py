@@ -24,6 +24,9 @@ DEFAULT_CHARS_PER_TOKEN: dict[str, float] = {
 _SNAP_WINDOW = 48  # look back at most this many characters for a whitespace cut point
 _ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"  # 32 symbols, no 0/1/l/o look-alikes
 _CODE_BITS = 25  # 5 symbols x 5 bits
+PREFIX_SHARED_TOKENS_MAX = 4
+"""Tokens two unique prefixes of a run can share at most (the code's first 4 symbols; the 5th always differs as a
+whole code never repeats): cached tokens up to the template header plus this many are no sign of a warm cache."""
 _MIX = 0x9E3779B1  # odd: index -> index * _MIX mod 2**25 is a bijection
 
 

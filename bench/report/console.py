@@ -8,6 +8,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..results import Results
+
 __all__ = ["stdout", "stderr", "request_table"]
 
 # Not a terminal (a pipe, a file, CI logs): no wrapping at 80 columns, so tables stay readable when saved.
@@ -62,14 +64,13 @@ def request_table(m: dict[str, Any], title: str) -> Table:
     return t
 
 
-def results_table(results: dict[str, Any]) -> Table:
+def results_table(results: Results) -> Table:
     """The final per-cell table of a run (same rows as the Markdown report)."""
     from .export import table_rows
 
     head, rows = table_rows(results)
-    prof = results.get("profile", {}).get("name")
-    model = results.get("endpoint", {}).get("model")
-    t = Table(title=f"bench: profile {prof} on {model}", header_style="bold", show_lines=False)
+    t = Table(title=f"bench: profile {results.profile.name} on {results.endpoint.model}", header_style="bold",
+              show_lines=False)
     for i, h in enumerate(head):
         t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
     for r in rows:

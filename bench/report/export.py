@@ -1,6 +1,6 @@
 """Exporters: the results document -> files (JSON is the source of truth; CSV and Markdown are views of it).
 
-Each exporter is ``results dict -> str``. :func:`write_results` writes them atomically (temp file + rename), so a
+Each exporter is ``Results -> str`` (:mod:`bench.results`). :func:`write_results` writes them atomically (temp file + rename), so a
 reader never sees half a file and a crash keeps the last complete version.
 """
 
@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["to_json", "to_csv", "to_markdown", "headline", "write_results", "CSV_COLUMNS"]
+from ..results import CellResult, Results, to_json, write_atomic
+
+__all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
+           "VIEWS"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -35,24 +37,19 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
 ]
 
 
-def _get(cell: dict[str, Any], key: str, stat: str | None) -> Any:
-    v = cell.get(key)
+def _get(cell: CellResult, key: str, stat: str | None) -> Any:
+    v = getattr(cell, key, None)
     if stat is not None:
         v = v.get(stat) if isinstance(v, dict) else None
     return v
 
 
-def to_json(results: dict[str, Any]) -> str:
-    """The whole results document, indented."""
-    return json.dumps(results, indent=1, ensure_ascii=False) + "\n"
-
-
-def to_csv(results: dict[str, Any]) -> str:
+def to_csv(results: Results) -> str:
     """One row per cell, the main statistics (columns: :data:`CSV_COLUMNS`)."""
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     w.writerow([c[0] for c in CSV_COLUMNS])
-    for cell in results.get("cells", []):
+    for cell in results.cells:
         w.writerow(["" if (v := _get(cell, k, s)) is None else v for _, k, s in CSV_COLUMNS])
     return buf.getvalue()
 
@@ -71,71 +68,72 @@ def _depth(d: int) -> str:
     return f"{d // 1024}K" if d % 1024 == 0 else str(d)
 
 
-def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table shared by the terminal and Markdown views."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
     rows = []
-    for c in results.get("cells", []):
-        d = c["decode_tok_s"]
-        t = c["ttft_ms"]
+    for c in results.cells:
+        d, t = c.decode_tok_s, c.ttft_ms
         thin = "*" if "p99" in t.get("thin", []) else ""
-        pt = c["prompt_tok_s"]["median"] if c["depth"] else None
-        ptc = c["prompt_tok_s_corrected"]["median"] if c["depth"] else None
+        pt = c.stat("prompt_tok_s") if c.depth else None
+        ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
+        noisy = " ~" if c.noise and c.noise.get("target_met") is False else ""
         rows.append([
-            _depth(c["depth"]), str(c["streams"]), c["prompt"], f"{c['requests_ok']}/{c['requests_failed']}",
-            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]",
-            _n(c["aggregate_decode_tok_s"]["median"]),
-            f"{_n(t['median'], 0)} / {_n(t['p90'], 0)} / {_n(t['p99'], 0)}{thin}",
-            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.get("overhead_flag") and c["depth"] else ""),
-            f"{_n(c['itl_ms']['median'], 2)} / {_n(c['itl_ms']['p99'], 2)}",
-            _n(c["tpot_ms"]["median"], 2), _n(c["e2e_ms"]["median"], 0), _n(c["tokens_per_event"]["median"], 2),
+            _depth(c.depth), str(c.streams), c.prompt, f"{c.requests_ok}/{c.requests_failed}",
+            f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}",
+            _n(c.stat("aggregate_decode_tok_s")),
+            f"{_n(t.get('median'), 0)} / {_n(t.get('p90'), 0)} / {_n(t.get('p99'), 0)}{thin}",
+            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.overhead_flag and c.depth else ""),
+            f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
+            _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
         ])
     return head, rows
 
 
-def headline(results: dict[str, Any]) -> list[str]:
+def headline(results: Results) -> list[str]:
     """Sentences in the shape serving recipes publish, from whichever cells exist.
 
     single-stream short decode; decode after each depth; prompt tokens over TTFT at each depth; aggregate decode
     at each stream count (depth 0, first prompt type).
     """
-    cells = results.get("cells", [])
-    out = []
+    cells = results.cells
+    out: list[str] = []
     if not cells:
         return out
-    kind = cells[0]["prompt"]
-    short = [c for c in cells if c["depth"] == 0 and c["prompt"] == kind]
-    one = next((c for c in short if c["streams"] == 1), None)
-    if one and one["decode_tok_s"]["median"] is not None:
-        out.append(f"single stream, short decode: {_n(one['decode_tok_s']['median'])} tok/s")
-    deep = sorted({c["depth"] for c in cells if c["depth"] > 0})
-    after = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
-    after = [(d, c) for d, c in after if c is not None]
+    kind = cells[0].prompt
+    short = [c for c in cells if c.depth == 0 and c.prompt == kind]
+    one = next((c for c in short if c.streams == 1), None)
+    if one and one.stat("decode_tok_s") is not None:
+        out.append(f"single stream, short decode: {_n(one.stat('decode_tok_s'))} tok/s")
+    deep = sorted({c.depth for c in cells if c.depth > 0})
+    found = [(d, next((c for c in cells if c.depth == d and c.streams == 1), None)) for d in deep]
+    after = [(d, c) for d, c in found if c is not None]
     if after:
         out.append("decode after a " + " / ".join(_depth(d) for d, _ in after) + " prompt: "
-                   + " / ".join(_n(c["decode_tok_s"]["median"]) for _, c in after) + " tok/s")
+                   + " / ".join(_n(c.stat("decode_tok_s")) for _, c in after) + " tok/s")
         out.append("prompt tokens over TTFT at " + " / ".join(_depth(d) for d, _ in after) + ": "
-                   + " / ".join(_n(c["prompt_tok_s"]["median"], 0) for _, c in after) + " tok/s")
-    multi = sorted(short, key=lambda c: c["streams"])
+                   + " / ".join(_n(c.stat("prompt_tok_s"), 0) for _, c in after) + " tok/s")
+    multi = sorted(short, key=lambda c: c.streams)
     if len(multi) > 1:
-        out.append("decode at " + ", ".join(str(c["streams"]) for c in multi) + " streams: "
-                   + " / ".join(_n(c["aggregate_decode_tok_s"]["median"]) for c in multi)
-                   + " tok/s aggregate (" + " / ".join(_n(c["decode_tok_s"]["median"]) for c in multi)
+        out.append("decode at " + ", ".join(str(c.streams) for c in multi) + " streams: "
+                   + " / ".join(_n(c.stat("aggregate_decode_tok_s")) for c in multi)
+                   + " tok/s aggregate (" + " / ".join(_n(c.stat("decode_tok_s")) for c in multi)
                    + " per stream)")
     return out
 
 
-def to_markdown(results: dict[str, Any]) -> str:
+def to_markdown(results: Results) -> str:
     """A Markdown report that pastes into a README: headline, the per-cell table, and notes."""
-    ep, srv, run = results.get("endpoint", {}), results.get("server", {}), results.get("run", {})
+    ep, run = results.endpoint, results.run
+    state = "" if run.complete else (" **Interrupted: partial results.**" if run.interrupted
+                                     else " **Incomplete: the run did not finish.**")
     lines = [
-        f"### bench: profile `{results.get('profile', {}).get('name')}` on `{ep.get('model')}`",
+        f"### bench: profile `{results.profile.name}` on `{ep.model}`",
         "",
-        f"{srv.get('backend') or 'unknown backend'} at {ep.get('url')}, {ep.get('kind')} endpoint; "
-        f"bench {results.get('bench_version')}, {results.get('created')}; fixed overhead "
-        f"{_n(run.get('overhead_ms'), 1)} ms.",
+        f"{results.server.get('backend') or 'unknown backend'} at {ep.url}, {ep.kind} endpoint; "
+        f"bench {results.bench_version}, {results.created}; fixed overhead {_n(run.overhead_ms, 1)} ms.{state}",
         "",
     ]
     for h in headline(results):
@@ -147,8 +145,9 @@ def to_markdown(results: dict[str, Any]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(r) + " |")
     lines.append("")
-    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT.")
-    warns = results.get("warnings") or []
+    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT; ~ spread wider than "
+                 "the profile's target_ci.")
+    warns = results.warnings
     if warns:
         lines.append("")
         lines.append("Notes:")
@@ -156,20 +155,14 @@ def to_markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-_EXPORTERS = {"json": ("results.json", to_json), "csv": ("results.csv", to_csv), "md": ("results.md", to_markdown)}
+EXPORTERS: dict[str, tuple[str, Callable[[Results], str]]] = {
+    "json": ("results.json", to_json), "csv": ("results.csv", to_csv), "md": ("results.md", to_markdown),
+}
+VIEWS: dict[str, Callable[[Results], str]] = {"results.csv": to_csv, "results.md": to_markdown}
+"""The views written beside results.json at the end of a run (:class:`bench.runloop.RunOutput`)."""
 
 
-def write_results(results: dict[str, Any], out_dir: str | os.PathLike[str],
+def write_results(results: Results, out_dir: str | os.PathLike[str],
                   formats: Iterable[str] = ("json", "csv", "md")) -> list[Path]:
     """Write the chosen formats into ``out_dir`` atomically; returns the paths written."""
-    d = Path(out_dir)
-    d.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for f in formats:
-        name, fn = _EXPORTERS[f]
-        p = d / name
-        tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(fn(results), encoding="utf-8")
-        os.replace(tmp, p)
-        paths.append(p)
-    return paths
+    return [write_atomic(Path(out_dir) / EXPORTERS[f][0], EXPORTERS[f][1](results)) for f in formats]

@@ -11,6 +11,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from ..client import StreamTap
 from ..profile import Cell
+from ..results import CellResult
 
 __all__ = ["RichObserver", "QuietObserver"]
 
@@ -30,7 +31,7 @@ class QuietObserver:
     def request_done(self, cell: Cell, ok: bool) -> None:
         """Nothing to show."""
 
-    def cell_done(self, cell: Cell, summary: dict[str, Any]) -> None:
+    def cell_done(self, cell: Cell, summary: CellResult) -> None:
         """Nothing to show."""
 
     def note(self, text: str) -> None:
@@ -107,15 +108,15 @@ class RichObserver(QuietObserver):
         """Advance the bar."""
         self.progress.update(self.task, advance=1, live=self._live())
 
-    def cell_done(self, cell: Cell, summary: dict[str, Any]) -> None:
+    def cell_done(self, cell: Cell, summary: CellResult) -> None:
         """Show the cell's headline number."""
-        d = summary["decode_tok_s"]["median"]
-        a = summary["aggregate_decode_tok_s"]["median"]
+        d = summary.stat("decode_tok_s")
+        a = summary.stat("aggregate_decode_tok_s")
         txt = f"decode {d:,.1f} tok/s/stream" if d else "no decode figure"
         if a and cell.streams > 1:
             txt += f", {a:,.1f} aggregate"
-        if summary["requests_failed"]:
-            txt += f" [red]{summary['requests_failed']} failed[/red]"
+        if summary.requests_failed:
+            txt += f" [red]{summary.requests_failed} failed[/red]"
         self.taps = []
         self.progress.update(self.task, live=txt)
 

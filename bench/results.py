@@ -1,0 +1,351 @@
+"""The results document (``results.json``): typed classes, one loader that validates, one atomic writer.
+
+``results.json`` is the source of truth of a run; CSV, Markdown, plots, reports and the gate are views of it. Its
+fields are the dataclasses below; docs/results.md lists them and ``tests/test_results.py`` fails when the two drift.
+
+    Results
+    ├── profile: ProfileInfo      name, source, every Profile setting
+    ├── endpoint: EndpointInfo    url, model, kind
+    ├── server: dict              what bench.server_info discovered (backend, context size, routes, slots...)
+    ├── machine: dict             where bench ran (hostname, platform, cpu_count, python)
+    ├── run: RunInfo              id, times, complete / interrupted, overhead, tokenizer, workers...
+    ├── cells: [CellResult]       one summary per cell (definitions: docs/metrics.md, "Per cell")
+    └── warnings: [str]
+
+:func:`load_results` raises :class:`bench.errors.ConfigError` (exit 3) for anything that is not such a document;
+:func:`save_results` writes it atomically (temp file + rename), so a reader never sees
+half a file and a crash keeps the last complete version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+
+__all__ = [
+    "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
+    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json",
+]
+
+SCHEMA_VERSION = 1
+
+Stat = dict[str, Any]
+"""A statistic's summary (:meth:`bench.stats.Summary.to_dict`): n, mean, median, p10, p90, p99, min, max, thin."""
+
+
+def _stat() -> Stat:
+    return {"n": 0, "mean": None, "median": None, "p10": None, "p90": None, "p99": None, "min": None,
+            "max": None, "thin": []}
+
+
+@dataclass
+class CellResult:
+    """One cell's summary: identity, counts, statistics (each a :data:`Stat`), raw samples and warnings.
+
+    Units are in the names (``_ms``, ``_tok_s``); docs/metrics.md defines each. Optional sections are None when
+    the run did not produce them (no /metrics, no roofline flags, closed-loop load...).
+    """
+
+    id: str
+    sweep: str = ""
+    depth: int = 0
+    streams: int = 1
+    prompt: str = ""
+    max_tokens: int = 0
+    requests_ok: int = 0
+    requests_failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    waves: int = 0
+    decode_tok_s: Stat = field(default_factory=_stat)
+    aggregate_decode_tok_s: Stat = field(default_factory=_stat)
+    ttft_ms: Stat = field(default_factory=_stat)
+    ttfc_ms: Stat = field(default_factory=_stat)
+    itl_ms: Stat = field(default_factory=_stat)
+    tpot_ms: Stat = field(default_factory=_stat)
+    e2e_ms: Stat = field(default_factory=_stat)
+    prompt_tok_s: Stat = field(default_factory=_stat)
+    prompt_tok_s_corrected: Stat = field(default_factory=_stat)
+    server_prefill_tok_s: Stat = field(default_factory=_stat)
+    server_decode_tok_s: Stat = field(default_factory=_stat)
+    ttft_minus_server_prompt_ms: Stat = field(default_factory=_stat)
+    overhead_ms: float | None = None
+    overhead_share: float | None = None
+    overhead_flag: bool = False
+    prompt_tokens: Stat = field(default_factory=_stat)
+    prompt_target: int | None = None
+    prompt_miss_pct: float | None = None
+    output_tokens: Stat = field(default_factory=_stat)
+    output_tokens_estimated: int = 0
+    tokens_per_event: Stat = field(default_factory=_stat)
+    cached_tokens: int = 0
+    reasoning_tokens: int = 0
+    queue_ms: Stat = field(default_factory=_stat)
+    client_cpu_pct: float | None = None
+    noise: dict[str, Any] | None = None
+    server_metrics: dict[str, Any] | None = None
+    roofline: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+    goodput: dict[str, Any] | None = None
+    slo: dict[str, Any] | None = None
+    samples: dict[str, list[float]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    def stat(self, metric: str, which: str = "median") -> float | None:
+        """One statistic of a metric, e.g. ``cell.stat("ttft_ms", "p90")``; None when absent."""
+        s = getattr(self, metric, None)
+        v = s.get(which) if isinstance(s, dict) else None
+        return v if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (optional sections left out when None)."""
+        return _to_dict(self)
+
+
+@dataclass
+class ProfileInfo:
+    """The profile a run used: its name, where it came from, and every setting."""
+
+    name: str
+    source: str = ""
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EndpointInfo:
+    """The endpoint measured: OpenAI base URL, model, and ``chat`` or ``completions``."""
+
+    url: str
+    model: str = ""
+    kind: str = "chat"
+
+
+@dataclass
+class RunInfo:
+    """How the run went. ``complete`` is False until the last cell is written (a killed run stays incomplete);
+    ``interrupted`` is True when it was stopped by SIGINT/SIGTERM."""
+
+    id: str
+    started: str = ""
+    duration_s: float = 0.0
+    complete: bool = False
+    interrupted: bool = False
+    overhead_ms: float | None = None
+    tokenizer: str = ""
+    template_overhead_tokens: int = 0
+    template_cached_tokens: int = 0
+    forced_length: bool = True
+    workers: int = 1
+    workers_auto: bool = False
+    gate_extra_waves: dict[str, int] | None = None
+    nodes: list[dict[str, Any]] | None = None
+    drift: dict[str, Any] | None = None
+    lag: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form (optional sections left out when None)."""
+        return _to_dict(self)
+
+
+@dataclass
+class Results:
+    """The whole results document (see the module docstring)."""
+
+    profile: ProfileInfo
+    endpoint: EndpointInfo
+    run: RunInfo
+    cells: list[CellResult] = field(default_factory=list)
+    server: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    schema: int = SCHEMA_VERSION
+    bench_version: str = ""
+    created: str = ""
+
+    def cell(self, cell_id: str) -> CellResult | None:
+        """The cell with this id, or None."""
+        return next((c for c in self.cells if c.id == cell_id), None)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, keys in the documented order."""
+        return {
+            "schema": self.schema, "bench_version": self.bench_version, "created": self.created,
+            "profile": dataclasses.asdict(self.profile), "endpoint": dataclasses.asdict(self.endpoint),
+            "server": self.server, "machine": self.machine, "run": self.run.to_dict(),
+            "cells": [c.to_dict() for c in self.cells], "warnings": list(self.warnings),
+        }
+
+
+def _to_dict(obj: Any) -> dict[str, Any]:
+    out = {}
+    for f in dataclasses.fields(obj):
+        v = getattr(obj, f.name)
+        if v is None and f.default is None:
+            continue
+        out[f.name] = v
+    return out
+
+
+# --- validation ----------------------------------------------------------------------------------------------------
+
+
+def _type_ok(value: Any, hint: Any) -> bool:
+    """Whether a JSON value fits a field's annotation (shallow for containers: dict/list and their type)."""
+    origin = typing.get_origin(hint)
+    if origin in (types.UnionType, typing.Union):
+        return any(_type_ok(value, h) for h in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is Any:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if origin is list or hint is list:
+        if not isinstance(value, list):
+            return False
+        args = typing.get_args(hint)
+        return not args or all(_type_ok(v, args[0]) for v in value)
+    return True
+
+
+def _build(cls: Any, data: Any, where: str) -> Any:
+    """``cls(**data)`` with every present key's type checked; unknown keys are ignored (newer writers)."""
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected an object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+                raise ConfigError(f"{where}: missing key {f.name!r}")
+            continue
+        v = data[f.name]
+        if not _type_ok(v, hints[f.name]):
+            raise ConfigError(f"{where}.{f.name}: {type(v).__name__} where {_hint_name(hints[f.name])} is expected")
+        kwargs[f.name] = v
+    return cls(**kwargs)
+
+
+def _hint_name(hint: Any) -> str:
+    return str(hint).replace("typing.", "").replace("<class '", "").replace("'>", "")
+
+
+def results_from_dict(data: Any, where: str = "results") -> Results:
+    """Validate a parsed ``results.json`` and return the typed document.
+
+    Raises:
+        ConfigError: not an object, wrong schema, a missing required key or a field of the wrong type (the message
+            names the key path, e.g. ``results.cells[2].ttft_ms``).
+    """
+    if not isinstance(data, dict) or "cells" not in data:
+        raise ConfigError(f"{where}: not a bench results file (no 'cells')")
+    if data.get("schema") != SCHEMA_VERSION:
+        raise ConfigError(f"{where}: schema {data.get('schema')!r} is not supported (this bench reads "
+                          f"{SCHEMA_VERSION})")
+    if not isinstance(data["cells"], list):
+        raise ConfigError(f"{where}.cells: a list of cell summaries is expected")
+    top = {k: data[k] for k in ("schema", "bench_version", "created", "server", "machine", "warnings") if k in data}
+    probe = _build(_Top, top, where)
+    return Results(
+        profile=_build(ProfileInfo, data.get("profile", {"name": ""}), f"{where}.profile"),
+        endpoint=_build(EndpointInfo, data.get("endpoint", {"url": ""}), f"{where}.endpoint"),
+        run=_build(RunInfo, _legacy_run(data.get("run", {"id": ""})), f"{where}.run"),
+        cells=[_build(CellResult, c, f"{where}.cells[{i}]") for i, c in enumerate(data["cells"])],
+        server=probe.server, machine=probe.machine, warnings=probe.warnings, schema=probe.schema,
+        bench_version=probe.bench_version, created=probe.created,
+    )
+
+
+def _legacy_run(run: Any) -> Any:
+    """Files written before ``complete`` existed: a finished, uninterrupted run was complete."""
+    if isinstance(run, dict) and "complete" not in run:
+        return {**run, "complete": not run.get("interrupted", False)}
+    return run
+
+
+@dataclass
+class _Top:
+    schema: int = SCHEMA_VERSION
+    bench_version: str = ""
+    created: str = ""
+    server: dict[str, Any] = field(default_factory=dict)
+    machine: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+
+def load_results(path: str | os.PathLike[str]) -> Results:
+    """Read and validate a ``results.json``.
+
+    Raises:
+        ConfigError: the file is missing, unreadable, not UTF-8 JSON, or not a valid results document.
+    """
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"results file {p}: not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"results file {p}: is a folder (give its results.json)") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"results file {p}: not UTF-8 text") from None
+    except OSError as e:
+        raise ConfigError(f"results file {p}: cannot read it ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"results file {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+    return results_from_dict(data, f"results file {p}")
+
+
+# --- writing -------------------------------------------------------------------------------------------------------
+
+
+def to_json(results: Results | Mapping[str, Any]) -> str:
+    """The whole results document, indented."""
+    d = results.to_dict() if isinstance(results, Results) else dict(results)
+    return json.dumps(d, indent=1, ensure_ascii=False) + "\n"
+
+
+def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
+    """Write ``text`` to ``path`` through a temp file and a rename (readers see the old or the new file).
+
+    Raises:
+        ConfigError: the folder cannot be made or written (full disk, no permission, a file in the way).
+    """
+    p = Path(path)
+    tmp = p.with_name(p.name + ".tmp")
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except OSError as e:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        raise ConfigError(f"cannot write {p}: {e.strerror or e}") from None
+    return p
+
+
+def save_results(results: Results, path: str | os.PathLike[str]) -> Path:
+    """Write ``results.json`` atomically (views such as CSV and Markdown: :mod:`bench.report.export`)."""
+    return write_atomic(path, to_json(results))
