@@ -171,6 +171,13 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
       bench gate URL -p ci.toml --baseline base/results.json --update-baseline     (refresh it)
     """
+    _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget_waves,
+          out_dir, as_json, client)
+
+
+def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
+          force: bool, update_baseline: bool, budget_waves: int | None, out_dir: str | None, as_json: bool,
+          client: dict[str, Any]) -> None:
     from .report.console import stderr
     from .report.export import VIEWS
     from .report.verdicts import write_text

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .records import RequestRecord
+from .records import Event, RequestRecord
 from .stats import percentile
 from .tokens import estimate_tokens, event_token_counts
 
@@ -94,38 +94,21 @@ def _int(v: Any) -> int | None:
         return None
 
 
-def request_metrics(rec: RequestRecord) -> RequestMetrics:
-    """Compute :class:`RequestMetrics` from a record. Pure; never raises on odd server data."""
-    usage = rec.usage or {}
-    timings = rec.timings or {}
-    text_events = [e for e in rec.events if e.has_text]
-    chunks = len(text_events)
-
-    server_out = _int(usage.get("completion_tokens"))
-    if server_out is None:
-        server_out = _int(timings.get("predicted_n"))
-    per_event = event_token_counts(text_events, server_out)
-    if server_out is not None:
-        output_tokens, out_est = server_out, False
-    else:
-        output_tokens, out_est = int(round(sum(per_event))), True
-
+def _reasoning(usage: dict[str, Any], text_events: list[Event], per_event: list[float]) -> tuple[int, bool]:
+    """Reasoning tokens: the server's count, else the reasoning share of each event's tokens (estimated)."""
     details = usage.get("completion_tokens_details") or {}
     reasoning = _int(details.get("reasoning_tokens")) if isinstance(details, dict) else None
-    reasoning_est = False
-    if reasoning is None:
-        r_text = [e for e in text_events if e.reasoning]
-        if r_text:
-            reasoning = sum(
-                n * (estimate_tokens(e.reasoning) / max(1, estimate_tokens(e.content + e.reasoning + e.tool)))
-                for e, n in zip(text_events, per_event)
-                if e.reasoning
-            )
-            reasoning = int(round(reasoning))
-            reasoning_est = True
-        else:
-            reasoning = 0
+    if reasoning is not None:
+        return reasoning, False
+    if not any(e.reasoning for e in text_events):
+        return 0, False
+    est = sum(n * (estimate_tokens(e.reasoning) / max(1, estimate_tokens(e.content + e.reasoning + e.tool)))
+              for e, n in zip(text_events, per_event) if e.reasoning)
+    return int(round(est)), True
 
+
+def _prompt_counts(usage: dict[str, Any], timings: dict[str, Any]) -> tuple[int | None, int]:
+    """Prompt tokens and cached prompt tokens (usage, else llama.cpp's timings)."""
     prompt_tokens = _int(usage.get("prompt_tokens"))
     pdetails = usage.get("prompt_tokens_details") or {}
     cached = _int(pdetails.get("cached_tokens")) if isinstance(pdetails, dict) else None
@@ -133,12 +116,50 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         cached = _int(timings.get("cache_n"))
     if prompt_tokens is None and timings.get("prompt_n") is not None:
         prompt_tokens = (_int(timings.get("prompt_n")) or 0) + (cached or 0)
-    cached = cached or 0
+    return prompt_tokens, cached or 0
 
+
+def _itl(text_events: list[Event], per_event: list[float]) -> list[float]:
+    """Inter-token latencies: each gap split evenly over the tokens its event carried."""
+    itl: list[float] = []
+    for prev, cur, n in zip(text_events, text_events[1:], per_event[1:]):
+        k = max(1, int(round(n)))
+        gap_ms = (cur.t_ns - prev.t_ns) / 1e6
+        itl.extend([gap_ms / k] * k)
+    return itl
+
+
+def _prefill(timings: dict[str, Any], prompt_tokens: int | None, cached: int,
+             ttft_ms: float | None) -> tuple[float | None, str | None]:
+    """Prefill tok/s: the server's own prompt timing, else uncached prompt tokens over TTFT."""
+    p_n, p_ms = timings.get("prompt_n"), timings.get("prompt_ms")
+    try:
+        if p_n is not None and p_ms and float(p_ms) > 0 and float(p_n) > 0:
+            return float(p_n) / float(p_ms) * 1000.0, "server"
+    except (TypeError, ValueError):
+        pass
+    if prompt_tokens is not None and ttft_ms and ttft_ms > 0 and prompt_tokens - cached > 0:
+        return (prompt_tokens - cached) / (ttft_ms / 1000.0), "ttft"
+    return None, None
+
+
+def request_metrics(rec: RequestRecord) -> RequestMetrics:
+    """Compute :class:`RequestMetrics` from a record. Pure; never raises on odd server data."""
+    usage = rec.usage or {}
+    timings = rec.timings or {}
+    text_events = [e for e in rec.events if e.has_text]
+    chunks = len(text_events)
+    server_out = _int(usage.get("completion_tokens"))
+    if server_out is None:
+        server_out = _int(timings.get("predicted_n"))
+    per_event = event_token_counts(text_events, server_out)
+    output_tokens = server_out if server_out is not None else int(round(sum(per_event)))
+    out_est = server_out is None
+    reasoning, reasoning_est = _reasoning(usage, text_events, per_event)
+    prompt_tokens, cached = _prompt_counts(usage, timings)
     ttft_ms = text_events[0].t_ns / 1e6 if text_events else None
     ttfc_ms = next((e.t_ns / 1e6 for e in text_events if e.content), None)
     e2e_ms = rec.end_ns / 1e6 if rec.end_ns is not None else None
-
     # tokens decoded inside the first -> last window: all but those the first event carried (1 without
     # speculative decoding, where this is (output_tokens - 1); k when the first event carries k tokens)
     first_tokens = max(1.0, per_event[0]) if per_event else 1.0
@@ -147,29 +168,11 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         span = (text_events[-1].t_ns - text_events[0].t_ns) / 1e9
         if span > 0:
             decode = (output_tokens - first_tokens) / span
-
-    itl: list[float] = []
-    for prev, cur, n in zip(text_events, text_events[1:], per_event[1:]):
-        k = max(1, int(round(n)))
-        gap_ms = (cur.t_ns - prev.t_ns) / 1e6
-        itl.extend([gap_ms / k] * k)
-
+    itl = _itl(text_events, per_event)
     tpot = None
     if ttft_ms is not None and e2e_ms is not None and output_tokens >= 2:
         tpot = (e2e_ms - ttft_ms) / (output_tokens - 1)
-
-    prefill, source = None, None
-    p_n, p_ms = timings.get("prompt_n"), timings.get("prompt_ms")
-    try:
-        if p_n is not None and p_ms and float(p_ms) > 0 and float(p_n) > 0:
-            prefill, source = float(p_n) / float(p_ms) * 1000.0, "server"
-    except (TypeError, ValueError):
-        prefill = None
-    if prefill is None and prompt_tokens is not None and ttft_ms and ttft_ms > 0:
-        uncached = prompt_tokens - cached
-        if uncached > 0:
-            prefill, source = uncached / (ttft_ms / 1000.0), "ttft"
-
+    prefill, source = _prefill(timings, prompt_tokens, cached, ttft_ms)
     return RequestMetrics(
         request_id=rec.request_id,
         ok=rec.ok,

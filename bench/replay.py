@@ -46,8 +46,8 @@ def load_case(path: str | Path) -> Case:
         d = json.loads(p.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"case file not found: {p}") from None
-    except ValueError as e:
-        raise ConfigError(f"case file {p} is not JSON: {e}") from None
+    except ValueError as exc:
+        raise ConfigError(f"case file {p} is not JSON: {exc}") from None
     try:
         evs: list[tuple[float, bytes | None]] = []
         for i, e in enumerate(d["events"]):

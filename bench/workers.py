@@ -190,7 +190,7 @@ class WorkerPool:
         try:
             for _ in range(self.workers):
                 parent, child = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,
+                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,  # type: ignore[attr-defined]
                                 args=(child, self.base, self.model, self.settings, per_worker, self.gc_quiet))
                 p.start()
                 child.close()

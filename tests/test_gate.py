@@ -30,8 +30,8 @@ from bench.gate import (
     parse_rules,
     rules_from_results,
 )
-from bench.results import Results, load_results, results_from_dict
 from bench.report.verdicts import append_step_summary, to_junit, to_markdown
+from bench.results import Results, load_results, results_from_dict
 from bench.stats import (
     betainc_reg,
     bootstrap_ratio_ci,

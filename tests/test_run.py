@@ -168,12 +168,12 @@ def test_rejected_min_tokens_falls_back_and_warns(tmp_path, capsys, strict) -> N
         resp = web.StreamResponse(headers={"content-type": "text/event-stream"})
         await resp.prepare(request)
         n = min(5, body["max_tokens"])  # the model stops early: fewer tokens than asked
-        for i in range(n):
+        for _i in range(n):
             await asyncio.sleep(0.005)
             await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":" w"}}]}\n\n')
         usage = {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}
-        await resp.write(('data: {"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":%s}\n\n'
-                          % json.dumps(usage)).encode())
+        tail = '{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"usage":' + json.dumps(usage) + "}"
+        await resp.write(f"data: {tail}\n\n".encode())
         await resp.write(b"data: [DONE]\n\n")
         return resp
 

@@ -136,24 +136,17 @@ async def build_prompt(
         target_tokens: wanted prompt size in tokens as the server will see it (the context depth).
         seed: content stream seed; use a different seed per request of a wave.
         prefix: text that begins the prompt, normally :func:`unique_prefix` ``(run_id, i)``.
-        instruction: ``True`` appends the kind's task instruction after the body, ``False``
-            appends nothing, a ``str`` is used as the instruction.
-        tokenizer: object with ``async count(text) -> int`` (see :mod:`bench.prompts.tokenizer`);
-            ``None`` sizes by the default characters-per-token ratio and leaves
-            ``counted_tokens`` as ``None``.
-        overhead_tokens: tokens the request path adds per request (chat template, BOS), measured
-            by the caller as ``usage.prompt_tokens - count(text)``; subtracted from the target.
+        instruction: ``True`` appends the kind's task instruction, ``False`` nothing, a ``str`` is used as it.
+        tokenizer: ``async count(text) -> int`` (:mod:`bench.prompts.tokenizer`); ``None`` sizes by the default
+            characters-per-token ratio (``counted_tokens`` None).
+        overhead_tokens: tokens the request path adds (chat template, BOS): ``usage.prompt_tokens - count(text)``.
         max_calls: cap on ``tokenizer.count`` calls (>= 2).
 
     Returns:
-        A :class:`Prompt`. With an exact tokenizer (``tokenizer.exact`` true or absent) the
-        counted size is within :func:`tolerance` ``(target_tokens - overhead_tokens)`` of the
-        text target in all but pathological cases (it returns the closest candidate found
-        within ``max_calls``); typically 3-5 calls: one for prefix + instruction, then
-        proportional (secant) corrections of the body length, falling back to bisection. The
-        body ends on a whitespace boundary where one lies within 48 characters. With an
-        estimator (``exact`` false) the ratio is used once. If the target is not larger than
-        prefix + instruction alone, that shortest prompt is returned with its counted size.
+        A :class:`Prompt`. With an exact tokenizer (``tokenizer.exact`` true or absent) the counted size is within
+        :func:`tolerance` ``(target_tokens - overhead_tokens)`` of the text target in all but pathological cases
+        (the closest candidate within ``max_calls``; :class:`_LengthSearch` says how). With an estimator (``exact``
+        false) the ratio is used once. A target not above prefix + instruction gives that shortest prompt.
     """
     _check_kind(kind)
     if isinstance(instruction, str):
@@ -165,15 +158,8 @@ async def build_prompt(
     cpt0 = float(getattr(tokenizer, "chars_per_token", 0) or DEFAULT_CHARS_PER_TOKEN[kind])
 
     def result(text: str, counted: int | None, calls: int) -> Prompt:
-        return Prompt(
-            text=text,
-            kind=kind,
-            target_tokens=int(target_tokens),
-            counted_tokens=counted,
-            seed=int(seed),
-            overhead_tokens=int(overhead_tokens),
-            tokenizer_calls=calls,
-        )
+        return Prompt(text=text, kind=kind, target_tokens=int(target_tokens), counted_tokens=counted,
+                      seed=int(seed), overhead_tokens=int(overhead_tokens), tokenizer_calls=calls)
 
     base_text = _compose(prefix, "", instr)
     if tokenizer is None:
@@ -182,56 +168,64 @@ async def build_prompt(
             return result(base_text, None, 0)
         _, body = _cut(stream, round((target - base) * cpt0), True)
         return result(_compose(prefix, body, instr), None, 0)
-
     base = await tokenizer.count(base_text)
-    calls = 1
     if target <= base:
-        return result(base_text, base, calls)
-
+        return result(base_text, base, 1)
     if not getattr(tokenizer, "exact", True):
         _, body = _cut(stream, round((target - base) * cpt0), True)
         text = _compose(prefix, body, instr)
-        return result(text, await tokenizer.count(text), calls + 1)
+        return result(text, await tokenizer.count(text), 2)
+    search = _LengthSearch(stream, prefix, instr, target, base, cpt0)
+    text, count, calls = await search.run(tokenizer, max(2, int(max_calls)))
+    return result(text, count, calls)
 
-    tol = tolerance(target)
-    max_calls = max(2, int(max_calls))
-    best_err, best_text, best_count = target - base, base_text, base
-    lo_n, lo_c = 0, base  # largest cut known to be short of the target
-    hi_n: int | None = None  # smallest cut known to overshoot
-    hi_c = 0
-    n_guess = (target - base) * cpt0
-    while calls < max_calls:
+
+class _LengthSearch:
+    """Find the body length whose prompt counts ``target`` tokens: secant steps inside a bracket, else bisection."""
+
+    def __init__(self, stream: TextStream, prefix: str, instr: str, target: int, base: int, cpt0: float) -> None:
+        self.stream, self.prefix, self.instr = stream, prefix, instr
+        self.target, self.base, self.cpt0 = target, base, cpt0
+        self.best = (target - base, _compose(prefix, "", instr), base)  # (error, text, count)
+        self.lo_n, self.lo_c = 0, base  # largest cut known to be short of the target
+        self.hi_n: int | None = None  # smallest cut known to overshoot
+        self.hi_c = 0
+
+    def _cut_at(self, n_guess: float) -> tuple[int, str]:
         want = int(round(n_guess))
-        if hi_n is not None:
-            want = min(max(want, lo_n + 1), hi_n - 1)
-        else:
-            want = max(want, lo_n + 1)
-        pos, body = _cut(stream, want, True)
-        if pos <= lo_n or (hi_n is not None and pos >= hi_n):
-            pos, body = _cut(stream, want, False)  # snapping gives no progress: cut mid-word
-        text = _compose(prefix, body, instr)
-        c = await tokenizer.count(text)
-        calls += 1
-        err = abs(c - target)
-        if err < best_err or (err == best_err and c <= target < best_count):
-            best_err, best_text, best_count = err, text, c
-        if err <= tol:
-            break
-        if c < target:
-            if pos > lo_n:
-                lo_n, lo_c = pos, c
-        elif hi_n is None or pos < hi_n:
-            hi_n, hi_c = pos, c
-        if hi_n is not None:
-            if hi_n - lo_n <= 1:
+        want = min(max(want, self.lo_n + 1), self.hi_n - 1) if self.hi_n is not None else max(want, self.lo_n + 1)
+        pos, body = _cut(self.stream, want, True)
+        if pos <= self.lo_n or (self.hi_n is not None and pos >= self.hi_n):
+            pos, body = _cut(self.stream, want, False)  # snapping gives no progress: cut mid-word
+        return pos, _compose(self.prefix, body, self.instr)
+
+    def _next_guess(self) -> float:
+        lo_n, lo_c, hi_n, hi_c, target = self.lo_n, self.lo_c, self.hi_n, self.hi_c, self.target
+        if hi_n is None:  # extrapolate with the ratio measured from the base point
+            ratio = lo_n / (lo_c - self.base) if lo_c > self.base else 2 * self.cpt0
+            return lo_n + (target - lo_c) * ratio
+        guess = lo_n + (target - lo_c) * (hi_n - lo_n) / (hi_c - lo_c) if hi_c > lo_c else (lo_n + hi_n) / 2
+        return guess if lo_n < round(guess) < hi_n else (lo_n + hi_n) / 2
+
+    async def run(self, tokenizer: Any, max_calls: int) -> tuple[str, int, int]:
+        """Returns ``(text, counted tokens, tokenizer calls)`` of the closest prompt found."""
+        calls, tol = 1, tolerance(self.target)
+        n_guess = (self.target - self.base) * self.cpt0
+        while calls < max_calls:
+            pos, text = self._cut_at(n_guess)
+            c = await tokenizer.count(text)
+            calls += 1
+            err = abs(c - self.target)
+            if err < self.best[0] or (err == self.best[0] and c <= self.target < self.best[2]):
+                self.best = (err, text, c)
+            if err <= tol:
                 break
-            if hi_c > lo_c:  # secant between the bracket ends
-                n_guess = lo_n + (target - lo_c) * (hi_n - lo_n) / (hi_c - lo_c)
-            else:
-                n_guess = (lo_n + hi_n) / 2
-            if not lo_n < round(n_guess) < hi_n:
-                n_guess = (lo_n + hi_n) / 2
-        else:  # extrapolate with the ratio measured from the base point
-            ratio = lo_n / (lo_c - base) if lo_c > base else 2 * cpt0
-            n_guess = lo_n + (target - lo_c) * ratio
-    return result(best_text, best_count, calls)
+            if c < self.target:
+                if pos > self.lo_n:
+                    self.lo_n, self.lo_c = pos, c
+            elif self.hi_n is None or pos < self.hi_n:
+                self.hi_n, self.hi_c = pos, c
+            if self.hi_n is not None and self.hi_n - self.lo_n <= 1:
+                break
+            n_guess = self._next_guess()
+        return self.best[1], self.best[2], calls

@@ -29,6 +29,7 @@ import sysconfig
 from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 __all__ = [
     "KINDS",
@@ -344,7 +345,7 @@ def _json_user(rng: random.Random, i: int) -> dict:
 
 
 def _json_order(rng: random.Random, i: int) -> dict:
-    items = [
+    items: list[dict[str, Any]] = [
         {
             "sku": f"{rng.choice('ABCDEFGH')}{rng.randint(1000, 9999)}",
             "name": rng.choice(_PRODUCTS),
@@ -353,7 +354,7 @@ def _json_order(rng: random.Random, i: int) -> dict:
         }
         for _ in range(rng.randint(1, 5))
     ]
-    total = round(sum(it["qty"] * it["unit_price"] for it in items), 2)
+    total = round(sum(int(it["qty"]) * float(it["unit_price"]) for it in items), 2)
     return {
         "type": "order",
         "id": f"ord_{rng.getrandbits(40):010x}",

@@ -49,7 +49,7 @@ class Runs:
         p, m = self.find("batched.jsonl")
         if not p:
             return [], 0
-        return [json.loads(l) for l in p.read_text().splitlines() if l.startswith("{")], m
+        return [json.loads(line) for line in p.read_text().splitlines() if line.startswith("{")], m
 
     def bench(self, name: str) -> tuple[dict[str, Any] | None, dict[str, Any] | None, int]:
         p, m = self.find(f"{name}/results.json")
@@ -104,7 +104,7 @@ def build(dirs: list[Path]) -> tuple[str, dict[str, Any]]:
     variants = {n: R.bench(n) for n in ("decodenc", "decodekvu", "decodebs")}
     env_p, _ = R.find("env.txt")
     env = env_p.read_text().splitlines() if env_p else []
-    gpu = next((l for l in env if l.startswith("NVIDIA")), "?")
+    gpu = next((line for line in env if line.startswith("NVIDIA")), "?")
     created = (depth or dec or {}).get("created", "")[:10] or date.today().isoformat()
     lb0 = lbd[0] if lbd else {}
     out: list[str] = []
@@ -170,13 +170,13 @@ def build(dirs: list[Path]) -> tuple[str, dict[str, Any]]:
     w("|---|---|---|---|---|---|---|---|---|---|")
     rows_pp = []
     for d in (4096, 16384, 32768):
-        c, n = dc.get((d, 1)), nc.get((d, 1))
+        c, nocache = dc.get((d, 1)), nc.get((d, 1))
         lb = lb_at(lbp, d, 0, 0)
         srv = med(c, "server_prefill_tok_s")
         bt, btc = med(c, "prompt_tok_s"), med(c, "prompt_tok_s_corrected")
-        nt, ntc = med(n, "prompt_tok_s"), med(n, "prompt_tok_s_corrected")
+        nt, ntc = med(nocache, "prompt_tok_s"), med(nocache, "prompt_tok_s_corrected")
         o1 = fd.get(c["id"], {}).get("ttft_minus_server_prompt_ms", {}).get("median") if c else None
-        o2 = fnc.get(n["id"], {}).get("ttft_minus_server_prompt_ms", {}).get("median") if n else None
+        o2 = fnc.get(nocache["id"], {}).get("ttft_minus_server_prompt_ms", {}).get("median") if nocache else None
         rows_pp.append({"depth": d, "llama_bench_pp": lb, "server": srv, "bench_ttft": bt, "bench_corrected": btc,
                         "ttft_minus_prompt_ms": o1, "nc_bench_ttft": nt, "nc_bench_corrected": ntc,
                         "nc_ttft_minus_prompt_ms": o2, "llama_bench_pp4096_at_d": lb_at(lbd, 4096, 0, d)})
@@ -237,7 +237,7 @@ def build(dirs: list[Path]) -> tuple[str, dict[str, Any]]:
         for name, (doc, fid, m) in [("decode", (dec, fdec, m_dec))] + list(variants.items()):
             if not doc:
                 continue
-            for (d, n), c in sorted(cells(doc).items()):
+            for (_d, n), c in sorted(cells(doc).items()):
                 if n < 32:
                     continue
                 f = (fid or {}).get("cells", {}).get(c["id"], {})

@@ -92,7 +92,7 @@ class CpuCurve:
 
 
 def analyze(results_dir: Path, cpu_doc: dict[str, Any] | None) -> dict[str, Any]:
-    recs = [json.loads(l) for l in (results_dir / "records.jsonl").read_text().splitlines() if l.strip()]
+    recs = [json.loads(line) for line in (results_dir / "records.jsonl").read_text().splitlines() if line.strip()]
     curve = CpuCurve(cpu_doc["samples"]) if cpu_doc else None
     by_cell: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in recs:
@@ -137,7 +137,7 @@ def analyze(results_dir: Path, cpu_doc: dict[str, Any] | None) -> dict[str, Any]
             wall += (b - a) / 1e9
             if firsts:
                 dec_wall += (max(lasts) - min(firsts)) / 1e9
-            if cpu_ok:
+            if cpu_ok and curve is not None:
                 u = curve.used(a, b)
                 ud = curve.used(min(firsts), max(lasts)) if firsts else None
                 if u is None or ud is None:

