@@ -71,8 +71,17 @@ def _depth(d: int) -> str:
     return f"{d // 1024}K" if d % 1024 == 0 else str(d)
 
 
+def _pct(cell: dict[str, Any], key: str, when: bool = True) -> str:
+    """`` (66 % of limit)`` from the cell's ``roofline`` (docs/roofline.md), or nothing."""
+    v = (cell.get("roofline") or {}).get(key)
+    return f" ({v:.0f} % of limit)" if when and isinstance(v, (int, float)) else ""
+
+
 def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-cell table shared by the terminal and Markdown views."""
+    """Header and rows of the per-cell table shared by the terminal and Markdown views.
+
+    With a roofline (``bench run --hardware/--bandwidth``), decode (per stream at 1 stream, aggregate at N) and
+    prompt tok/s get their share of the physical limit beside them."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
@@ -85,10 +94,11 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ptc = c["prompt_tok_s_corrected"]["median"] if c["depth"] else None
         rows.append([
             _depth(c["depth"]), str(c["streams"]), c["prompt"], f"{c['requests_ok']}/{c['requests_failed']}",
-            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]",
-            _n(c["aggregate_decode_tok_s"]["median"]),
+            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]" + _pct(c, "decode_pct_of_limit", c["streams"] == 1),
+            _n(c["aggregate_decode_tok_s"]["median"]) + _pct(c, "decode_pct_of_limit", c["streams"] > 1),
             f"{_n(t['median'], 0)} / {_n(t['p90'], 0)} / {_n(t['p99'], 0)}{thin}",
-            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.get("overhead_flag") and c["depth"] else ""),
+            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.get("overhead_flag") and c["depth"] else "")
+            + _pct(c, "prefill_pct_of_limit", bool(c["depth"])),
             f"{_n(c['itl_ms']['median'], 2)} / {_n(c['itl_ms']['p99'], 2)}",
             _n(c["tpot_ms"]["median"], 2), _n(c["e2e_ms"]["median"], 0), _n(c["tokens_per_event"]["median"], 2),
         ])
@@ -102,7 +112,7 @@ def headline(results: dict[str, Any]) -> list[str]:
     at each stream count (depth 0, first prompt type).
     """
     cells = results.get("cells", [])
-    out = []
+    out: list[str] = []
     if not cells:
         return out
     kind = cells[0]["prompt"]
@@ -111,8 +121,8 @@ def headline(results: dict[str, Any]) -> list[str]:
     if one and one["decode_tok_s"]["median"] is not None:
         out.append(f"single stream, short decode: {_n(one['decode_tok_s']['median'])} tok/s")
     deep = sorted({c["depth"] for c in cells if c["depth"] > 0})
-    after = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
-    after = [(d, c) for d, c in after if c is not None]
+    found = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
+    after = [(d, c) for d, c in found if c is not None]
     if after:
         out.append("decode after a " + " / ".join(_depth(d) for d, _ in after) + " prompt: "
                    + " / ".join(_n(c["decode_tok_s"]["median"]) for _, c in after) + " tok/s")
