@@ -43,7 +43,7 @@ def _go() -> Any:
 
 def _layout(fig: Any, title: str, x: str, y: str, height: int = 430, **kw: Any) -> Any:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=height,
-                      margin={"l": 60, "r": 20, "t": 50, "b": 50}, legend={"font": {"size": 10}}, **kw)
+                      margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"font": {"size": 10}}, **kw)
     return fig
 
 
@@ -207,7 +207,8 @@ def timeline_figure(source: Source) -> Any:
                                  "colorbar": {"title": {"text": "longest ITL ms"}}},
                          name="decoding (colour: longest ITL)", text=text, textposition="none",
                          hovertemplate="%{text}<extra>first -> last token</extra>"))
-    fig.update_layout(barmode="overlay", bargap=0.1, yaxis={"autorange": "reversed"})
+    fig.update_layout(barmode="overlay", bargap=0.1, yaxis={"autorange": "reversed"},
+                      legend={"orientation": "h", "y": -0.25})
     return _layout(fig, f"Per-request timeline: {source.name}", "seconds since the first measured send",
                    "request (by send time)", height=max(300, min(900, 12 * len(rows) + 120)))
 

@@ -256,16 +256,15 @@ def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
         import kaleido  # noqa: F401
     except ImportError:
         raise ConfigError("--images needs kaleido: pip install 'bench[report]' (kaleido==1.5.0) and a Chromium") from None
+    import plotly.io as pio
+
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, fig in _figures(sources).items():
-        for fmt in formats:
-            p = d / f"{name}.{fmt}"
-            try:
-                fig.write_image(str(p), width=1100, height=450)
-            except Exception as e:  # kaleido raises its own classes (no browser, browser crashed)
-                raise ConfigError(f"--images: kaleido could not draw {p.name} ({type(e).__name__}: {e}); "
-                                  "install chromium or set BROWSER_PATH") from None
-            written.append(p)
-    return written
+    figs = _figures(sources)
+    jobs = [(fig, d / f"{name}.{fmt}") for name, fig in figs.items() for fmt in formats]
+    try:  # one browser for every image
+        pio.write_images([f for f, _ in jobs], [p for _, p in jobs], width=1100, height=450)
+    except Exception as e:  # kaleido raises its own classes (no browser, browser crashed)
+        raise ConfigError(f"--images: kaleido could not draw the figures ({type(e).__name__}: {e}); "
+                          "install chromium or set BROWSER_PATH") from None
+    return [p for _, p in jobs]
