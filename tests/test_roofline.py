@@ -166,3 +166,23 @@ def test_units() -> None:
     assert parse_bytes("128KiB", "x") == 131072 and parse_bytes("128k", "x") == 131072
     assert parse_bytes("160kB", "x") == 160000
     assert build_spec(hardware_name="DGX-Spark") is not None
+
+
+@pytest.mark.engine
+def test_llama_server_reports_its_model_size(llama_server) -> None:
+    """llama.cpp's /v1/models meta (n_params, size) reaches server info and fills the roofline's model part."""
+    import asyncio
+
+    import httpx
+
+    from bench.server_info import discover_server
+
+    async def go() -> dict:
+        async with httpx.AsyncClient() as c:
+            return await discover_server(c, llama_server)
+
+    info = asyncio.run(go())
+    meta = info["model_meta"]
+    assert 1e8 < meta["n_params"] < 2e8 and meta["size"] > 5e7  # SmolLM2-135M, a 4-bit GGUF
+    spec = complete_spec(build_spec(hardware_name="gb10"), info)
+    assert decode_limit(spec, 0)[0] == pytest.approx(273e9 / meta["size"])
