@@ -155,3 +155,17 @@ def test_report_draws_in_headless_chromium(which, run_dir: Path, full_report: Pa
     drawn = path.read_text(encoding="utf-8").count('class="plotly-graph-div"')
     assert len(divs) == drawn and drawn >= (4 if which == "run" else 8)
     assert all(n_svg > 0 and n_marks > 0 for n_svg, n_marks in divs), divs
+
+
+def test_images_png_and_svg(run_dir: Path, tmp_path: Path) -> None:
+    """`bench report --images DIR`: the main figures as PNG and SVG through kaleido and the system Chromium."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("kaleido")
+    img = tmp_path / "img"
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "r.html"), "--images", str(img)]) == 0
+    names = sorted(p.name for p in img.iterdir())
+    assert names == ["decode_vs_streams.png", "decode_vs_streams.svg", "depth.png", "depth.svg", "latency_cdf.png",
+                     "latency_cdf.svg"]
+    assert (img / "depth.png").read_bytes()[:4] == b"\x89PNG" and (img / "depth.png").stat().st_size > 10_000
+    assert "<svg" in (img / "depth.svg").read_text(encoding="utf-8")[:500]
