@@ -97,7 +97,8 @@ def test_run_report_is_self_contained(run_dir: Path) -> None:
     cells = json.loads((run_dir / "results.json").read_text())["cells"]
     assert all(set(c["roofline"]) == {"decode_tok_s_limit", "decode_pct_of_limit", "prefill_tok_s_limit",
                                       "prefill_pct_of_limit"} for c in cells)
-    assert "% of limit" in (run_dir / "results.md").read_text()
+    md = (run_dir / "results.md").read_text()
+    assert "% of limit" in md and "of the physical limit (roofline): single-stream decode" in md
 
 
 def test_full_report_has_every_section(full_report: Path) -> None:

@@ -186,3 +186,11 @@ def test_llama_server_reports_its_model_size(llama_server) -> None:
     assert 1e8 < meta["n_params"] < 2e8 and meta["size"] > 5e7  # SmolLM2-135M, a 4-bit GGUF
     spec = complete_spec(build_spec(hardware_name="gb10"), info)
     assert decode_limit(spec, 0)[0] == pytest.approx(273e9 / meta["size"])
+
+
+def test_run_rejects_a_bad_roofline_flag_before_running(capsys) -> None:
+    from bench.cli import main
+
+    assert main(["run", "http://127.0.0.1:9/v1", "--bandwidth", "fast"]) == 3
+    err = capsys.readouterr().err
+    assert "--bandwidth" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1

@@ -134,7 +134,25 @@ def headline(results: dict[str, Any]) -> list[str]:
                    + " / ".join(_n(c["aggregate_decode_tok_s"]["median"]) for c in multi)
                    + " tok/s aggregate (" + " / ".join(_n(c["decode_tok_s"]["median"]) for c in multi)
                    + " per stream)")
+    out += _roofline_sentence(cells, one, [c for _, c in after], multi)
     return out
+
+
+def _roofline_sentence(cells: list[dict[str, Any]], one: dict[str, Any] | None, after: list[dict[str, Any]],
+                       multi: list[dict[str, Any]]) -> list[str]:
+    """``of the physical limit: ...`` for the headline cells that carry ``roofline`` (docs/roofline.md)."""
+    bits = []
+    for label, c, lim, pct in (
+        ("single-stream decode", one, "decode_tok_s_limit", "decode_pct_of_limit"),
+        (f"aggregate at {multi[-1]['streams'] if multi else 0} streams", multi[-1] if len(multi) > 1 else None,
+         "decode_tok_s_limit", "decode_pct_of_limit"),
+        (f"prompt at {_depth(after[-1]['depth']) if after else 0}", after[-1] if after else None,
+         "prefill_tok_s_limit", "prefill_pct_of_limit"),
+    ):
+        r = (c or {}).get("roofline") or {}
+        if isinstance(r.get(pct), (int, float)) and isinstance(r.get(lim), (int, float)):
+            bits.append(f"{label} {r[pct]:.0f} % of {_n(float(r[lim]))} tok/s")
+    return ["of the physical limit (roofline): " + "; ".join(bits)] if bits else []
 
 
 def to_markdown(results: dict[str, Any]) -> str:
