@@ -176,6 +176,10 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     roof = roofline_spec_from_options(**roofline_kw)
+    if make_report:
+        from .report.html import require_plotly
+
+        require_plotly()
     prof = load_profile(profile_name).with_overrides(
         streams=parse_ints(streams, "--streams") if streams else None,
         depths=parse_depths(depths) if depths else None,

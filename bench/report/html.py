@@ -30,7 +30,7 @@ from .figures import (
     timeline_figure,
 )
 
-__all__ = ["load_inputs", "build_report", "write_report", "write_images", "Source"]
+__all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1280px;
 color:#222;padding:0 16px}h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;
@@ -223,7 +223,8 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
             "opens offline (plotly.js inline).</p></body></html>")
 
 
-def _plotly() -> None:
+def require_plotly() -> None:
+    """Raise ConfigError (with the install line) when plotly is missing; `bench run --report` checks before running."""
     try:
         import plotly  # noqa: F401
     except ImportError:
@@ -233,7 +234,7 @@ def _plotly() -> None:
 def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
                  title: str | None = None) -> Path:
     """Read the inputs, write the HTML report to ``out`` (atomically); returns its path."""
-    _plotly()
+    require_plotly()
     sources, gates = load_inputs(paths)
     page = build_report(sources, gates, title)
     p = Path(out)
@@ -248,7 +249,7 @@ def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
                  formats: Sequence[str] = ("png", "svg")) -> list[Path]:
     """The main figures as static images (kaleido, which drives a Chrome/Chromium: ``BROWSER_PATH`` or
     ``/usr/bin/chromium``). Raises ConfigError when kaleido or the browser is missing."""
-    _plotly()
+    require_plotly()
     sources, _ = load_inputs(paths)
     if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
         os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
