@@ -170,3 +170,16 @@ def test_images_png_and_svg(run_dir: Path, tmp_path: Path) -> None:
                      "latency_cdf.svg"]
     assert (img / "depth.png").read_bytes()[:4] == b"\x89PNG" and (img / "depth.png").stat().st_size > 10_000
     assert "<svg" in (img / "depth.svg").read_text(encoding="utf-8")[:500]
+
+
+def test_inputs_folder_and_capacity_alone(run_dir: Path, tmp_path: Path) -> None:
+    from bench.report.html import build_report, load_inputs
+
+    sources, gates = load_inputs([run_dir])  # a folder means its results.json
+    assert len(sources) == 1 and sources[0].name == "a" and sources[0].records and gates == []
+    assert all(r.meta.get("phase") == "measure" for r in sources[0].records)
+    cap = tmp_path / "capacity.json"
+    cap.write_text(json.dumps({"by": "concurrency", "boundary": 8, "interval": [6, 10], "points": [
+        {"load": 4, "slo_met": True, "goodput": {"rps": 3.0}}, {"load": 16, "slo_met": False, "goodput": {"rps": 1.0}}]}))
+    page = build_report(*load_inputs([cap]))
+    assert "Capacity and the SLO boundary" in page and "Decode vs concurrent streams" not in page

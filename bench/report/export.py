@@ -71,9 +71,9 @@ def _depth(d: int) -> str:
     return f"{d // 1024}K" if d % 1024 == 0 else str(d)
 
 
-def _pct(cell: dict[str, Any], key: str, when: bool = True) -> str:
-    """`` (66 % of limit)`` from the cell's ``roofline`` (docs/roofline.md), or nothing."""
-    v = (cell.get("roofline") or {}).get(key)
+def _pct(roofline: dict[str, Any] | None, key: str, when: bool = True) -> str:
+    """`` (66 % of limit)`` from a cell's ``roofline`` (docs/roofline.md), or nothing."""
+    v = (roofline or {}).get(key)
     return f" ({v:.0f} % of limit)" if when and isinstance(v, (int, float)) else ""
 
 
@@ -94,11 +94,11 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         ptc = c["prompt_tok_s_corrected"]["median"] if c["depth"] else None
         rows.append([
             _depth(c["depth"]), str(c["streams"]), c["prompt"], f"{c['requests_ok']}/{c['requests_failed']}",
-            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]" + _pct(c, "decode_pct_of_limit", c["streams"] == 1),
-            _n(c["aggregate_decode_tok_s"]["median"]) + _pct(c, "decode_pct_of_limit", c["streams"] > 1),
+            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]" + _pct(c.get("roofline"), "decode_pct_of_limit", c["streams"] == 1),
+            _n(c["aggregate_decode_tok_s"]["median"]) + _pct(c.get("roofline"), "decode_pct_of_limit", c["streams"] > 1),
             f"{_n(t['median'], 0)} / {_n(t['p90'], 0)} / {_n(t['p99'], 0)}{thin}",
             f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.get("overhead_flag") and c["depth"] else "")
-            + _pct(c, "prefill_pct_of_limit", bool(c["depth"])),
+            + _pct(c.get("roofline"), "prefill_pct_of_limit", bool(c["depth"])),
             f"{_n(c['itl_ms']['median'], 2)} / {_n(c['itl_ms']['p99'], 2)}",
             _n(c["tpot_ms"]["median"], 2), _n(c["e2e_ms"]["median"], 0), _n(c["tokens_per_event"]["median"], 2),
         ])
@@ -134,24 +134,24 @@ def headline(results: dict[str, Any]) -> list[str]:
                    + " / ".join(_n(c["aggregate_decode_tok_s"]["median"]) for c in multi)
                    + " tok/s aggregate (" + " / ".join(_n(c["decode_tok_s"]["median"]) for c in multi)
                    + " per stream)")
-    out += _roofline_sentence(cells, one, [c for _, c in after], multi)
+    parts: list[tuple[str, dict[str, Any] | None, str]] = [("single-stream decode", (one or {}).get("roofline"),
+                                                             "decode")]
+    if len(multi) > 1:
+        parts.append((f"aggregate at {multi[-1]['streams']} streams", multi[-1].get("roofline"), "decode"))
+    if after:
+        parts.append((f"prompt at {_depth(after[-1][0])}", after[-1][1].get("roofline"), "prefill"))
+    out += _roofline_sentence(parts)
     return out
 
 
-def _roofline_sentence(cells: list[dict[str, Any]], one: dict[str, Any] | None, after: list[dict[str, Any]],
-                       multi: list[dict[str, Any]]) -> list[str]:
-    """``of the physical limit: ...`` for the headline cells that carry ``roofline`` (docs/roofline.md)."""
+def _roofline_sentence(parts: list[tuple[str, dict[str, Any] | None, str]]) -> list[str]:
+    """``of the physical limit: ...`` from ``(label, cell's roofline dict, "decode" | "prefill")`` (docs/roofline.md)."""
     bits = []
-    for label, c, lim, pct in (
-        ("single-stream decode", one, "decode_tok_s_limit", "decode_pct_of_limit"),
-        (f"aggregate at {multi[-1]['streams'] if multi else 0} streams", multi[-1] if len(multi) > 1 else None,
-         "decode_tok_s_limit", "decode_pct_of_limit"),
-        (f"prompt at {_depth(after[-1]['depth']) if after else 0}", after[-1] if after else None,
-         "prefill_tok_s_limit", "prefill_pct_of_limit"),
-    ):
-        r = (c or {}).get("roofline") or {}
-        if isinstance(r.get(pct), (int, float)) and isinstance(r.get(lim), (int, float)):
-            bits.append(f"{label} {r[pct]:.0f} % of {_n(float(r[lim]))} tok/s")
+    for label, r, kind in parts:
+        r = r or {}
+        pct, lim = r.get(f"{kind}_pct_of_limit"), r.get(f"{kind}_tok_s_limit")
+        if isinstance(pct, (int, float)) and isinstance(lim, (int, float)):
+            bits.append(f"{label} {pct:.0f} % of {_n(float(lim))} tok/s")
     return ["of the physical limit (roofline): " + "; ".join(bits)] if bits else []
 
 
