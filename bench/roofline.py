@@ -187,6 +187,9 @@ def build_spec(*, hardware_name: str | None = None, bandwidth: str | None = None
     active = parse_count(active_params, "--active-params") if active_params else params
     if weight_bits is not None and not (0 < weight_bits <= 64):
         raise ConfigError(f"--weight-bits must be in (0, 64] (got {weight_bits})")
+    if weight_bits is not None and active is None:
+        raise ConfigError("--weight-bits needs --model-params (or --active-params); without them the server's "
+                          "model size is used")
     if params is not None and weight_bits is None:
         raise ConfigError("--model-params needs --weight-bits (16 for F16/BF16, 8 for FP8, about 4.5 for Q4_K_M)")
     if params is not None and active is not None and active > params:

@@ -150,6 +150,7 @@ def test_no_roofline_without_hardware() -> None:
     ({"hardware": "h200", "model_params": "8b", "weight_bits": 0}, "--weight-bits"),
     ({"hardware": "h200", "model_params": "8b", "weight_bits": 16, "active_params": "9b"}, "--active-params"),
     ({"hardware": "h200", "kv_bytes_per_token": "lots"}, "--kv-bytes-per-token"),
+    ({"hardware": "h200", "weight_bits": 16}, "--weight-bits"),
     ({"hardware": "h200", "devices": 0}, "--devices"),
     ({"model_params": "8b", "weight_bits": 16}, "--bandwidth"),
 ])
