@@ -18,6 +18,7 @@ from . import __version__
 from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
+from .cli_report import report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
 
 if TYPE_CHECKING:
@@ -148,11 +149,15 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
+@click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
+              "docs/report.md) into the results folder.")
 @client_options
+@roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, model: str | None,
-        api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, make_report: bool,
+        model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
+        **roofline_kw: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -167,10 +172,17 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run http://gpu:8000/v1 -p decode            sparkDash-style decode bench
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
+      bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
     """
     from .profile import load_profile, parse_depths, parse_ints
+    from .roofline import RooflineAnnotator
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
+    roof = roofline_spec_from_options(**roofline_kw)
+    if make_report:
+        from .report.html import require_plotly
+
+        require_plotly()
     prof = load_profile(profile_name).with_overrides(
         streams=parse_ints(streams, "--streams") if streams else None,
         depths=parse_depths(depths) if depths else None,
@@ -189,12 +201,19 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .runner import default_out_dir
 
         out = Path(out_dir) if out_dir else default_out_dir(prof)
-        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers)
-    _print_results(results, out, as_json)
+        annotators = [RooflineAnnotator(roof)] if roof is not None else []
+        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
+                                     annotators=annotators)
+    report_path = None
+    if make_report:
+        from .report.html import write_report
+
+        report_path = write_report([out / "results.json"], out / "report.html")
+    _print_results(results, out, as_json, report_path)
 
 
 def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, model: str | None,
-                       quiet: bool, workers: int = 1) -> Results:
+                       quiet: bool, workers: int = 1, annotators: list[Any] | None = None) -> Results:
     from .errors import RunInterrupted
     from .report.console import stderr
     from .report.export import VIEWS
@@ -204,7 +223,8 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
     async def go() -> Results:
         if quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
-                                     observer=QuietObserver(stderr), workers=workers, views=VIEWS)
+                                     observer=QuietObserver(stderr), workers=workers, views=VIEWS,
+                                     annotators=annotators)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -214,7 +234,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
             t = asyncio.create_task(ticker())
             try:
                 return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
-                                         workers=workers, views=VIEWS)
+                                         workers=workers, views=VIEWS, annotators=annotators)
             finally:
                 t.cancel()
 
@@ -230,7 +250,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
         raise SystemExit(EXIT_INTERRUPTED) from None
 
 
-def _print_results(results: Results, out: Path, as_json: bool) -> None:
+def _print_results(results: Results, out: Path, as_json: bool, report_path: Path | None = None) -> None:
     from .report.console import results_table, stderr, stdout
     from .report.export import headline
     from .results import to_json
@@ -245,6 +265,8 @@ def _print_results(results: Results, out: Path, as_json: bool) -> None:
         stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False, soft_wrap=True)
     stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False,
                  soft_wrap=True)
+    if report_path is not None:
+        stderr.print(f"report: {report_path} (open it in a browser; works offline)", highlight=False, soft_wrap=True)
 
 
 @cli.command()
@@ -287,7 +309,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab):
+for _cmd in (gate, compare, ab, report):
     cli.add_command(_cmd)
 
 

@@ -169,6 +169,7 @@ class Results:
     schema: int = SCHEMA_VERSION
     bench_version: str = ""
     created: str = ""
+    roofline_spec: dict[str, Any] | None = None
 
     def cell(self, cell_id: str) -> CellResult | None:
         """The cell with this id, or None."""
@@ -181,6 +182,7 @@ class Results:
             "profile": dataclasses.asdict(self.profile), "endpoint": dataclasses.asdict(self.endpoint),
             "server": self.server, "machine": self.machine, "run": self.run.to_dict(),
             "cells": [c.to_dict() for c in self.cells], "warnings": list(self.warnings),
+            **({"roofline_spec": self.roofline_spec} if self.roofline_spec is not None else {}),
         }
 
 
@@ -260,7 +262,8 @@ def results_from_dict(data: Any, where: str = "results") -> Results:
                           f"{SCHEMA_VERSION})")
     if not isinstance(data["cells"], list):
         raise ConfigError(f"{where}.cells: a list of cell summaries is expected")
-    top = {k: data[k] for k in ("schema", "bench_version", "created", "server", "machine", "warnings") if k in data}
+    top = {k: data[k] for k in ("schema", "bench_version", "created", "server", "machine", "warnings",
+                                "roofline_spec") if k in data}
     probe = _build(_Top, top, where)
     return Results(
         profile=_build(ProfileInfo, data.get("profile", {"name": ""}), f"{where}.profile"),
@@ -268,7 +271,7 @@ def results_from_dict(data: Any, where: str = "results") -> Results:
         run=_build(RunInfo, _legacy_run(data.get("run", {"id": ""})), f"{where}.run"),
         cells=[_build(CellResult, c, f"{where}.cells[{i}]") for i, c in enumerate(data["cells"])],
         server=probe.server, machine=probe.machine, warnings=probe.warnings, schema=probe.schema,
-        bench_version=probe.bench_version, created=probe.created,
+        bench_version=probe.bench_version, created=probe.created, roofline_spec=probe.roofline_spec,
     )
 
 
@@ -287,6 +290,7 @@ class _Top:
     server: dict[str, Any] = field(default_factory=dict)
     machine: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    roofline_spec: dict[str, Any] | None = None
 
 
 def load_results(path: str | os.PathLike[str]) -> Results:

@@ -23,7 +23,7 @@ from .errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrup
 from .gate import Rule, Verdict, check_comparable, compare, inconclusive_cells, overall_exit, uncovered_cells
 from .profile import Profile
 from .results import CellResult, Results, save_results, write_atomic
-from .runner import CellRun, Observer, Session
+from .runner import CellAnnotator, CellRun, Observer, Session
 
 __all__ = ["RunOutput", "GateOutcome", "run_profile", "run_gate", "run_ab", "stoppable", "Views"]
 
@@ -88,7 +88,8 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
                       model: str | None = None, observer: Observer | None = None, workers: int = 1,
-                      views: Views | None = None, pool: Any = None) -> Results:
+                      views: Views | None = None, pool: Any = None,
+                      annotators: list[CellAnnotator] | None = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`); ``pool``: an
@@ -98,7 +99,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                     workers=workers, pool=pool)
+                                     workers=workers, pool=pool, annotators=annotators)
         cells: list[CellResult] = []
         try:
             for cell in profile.cells():

@@ -21,6 +21,7 @@ import re
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +44,8 @@ from .server_info import discover_server
 from .stats import bootstrap_ci
 from .summary import summarize_cell
 
-__all__ = ["Session", "CellRun", "Observer", "machine_info", "default_out_dir", "check_fits_context"]
+__all__ = ["Session", "CellRun", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
+           "check_fits_context"]
 
 _CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
 
@@ -56,6 +58,10 @@ class Observer(Protocol):
     def request_done(self, cell: Cell, ok: bool) -> None: ...
     def cell_done(self, cell: Cell, summary: CellResult) -> None: ...
     def note(self, text: str) -> None: ...
+
+
+CellAnnotator = Callable[["Session", CellResult], None]
+"""Adds to a fresh cell summary what the core does not compute (the roofline...): called by the cell-summary step."""
 
 
 @dataclass
@@ -116,6 +122,8 @@ class Session:
         self.warnings: list[str] = []
         self.pool: Any = None  # a worker pool (bench.workers) when measured waves are spread over processes
         self.workers_auto = False
+        self.annotators: list[CellAnnotator] = []
+        self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
         self.started = datetime.now(UTC)
 
     @property
@@ -127,7 +135,7 @@ class Session:
     @classmethod
     async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
                    out_dir: Path | None = None, observer: Observer | None = None, workers: int = 1,
-                   pool: Any = None) -> Session:
+                   pool: Any = None, annotators: list[CellAnnotator] | None = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
@@ -142,6 +150,7 @@ class Session:
         conc = max((c.streams for c in profile.cells()), default=1)
         s = cls(base, settings, profile, make_http_client(settings, conc))
         s.observer = observer
+        s.annotators = list(annotators or [])
         try:
             s.model = model or await discover_model(s.client, base, settings.api_key)
             s.server = await discover_server(s.client, base)
@@ -407,6 +416,8 @@ class Session:
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
                                      depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
                                      client_cpu_pct=cpu, target_ci=p.target_ci)
+        for annotate in self.annotators:
+            annotate(self, run.summary)
         if self.observer is not None:
             self.observer.cell_done(cell, run.summary)
         return run.summary
@@ -440,6 +451,7 @@ class Session:
             endpoint=EndpointInfo(self.base, self.model, p.endpoint),
             run=run, cells=list(cells), server=self.server, machine=machine_info(), warnings=warnings,
             bench_version=__version__, created=now.isoformat(timespec="seconds"),
+            roofline_spec=self.extras.get("roofline_spec"),
         )
 
 

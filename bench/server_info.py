@@ -24,6 +24,7 @@ _OWNER_BACKEND = {
     "openai": "openai",
     "system": "openai",
 }
+_META_KEYS = ("n_params", "size", "n_embd", "n_vocab", "n_ctx_train")
 
 
 async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
@@ -40,7 +41,9 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
     """Probe ``/v1/models``, ``/props`` (llama.cpp), ``/version`` (vLLM), ``/get_model_info`` (SGLang).
 
     Returns ``{"models": [{"id", "owned_by", "context_size"}], "backend": str | None, "context_size": int | None,
-    "routes": [names that answered], "version": str | None}``.
+    "routes": [names that answered], "version": str | None}``, plus ``"model_meta"`` when the server describes its
+    model (llama.cpp's ``/v1/models`` ``meta``: ``n_params``, ``size`` in bytes, ``n_embd``, ``n_vocab``,
+    ``n_ctx_train``; read by :mod:`bench.roofline`).
     """
     root = root_url(base)
     info: dict[str, Any] = {"models": [], "backend": None, "context_size": None, "routes": [], "version": None}
@@ -54,6 +57,10 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
             meta = m.get("meta") or {}
             c = m.get("max_model_len") or m.get("context_length") or (meta.get("n_ctx") if isinstance(meta, dict) else None)
             info["models"].append({"id": m.get("id"), "owned_by": m.get("owned_by"), "context_size": c})
+            if isinstance(meta, dict) and "model_meta" not in info:
+                mm = {k: meta[k] for k in _META_KEYS if isinstance(meta.get(k), (int, float))}
+                if mm:
+                    info["model_meta"] = mm
             ctx = ctx or c
         owner = str((info["models"][0].get("owned_by") if info["models"] else "") or "").lower()
         info["backend"] = _OWNER_BACKEND.get(owner, owner or None)

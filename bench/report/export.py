@@ -68,8 +68,17 @@ def _depth(d: int) -> str:
     return f"{d // 1024}K" if d % 1024 == 0 else str(d)
 
 
+def _pct(roofline: dict[str, Any] | None, key: str, when: bool = True) -> str:
+    """`` (66 % of limit)`` from a cell's ``roofline`` (docs/roofline.md), or nothing."""
+    v = (roofline or {}).get(key)
+    return f" ({v:.0f} % of limit)" if when and isinstance(v, int | float) else ""
+
+
 def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the per-cell table shared by the terminal and Markdown views."""
+    """Header and rows of the per-cell table shared by the terminal and Markdown views.
+
+    With a roofline (``bench run --hardware/--bandwidth``), decode (per stream at 1 stream, aggregate at N) and
+    prompt tok/s get their share of the physical limit beside them."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
@@ -82,10 +91,12 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
         noisy = " ~" if c.noise and c.noise.get("target_met") is False else ""
         rows.append([
             _depth(c.depth), str(c.streams), c.prompt, f"{c.requests_ok}/{c.requests_failed}",
-            f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}",
-            _n(c.stat("aggregate_decode_tok_s")),
+            f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}"
+            + _pct(c.roofline, "decode_pct_of_limit", c.streams == 1),
+            _n(c.stat("aggregate_decode_tok_s")) + _pct(c.roofline, "decode_pct_of_limit", c.streams > 1),
             f"{_n(t.get('median'), 0)} / {_n(t.get('p90'), 0)} / {_n(t.get('p99'), 0)}{thin}",
-            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.overhead_flag and c.depth else ""),
+            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.overhead_flag and c.depth else "")
+            + _pct(c.roofline, "prefill_pct_of_limit", bool(c.depth)),
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
         ])
@@ -121,7 +132,25 @@ def headline(results: Results) -> list[str]:
                    + " / ".join(_n(c.stat("aggregate_decode_tok_s")) for c in multi)
                    + " tok/s aggregate (" + " / ".join(_n(c.stat("decode_tok_s")) for c in multi)
                    + " per stream)")
+    parts: list[tuple[str, dict[str, Any] | None, str]] = [("single-stream decode", one.roofline if one else None,
+                                                             "decode")]
+    if len(multi) > 1:
+        parts.append((f"aggregate at {multi[-1].streams} streams", multi[-1].roofline, "decode"))
+    if after:
+        parts.append((f"prompt at {_depth(after[-1][0])}", after[-1][1].roofline, "prefill"))
+    out += _roofline_sentence(parts)
     return out
+
+
+def _roofline_sentence(parts: list[tuple[str, dict[str, Any] | None, str]]) -> list[str]:
+    """``of the physical limit: ...`` from ``(label, cell's roofline dict, "decode" | "prefill")`` (docs/roofline.md)."""
+    bits = []
+    for label, r, kind in parts:
+        r = r or {}
+        pct, lim = r.get(f"{kind}_pct_of_limit"), r.get(f"{kind}_tok_s_limit")
+        if isinstance(pct, int | float) and isinstance(lim, int | float):
+            bits.append(f"{label} {pct:.0f} % of {_n(float(lim))} tok/s")
+    return ["of the physical limit (roofline): " + "; ".join(bits)] if bits else []
 
 
 def to_markdown(results: Results) -> str:

@@ -1,0 +1,273 @@
+"""One self-contained HTML report of one or several runs (``bench report``; docs/report.md).
+
+Reads only what a run wrote: ``results.json`` and the ``records.jsonl`` beside it (measured requests), plus a
+``capacity.json`` beside it, and gate documents (``gate.json`` / ``ab.json``) given as arguments or found beside.
+The page carries plotly.js inline and every figure's data: it opens offline and loads nothing from the network.
+Sections appear only when the data has something for them.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+from ..metrics import request_metrics
+from ..records import read_records
+from ..results import results_from_dict
+from .export import headline
+from .figures import (
+    Source,
+    capacity_figure,
+    cdf_figure,
+    decode_vs_streams,
+    depth_figure,
+    gate_figure,
+    server_metrics_figure,
+    timeline_figure,
+)
+
+__all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
+
+_CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1280px;
+color:#222;padding:0 16px}h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;
+margin-top:32px}table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ddd;
+padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}.warn{color:#a15c00}
+.muted{color:#777;font-size:12px}.reg{color:#c00;font-weight:600}.ok{color:#070}"""
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"file not found: {path}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path} is not JSON: {e}") from None
+
+
+def _source(path: Path, doc: dict[str, Any], name: str) -> Source:
+    recs = []
+    rp = path.parent / "records.jsonl"
+    if rp.exists():
+        recs = [r for r in read_records(rp) if r.meta.get("phase") == "measure"]
+    cap = path.parent / "capacity.json"
+    capacity = _read_json(cap) if cap.exists() and cap != path else None
+    return Source(name, doc, recs, [request_metrics(r) for r in recs],
+                  capacity if isinstance(capacity, dict) else None)
+
+
+def _names(paths: Sequence[Path]) -> list[str]:
+    """Short labels: the results folder's name, made unique."""
+    out: list[str] = []
+    for p in paths:
+        n = p.parent.name or p.stem
+        out.append(n if n not in out else f"{n} ({len(out) + 1})")
+    return out
+
+
+def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], list[tuple[str, dict[str, Any]]]]:
+    """Classify each argument: a results file (``cells``; a folder means its results.json), a capacity document
+    (``points``) or a gate document (``verdicts``). Returns ``(sources, gates)``; raises ConfigError otherwise."""
+    files = [Path(p) / "results.json" if Path(p).is_dir() else Path(p) for p in paths]
+    docs = [(f, _read_json(f)) for f in files]
+    sources: list[Source] = []
+    gates: list[tuple[str, dict[str, Any]]] = []
+    res = [(f, d) for f, d in docs if isinstance(d, dict) and "cells" in d]
+    for (f, d), name in zip(res, _names([f for f, _ in res])):
+        d = results_from_dict(d, f"results file {f}").to_dict()  # the one validating loader
+        sources.append(_source(f, d, name))
+        g = f.parent / "gate.json"
+        if g.exists() and all(g != x for x in files):
+            gd = _read_json(g)
+            if isinstance(gd, dict) and "verdicts" in gd:
+                gates.append((f"{name}/gate.json", gd))
+    for f, d in docs:
+        if isinstance(d, dict) and "verdicts" in d:
+            gates.append((f.name, d))
+        elif isinstance(d, dict) and "points" in d:
+            if not sources:
+                sources.append(Source(f.parent.name or f.stem, {"cells": []}))
+            sources[-1].capacity = d
+        elif not (isinstance(d, dict) and "cells" in d):
+            raise ConfigError(f"{f}: not a bench results, capacity or gate file (no 'cells', 'points' or 'verdicts')")
+    if not sources and not gates:
+        raise ConfigError("bench report: give at least one results.json")
+    return sources, gates
+
+
+def _fig_html(fig: Any) -> str:
+    import plotly.io as pio
+
+    return str(pio.to_html(fig, include_plotlyjs=False, full_html=False,
+                           config={"displaylogo": False, "responsive": True}))
+
+
+def _kv_table(rows: Sequence[tuple[str, Any]]) -> str:
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td style='text-align:left'>{html.escape(str(v))}</td></tr>"
+                   for k, v in rows if v not in (None, "", [], {}))
+    return f"<table>{body}</table>"
+
+
+def _run_info(s: Source) -> str:
+    r = s.results
+    ep, srv, run, prof = (r.get(k) or {} for k in ("endpoint", "server", "run", "profile"))
+    st = prof.get("settings") or {}
+    spec = r.get("roofline_spec") or {}
+    rows = [("model", ep.get("model")), ("endpoint", f"{ep.get('url')} ({ep.get('kind')})"),
+            ("server", f"{srv.get('backend') or 'unknown backend'} {srv.get('version') or ''}".strip()),
+            ("context size", srv.get("context_size")), ("profile", prof.get("name")),
+            ("settings", ", ".join(f"{k}={st[k]}" for k in ("max_tokens", "requests", "warmup", "endpoint",
+                                                               "thinking", "prefix_cache") if k in st)),
+            ("created", r.get("created")), ("duration s", run.get("duration_s")),
+            ("fixed overhead ms", run.get("overhead_ms")), ("bench", r.get("bench_version")),
+            ("machine", (r.get("machine") or {}).get("hostname")),
+            ("roofline", _spec_line(spec) if spec else None)]
+    warns = "".join(f"<li class='warn'>{html.escape(str(w))}</li>" for w in r.get("warnings") or [])
+    heads = "".join(f"<li>{html.escape(h)}</li>" for h in headline(results_from_dict(r))) if r.get("cells") else ""
+    return (f"<h3>{html.escape(s.name)}</h3>{_kv_table(rows)}"
+            + (f"<p><b>Headline</b></p><ul>{heads}</ul>" if heads else "")
+            + (f"<p><b>Warnings</b></p><ul>{warns}</ul>" if warns else ""))
+
+
+def _spec_line(spec: dict[str, Any]) -> str:
+    bits = [f"{spec.get('hardware') or 'custom'} x{spec.get('devices', 1)}",
+            f"{spec['bandwidth'] / 1e12:.3g} TB/s"]
+    if spec.get("flops"):
+        bits.append(f"{spec['flops'] / 1e12:.4g} TFLOP/s")
+    if spec.get("weight_bytes"):
+        bits.append(f"weights read per step {spec['weight_bytes'] / 1e9:.4g} GB ({spec.get('model_source')})")
+    if spec.get("kv_bytes_per_token"):
+        bits.append(f"KV {spec['kv_bytes_per_token']:.0f} B/token")
+    return ", ".join(bits)
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    return "-" if not isinstance(v, (int, float)) else f"{v:,.{digits}f}"
+
+
+def _roofline_table(s: Source) -> str:
+    cells = [c for c in s.results.get("cells", []) if isinstance(c.get("roofline"), dict)]
+    if not cells:
+        return ""
+    head = ("<tr><th>cell</th><th>decode tok/s p50 (aggregate at N &gt; 1)</th><th>decode limit</th>"
+            "<th>% of limit</th><th>prompt tok/s p50</th><th>prefill limit</th><th>% of limit</th></tr>")
+    rows = []
+    for c in cells:
+        rf = c["roofline"]
+        dec = (c.get("decode_tok_s") if c["streams"] == 1 else c.get("aggregate_decode_tok_s")) or {}
+        pt = (c.get("prompt_tok_s") or {}).get("median") if c.get("depth") else None
+        rows.append(f"<tr><td>{html.escape(c['id'])}</td><td>{_fmt(dec.get('median'))}</td>"
+                    f"<td>{_fmt(rf.get('decode_tok_s_limit'))}</td><td>{_fmt(rf.get('decode_pct_of_limit'))}</td>"
+                    f"<td>{_fmt(pt, 0)}</td><td>{_fmt(rf.get('prefill_tok_s_limit'), 0)}</td>"
+                    f"<td>{_fmt(rf.get('prefill_pct_of_limit'))}</td></tr>")
+    return f"<h3>{html.escape(s.name)}: % of the physical limit (roofline)</h3><table>{head}{''.join(rows)}</table>"
+
+
+def _gate_section(name: str, gate: dict[str, Any]) -> str:
+    rows = []
+    for v in gate.get("verdicts") or []:
+        cls = "reg" if v.get("verdict") == "regression" else "ok" if v.get("verdict") in ("unchanged", "improved") else ""
+        iv = f"[{_fmt(v.get('lo'), 3)}, {_fmt(v.get('hi'), 3)}]"
+        rows.append(f"<tr><td>{html.escape(str(v.get('name') or v.get('metric')))}</td>"
+                    f"<td>{html.escape(str(v.get('cell')))}</td><td class='{cls}'>{html.escape(str(v.get('verdict')))}"
+                    f"</td><td>{_fmt(v.get('baseline'), 2)}</td><td>{_fmt(v.get('candidate'), 2)}</td>"
+                    f"<td>{_fmt(v.get('ratio'), 3)}</td><td>{iv}</td>"
+                    f"<td style='text-align:left'>{html.escape(str(v.get('note') or ''))}</td></tr>")
+    head = ("<tr><th>rule</th><th>cell</th><th>verdict</th><th>baseline</th><th>candidate</th><th>ratio</th>"
+            "<th>interval</th><th>note</th></tr>")
+    fig = gate_figure(gate, name)
+    return (f"<h3>{html.escape(name)} (exit {html.escape(str(gate.get('exit')))})</h3>"
+            f"<table>{head}{''.join(rows)}</table>" + (_fig_html(fig) if fig is not None else ""))
+
+
+def _figures(sources: Sequence[Source]) -> dict[str, Any]:
+    """The main figures by file stem (also the PNG/SVG names); absent when the data has nothing for them."""
+    figs = {"decode_vs_streams": decode_vs_streams(sources), "depth": depth_figure(sources),
+            "latency_cdf": cdf_figure(sources), "capacity": capacity_figure(sources),
+            "server_metrics": server_metrics_figure(sources)}
+    return {k: f for k, f in figs.items() if f is not None}
+
+
+def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str, Any]]] = (),
+                 title: str | None = None) -> str:
+    """The whole HTML page (a string): plotly.js inline, then the sections the data supports."""
+    from plotly.offline import get_plotlyjs
+
+    title = title or "bench report: " + " vs ".join(s.name for s in sources)
+    figs = _figures(sources)
+    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Runs</h2>"] + [_run_info(s) for s in sources]
+    for key, head in (("decode_vs_streams", "Decode vs concurrent streams"), ("depth", "Prefill and decode vs depth")):
+        if key in figs:
+            parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]
+    roof = [t for t in (_roofline_table(s) for s in sources) if t]
+    if roof:
+        parts += ["<h2>Against the physical limit (roofline, docs/roofline.md)</h2>"] + roof
+    if "latency_cdf" in figs:
+        parts += ["<h2>TTFT, ITL and E2E distributions</h2>", _fig_html(figs["latency_cdf"])]
+    tl = [f for f in (timeline_figure(s) for s in sources) if f is not None]
+    if tl:
+        parts += ["<h2>Per-request timeline</h2>",
+                  "<p class='muted'>grey: waiting for the first token; coloured: decoding, by the longest "
+                  "inter-token gap of the request (stalls and head-of-line blocking stand out).</p>"]
+        parts += [_fig_html(f) for f in tl]
+    for key, head in (("capacity", "Capacity and the SLO boundary"), ("server_metrics", "Server metrics")):
+        if key in figs:
+            parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]
+    if gates:
+        parts += ["<h2>Gate verdicts</h2>"] + [_gate_section(n, g) for n, g in gates]
+    return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+            f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
+            f"<body>{''.join(parts)}<p class='muted'>made by bench from results.json and records.jsonl; "
+            "opens offline (plotly.js inline).</p></body></html>")
+
+
+def require_plotly() -> None:
+    """Raise ConfigError (with the install line) when plotly is missing; `bench run --report` checks before running."""
+    try:
+        import plotly  # noqa: F401
+    except ImportError:
+        raise ConfigError("bench report needs plotly: pip install 'bench[report]' (plotly==7.1.0)") from None
+
+
+def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
+                 title: str | None = None) -> Path:
+    """Read the inputs, write the HTML report to ``out`` (atomically); returns its path."""
+    require_plotly()
+    sources, gates = load_inputs(paths)
+    page = build_report(sources, gates, title)
+    p = Path(out)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(p.suffix + ".tmp")
+    tmp.write_text(page, encoding="utf-8")
+    os.replace(tmp, p)
+    return p
+
+
+def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str],
+                 formats: Sequence[str] = ("png", "svg")) -> list[Path]:
+    """The main figures as static images (kaleido, which drives a Chrome/Chromium: ``BROWSER_PATH`` or
+    ``/usr/bin/chromium``). Raises ConfigError when kaleido or the browser is missing."""
+    require_plotly()
+    sources, _ = load_inputs(paths)
+    if "BROWSER_PATH" not in os.environ and Path("/usr/bin/chromium").exists():
+        os.environ["BROWSER_PATH"] = "/usr/bin/chromium"
+    try:
+        import kaleido  # noqa: F401
+    except ImportError:
+        raise ConfigError("--images needs kaleido: pip install 'bench[report]' (kaleido==1.5.0) and a Chromium") from None
+    import plotly.io as pio
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    figs = _figures(sources)
+    jobs = [(fig, d / f"{name}.{fmt}") for name, fig in figs.items() for fmt in formats]
+    try:  # one browser for every image
+        pio.write_images([f for f, _ in jobs], [p for _, p in jobs], width=1100, height=450)
+    except Exception as e:  # kaleido raises its own classes (no browser, browser crashed)
+        raise ConfigError(f"--images: kaleido could not draw the figures ({type(e).__name__}: {e}); "
+                          "install chromium or set BROWSER_PATH") from None
+    return [p for _, p in jobs]

@@ -1,0 +1,185 @@
+"""`bench report` and `bench run --report`: one self-contained HTML page, checked as a file and in a real headless
+Chromium (Debian's package, driven by Playwright): the plots draw, the console stays clean, and the page asks for
+nothing outside 127.0.0.1 / file://."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from bench.cli import main
+
+pytest.importorskip("plotly")
+
+CHROMIUM = "/usr/bin/chromium"
+TINY = """name = "tiny"
+max_tokens = 16
+requests = 4
+warmup = 0
+overhead_probes = 1
+[[sweep]]
+depths = [0]
+streams = [1, 2]
+prompts = ["prose"]
+[[sweep]]
+depths = [256, 1024]
+streams = [1]
+prompts = ["prose"]
+requests = 2
+"""
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A real small run against bench sim, with a roofline and --report."""
+    from bench.sim import SimConfig, running_sim
+
+    d = tmp_path_factory.mktemp("report")
+    (d / "tiny.toml").write_text(TINY)
+    out = d / "a"
+    with running_sim(SimConfig(decode_step_ms=5.0, prefill_tok_s=20000.0)) as url:
+        rc = main(["run", url, "--profile", str(d / "tiny.toml"), "--out", str(out), "--report", "--hardware", "h200",
+                   "--model-params", "7.385b", "--weight-bits", "16", "--kv-bytes-per-token", "128KiB"])
+    assert rc == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_report(run_dir: Path) -> Path:
+    """Two results side by side (the second with goodput, server metrics and a capacity.json), and a gate.json."""
+    b = run_dir.parent / "b"
+    b.mkdir(exist_ok=True)
+    res = json.loads((run_dir / "results.json").read_text())
+    for i, c in enumerate(res["cells"]):
+        c["goodput"] = {"rps": 2.0 + i, "tok_s": 30.0 + i, "met_fraction": 1.0}
+        c["server_metrics"] = {"backend": "llama.cpp", "kv_cache_usage_pct_max": 10.0 + i,
+                               "series": [{"t_s": t * 0.5, "kv_cache_usage_pct": 5.0 * t, "requests_running": t % 3}
+                                          for t in range(6)]}
+    (b / "results.json").write_text(json.dumps(res))
+    shutil.copy(run_dir / "records.jsonl", b / "records.jsonl")
+    (b / "capacity.json").write_text(json.dumps({"by": "rate", "boundary": 4.0, "interval": [3.5, 4.5],
+                                                 "saturated_at": None, "points": [
+        {"load": x, "slo_met": x <= 4, "goodput": {"rps": min(x, 4.0), "tok_s": 10 * x}} for x in (1, 2, 4, 8)]}))
+    gate = {"exit": 1, "verdicts": [
+        {"name": "decode_tok_s p50", "metric": "decode_tok_s", "cell": "d0-s1-prose", "verdict": "regression",
+         "baseline": 200.0, "candidate": 180.0, "ratio": 0.9, "lo": 0.87, "hi": 0.93, "level": 0.95, "note": ""},
+        {"name": "ttft_ms p50", "metric": "ttft_ms", "cell": "d0-s1-prose", "verdict": "unchanged",
+         "baseline": 8.0, "candidate": 8.1, "ratio": 1.01, "lo": 0.97, "hi": 1.05, "level": 0.95, "note": ""}]}
+    (b / "gate.json").write_text(json.dumps(gate))
+    out = run_dir.parent / "full.html"
+    assert main(["report", str(run_dir / "results.json"), str(b / "results.json"), str(b / "gate.json"),
+                 "-o", str(out)]) == 0
+    return out
+
+
+class _Refs(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.refs += [v or "" for k, v in attrs if k in ("src", "href", "srcset", "action", "data")]
+
+
+def test_run_report_is_self_contained(run_dir: Path) -> None:
+    page = (run_dir / "report.html").read_text(encoding="utf-8")
+    p = _Refs()
+    p.feed(page)
+    assert [r for r in p.refs if "://" in r or r.startswith("//")] == []
+    for section in ("Decode vs concurrent streams", "Prefill and decode vs depth", "physical limit",
+                    "TTFT, ITL and E2E distributions", "Per-request timeline", "single stream, short decode"):
+        assert section in page
+    cells = json.loads((run_dir / "results.json").read_text())["cells"]
+    assert all(set(c["roofline"]) == {"decode_tok_s_limit", "decode_pct_of_limit", "prefill_tok_s_limit",
+                                      "prefill_pct_of_limit"} for c in cells)
+    md = (run_dir / "results.md").read_text()
+    assert "% of limit" in md and "of the physical limit (roofline): single-stream decode" in md
+
+
+def test_full_report_has_every_section(full_report: Path) -> None:
+    page = full_report.read_text(encoding="utf-8")
+    for section in ("Capacity and the SLO boundary", "Server metrics", "Gate verdicts", "regression", " vs b"):
+        assert section in page
+    assert full_report.stat().st_size < 6_000_000
+
+
+def test_report_bad_input(tmp_path, capsys) -> None:
+    p = tmp_path / "x.json"
+    p.write_text("[1]")
+    assert main(["report", str(p), "-o", str(tmp_path / "r.html")]) == 3
+    assert main(["report", str(tmp_path / "missing.json"), "-o", str(tmp_path / "r.html")]) == 3
+    err = capsys.readouterr().err
+    assert "not a bench results" in err and "not found" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("which", ["run", "full"])
+def test_report_draws_in_headless_chromium(which, run_dir: Path, full_report: Path) -> None:
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    path = run_dir / "report.html" if which == "run" else full_report
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def route(r) -> None:
+        url = r.request.url
+        if url.startswith(("file://", "http://127.0.0.1", "data:", "blob:")):
+            r.continue_()
+        else:
+            outside.append(url)
+            r.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", route)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.as_uri(), wait_until="load")
+            page.wait_for_function("document.querySelectorAll('.plotly-graph-div .main-svg').length > 0")
+            divs = page.eval_on_selector_all(
+                ".plotly-graph-div", "ds => ds.map(d => [d.querySelectorAll('.main-svg').length, "
+                "d.querySelectorAll('.main-svg path, .main-svg rect').length])")
+        finally:
+            browser.close()
+    assert outside == [], f"the report tried to load {outside}"
+    assert errors == [], errors
+    drawn = path.read_text(encoding="utf-8").count('class="plotly-graph-div"')
+    assert len(divs) == drawn and drawn >= (4 if which == "run" else 8)
+    assert all(n_svg > 0 and n_marks > 0 for n_svg, n_marks in divs), divs
+
+
+def test_images_png_and_svg(run_dir: Path, tmp_path: Path) -> None:
+    """`bench report --images DIR`: the main figures as PNG and SVG through kaleido and the system Chromium."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    pytest.importorskip("kaleido")
+    img = tmp_path / "img"
+    assert main(["report", str(run_dir), "-o", str(tmp_path / "r.html"), "--images", str(img)]) == 0
+    names = sorted(p.name for p in img.iterdir())
+    assert names == ["decode_vs_streams.png", "decode_vs_streams.svg", "depth.png", "depth.svg", "latency_cdf.png",
+                     "latency_cdf.svg"]
+    assert (img / "depth.png").read_bytes()[:4] == b"\x89PNG" and (img / "depth.png").stat().st_size > 10_000
+    assert "<svg" in (img / "depth.svg").read_text(encoding="utf-8")[:500]
+
+
+def test_inputs_folder_and_capacity_alone(run_dir: Path, tmp_path: Path) -> None:
+    from bench.report.html import build_report, load_inputs
+
+    sources, gates = load_inputs([run_dir])  # a folder means its results.json
+    assert len(sources) == 1 and sources[0].name == "a" and sources[0].records and gates == []
+    assert all(r.meta.get("phase") == "measure" for r in sources[0].records)
+    cap = tmp_path / "capacity.json"
+    cap.write_text(json.dumps({"by": "concurrency", "boundary": 8, "interval": [6, 10], "points": [
+        {"load": 4, "slo_met": True, "goodput": {"rps": 3.0}}, {"load": 16, "slo_met": False, "goodput": {"rps": 1.0}}]}))
+    page = build_report(*load_inputs([cap]))
+    assert "Capacity and the SLO boundary" in page and "Decode vs concurrent streams" not in page
