@@ -19,7 +19,7 @@ from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
 from .cli_report import report, roofline_options, roofline_spec_from_options
-from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
+from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 
 if TYPE_CHECKING:
     from .client import ClientSettings
@@ -149,13 +149,17 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
+@click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (same profile, endpoint and "
+              "model): finished cells are kept, the rest measured.")
+@click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
               "docs/report.md) into the results folder.")
 @client_options
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, make_report: bool,
+        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, resume: bool, overwrite: bool,
+        make_report: bool,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
         **roofline_kw: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
@@ -174,7 +178,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
     """
-    from .profile import load_profile, parse_depths, parse_ints
+    from .profile import load_profile, parse_depths, parse_ints, parse_kinds
     from .roofline import RooflineAnnotator
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
@@ -184,36 +188,42 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
         require_plotly()
     prof = load_profile(profile_name).with_overrides(
-        streams=parse_ints(streams, "--streams") if streams else None,
-        depths=parse_depths(depths) if depths else None,
-        prompts=[p.strip() for p in prompt_kinds.split(",")] if prompt_kinds else None,
+        streams=parse_ints(streams, "--streams") if streams is not None else None,
+        depths=parse_depths(depths) if depths is not None else None,
+        prompts=parse_kinds(prompt_kinds) if prompt_kinds is not None else None,
         max_tokens=max_tokens,
         requests=repeats,
         endpoint=endpoint_kind,
         thinking=None if thinking is None else thinking == "on",
         prefix_cache=prefix_cache,
     )
+    from .results import prepare_folder
+    from .runner import default_out_dir
+
+    out = Path(out_dir) if out_dir else default_out_dir(prof)
+    previous = prepare_folder(out, overwrite=overwrite, resume=resume)
     cells = prof.cells()
     max_streams = max(c.streams for c in cells)
     max_depth = max(c.depth for c in cells)
     ctx = max(8192, max_streams * (max_depth + max(c.max_tokens for c in cells) + 512))
     with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx) as base:
-        from .runner import default_out_dir
-
-        out = Path(out_dir) if out_dir else default_out_dir(prof)
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
         results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
-                                     annotators=annotators)
+                                     annotators=annotators, resume=previous)
     report_path = None
     if make_report:
         from .report.html import write_report
 
         report_path = write_report([out / "results.json"], out / "report.html")
     _print_results(results, out, as_json, report_path)
+    failed = [c.id for c in results.cells if c.requests_ok == 0]
+    if failed:
+        raise ServerError(f"no request succeeded in cell(s) {', '.join(failed)} (errors: see {out}/records.jsonl)")
 
 
 def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, model: str | None,
-                       quiet: bool, workers: int = 1, annotators: list[Any] | None = None) -> Results:
+                       quiet: bool, workers: int = 1, annotators: list[Any] | None = None,
+                       resume: Results | None = None) -> Results:
     from .errors import RunInterrupted
     from .report.console import stderr
     from .report.export import VIEWS
@@ -224,7 +234,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
         if quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
                                      observer=QuietObserver(stderr), workers=workers, views=VIEWS,
-                                     annotators=annotators)
+                                     annotators=annotators, resume=resume)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -234,7 +244,8 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
             t = asyncio.create_task(ticker())
             try:
                 return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
-                                         workers=workers, views=VIEWS, annotators=annotators)
+                                         workers=workers, views=VIEWS, annotators=annotators,
+                                         resume=resume)
             finally:
                 t.cancel()
 
@@ -304,7 +315,10 @@ def sim(ctx: click.Context) -> None:
     """
     from .sim.__main__ import main as sim_main
 
-    rc = sim_main(list(ctx.args))
+    try:
+        rc = sim_main(list(ctx.args))
+    except SystemExit as e:  # argparse's usage error exits 2; --help exits 0
+        rc = e.code if isinstance(e.code, int) else 2
     if rc:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 

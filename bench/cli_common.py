@@ -14,13 +14,39 @@ from .errors import ConfigError
 __all__ = ["endpoint", "client_options", "settings_from_options"]
 
 
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models")
+
+
+def checked_url(base: str) -> str:
+    """The base URL with its port checked; a full endpoint URL pasted by mistake is cut back to its base with a note.
+
+    Raises:
+        ConfigError: the port is not a number or out of range.
+    """
+    from urllib.parse import urlsplit
+
+    from .report.console import stderr
+
+    try:
+        _ = urlsplit(base).port
+    except ValueError:
+        raise ConfigError(f"URL {base}: the port is not a number in 1-65535") from None
+    for tail in _ENDPOINT_PATHS:
+        if base.endswith(tail):
+            cut = base[: -len(tail)] or base
+            stderr.print(f"note: {base} is an endpoint URL; using its base URL {cut} (give the base, e.g. "
+                         "http://host:8000/v1)", highlight=False, soft_wrap=True)
+            return cut
+    return base
+
+
 @contextmanager
 def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768) -> Iterator[str]:
     """Yield the base URL: ``url`` normalized, or the embedded llama-server started for the duration."""
     from .client import normalize_url
 
     if url:
-        yield normalize_url(url)
+        yield checked_url(normalize_url(url))
         return
     from .engine import LocalEngine
     from .report.console import stderr

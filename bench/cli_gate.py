@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from .cli_common import client_options, endpoint
+from .cli_common import checked_url, client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .errors import EXIT_OK, BenchError, GateCouldNotRun
 from .gate import (
@@ -297,7 +297,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     rules, _ = profile_rules(prof.gate)
     model = client.pop("model")
     settings = _settings(**client)
-    base_a, base_b = normalize_url(url_a), normalize_url(url_b)
+    base_a, base_b = checked_url(normalize_url(url_a)), checked_url(normalize_url(url_b))
     observer, _log = _observer()
     t0 = time.monotonic()
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)

@@ -48,8 +48,22 @@ def parse_depth(s: str | int) -> int:
 
 
 def parse_depths(s: str) -> list[int]:
-    """Comma list of depths: ``"0,4k,32k"`` -> [0, 4096, 32768]."""
-    return [parse_depth(x) for x in s.split(",") if x.strip()]
+    """Comma list of depths: ``"0,4k,32k"`` -> [0, 4096, 32768]. Raises ConfigError when it names none."""
+    out = [parse_depth(x) for x in s.split(",") if x.strip()]
+    if not out:
+        raise ConfigError(f"--depths: {s!r} names no depth (give a comma list such as 0,4k,32k)")
+    return out
+
+
+def parse_kinds(s: str) -> list[str]:
+    """Comma list of prompt types (``--prompt prose,code``). Raises ConfigError for none or an unknown one."""
+    out = [p.strip() for p in s.split(",") if p.strip()]
+    if not out:
+        raise ConfigError(f"--prompt: {s!r} names no prompt type (choose from {', '.join(PROMPT_KINDS)})")
+    bad = [p for p in out if p not in PROMPT_KINDS]
+    if bad:
+        raise ConfigError(f"--prompt: unknown prompt type {bad[0]!r} (choose from {', '.join(PROMPT_KINDS)})")
+    return out
 
 
 def parse_ints(s: str, what: str) -> list[int]:
@@ -292,6 +306,8 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
     kw["gate"] = tuple(rules)
     p = Profile(**kw)
     _validate_numbers(p, where)
+    if not p.cells():
+        raise ConfigError(f"{where}: the sweep has no cells (every sweep needs depths, streams and prompts)")
     check_rule_cells(rules, [c.id for c in p.cells()], where)
     return p
 

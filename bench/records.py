@@ -11,7 +11,9 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
+
+from .errors import ConfigError
 
 __all__ = ["Event", "RequestRecord", "RecordWriter", "read_records"]
 
@@ -118,20 +120,40 @@ class RecordWriter:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh: TextIO = open(self.path, "a", encoding="utf-8")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"cannot write {self.path}: {e.strerror or e}") from None
+        self._size = os.fstat(self._fd).st_size
         self.count = 0
 
     def write(self, rec: RequestRecord) -> None:
-        """Write one record as one line and flush it to the OS."""
-        self._fh.write(json.dumps(rec.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n")
-        self._fh.flush()
+        """Write one record as one line, in one system call; a line the disk cannot take is cut back out, so the
+        file never holds a torn line.
+
+        Raises:
+            ConfigError: the disk is full or the file cannot be written (one line naming the file).
+        """
+        line = (json.dumps(rec.to_dict(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+        try:
+            n = os.write(self._fd, line)
+            if n != len(line):
+                raise OSError(28, "No space left on device (short write)")
+        except OSError as e:
+            try:
+                os.ftruncate(self._fd, self._size)
+            except OSError:
+                pass
+            raise ConfigError(f"cannot write {self.path}: {e.strerror or e} ({self.count} records kept)") from None
+        self._size += len(line)
         self.count += 1
 
     def close(self) -> None:
         """Close the file (idempotent)."""
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> RecordWriter:
         return self

@@ -33,7 +33,7 @@ from .errors import ConfigError
 
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
-    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json",
+    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
 ]
 
 SCHEMA_VERSION = 1
@@ -353,3 +353,42 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
 def save_results(results: Results, path: str | os.PathLike[str]) -> Path:
     """Write ``results.json`` atomically (views such as CSV and Markdown: :mod:`bench.report.export`)."""
     return write_atomic(path, to_json(results))
+
+
+RUN_FILES = ("records.jsonl", "results.json", "results.csv", "results.md", "report.html", "gate.json")
+
+
+def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
+                   resume: bool = False) -> Results | None:
+    """Make ``out_dir`` ready for a run; returns the run to continue with ``resume``, else None.
+
+    A folder that already holds a run is refused unless ``resume`` (an interrupted run is continued: finished cells
+    kept, the unfinished one measured again) or ``overwrite`` (its run files are removed first).
+
+    Raises:
+        ConfigError: ``--out`` is a file, lies under a file, cannot be written, or holds a run (naming the flags).
+    """
+    d = Path(out_dir)
+    if d.exists() and not d.is_dir():
+        raise ConfigError(f"--out {d}: is a file, not a folder")
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        probe = d / ".bench-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise ConfigError(f"--out {d}: cannot write there ({e.strerror or e})") from None
+    held = [n for n in RUN_FILES if (d / n).exists()]
+    if not held:
+        return None
+    if resume:
+        prev = load_results(d / "results.json")
+        if prev.run.complete:
+            raise ConfigError(f"--resume: the run in {d} is complete; nothing to continue (--overwrite to redo it)")
+        return prev
+    if overwrite:
+        for n in held:
+            (d / n).unlink()
+        return None
+    raise ConfigError(f"--out {d}: already holds a run ({', '.join(held)}); --resume continues an interrupted "
+                      "run, --overwrite replaces it, or choose another folder")

@@ -89,12 +89,14 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
                       model: str | None = None, observer: Observer | None = None, workers: int = 1,
                       views: Views | None = None, pool: Any = None,
-                      annotators: list[CellAnnotator] | None = None) -> Results:
+                      annotators: list[CellAnnotator] | None = None, resume: Results | None = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`); ``pool``: an
-    already made pool with the same interface (Ray actors). Raises :class:`RunInterrupted` on SIGINT/SIGTERM,
-    after writing what finished.
+    already made pool with the same interface (Ray actors). ``resume``: an interrupted run of the same profile,
+    endpoint and model whose finished cells are kept (the unfinished one is measured again). At the end the
+    overhead probes run again and ``run.drift`` says how far the server moved. Raises :class:`RunInterrupted` on
+    SIGINT/SIGTERM, after writing what finished.
     """
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
@@ -102,11 +104,16 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                                      workers=workers, pool=pool, annotators=annotators)
         cells: list[CellResult] = []
         try:
+            done = _resumable(resume, session)
             for cell in profile.cells():
+                if cell.id in done:
+                    cells.append(done[cell.id])
+                    continue
                 run = await session.run_cell(cell)
                 assert run.summary is not None
                 cells.append(run.summary)
                 out.progress(session.results(cells))
+            await session.measure_drift()
             results = session.results(cells, complete=True)
             out.final(results)
             return results
@@ -115,6 +122,20 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
             raise  # unreachable: _interrupted raises
         finally:
             await session.close()
+
+
+def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult]:
+    """The finished cells of the run to continue, after checking it is the same profile, endpoint and model."""
+    if resume is None:
+        return {}
+    for what, was, now in (("profile", resume.profile.name, session.profile.name),
+                           ("endpoint", resume.endpoint.url, session.base),
+                           ("model", resume.endpoint.model, session.model)):
+        if was != now:
+            raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
+                              "endpoint and model needed; --overwrite starts afresh)")
+    session.note(f"resumed run {resume.run.id}: {len(resume.cells)} finished cell(s) kept, the rest measured now")
+    return {c.id: c for c in resume.cells}
 
 
 @dataclass

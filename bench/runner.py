@@ -123,6 +123,7 @@ class Session:
         self.pool: Any = None  # a worker pool (bench.workers) when measured waves are spread over processes
         self.workers_auto = False
         self.annotators: list[CellAnnotator] = []
+        self.drift: dict[str, Any] | None = None
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
         self.started = datetime.now(UTC)
 
@@ -296,6 +297,23 @@ class Session:
             ttfts.sort()
             self.overhead_ms = ttfts[len(ttfts) // 2]
 
+    async def measure_drift(self) -> None:
+        """Run the overhead probes again at the end: how far the server's fixed overhead moved during the run
+        (a stored baseline from a drifting server is worth less; docs/gate.md)."""
+        start = self.overhead_ms
+        if start is None or self.profile.overhead_probes < 1:
+            return
+        try:
+            await self._measure_overhead()
+        except (ServerError, EndpointUnreachable) as e:
+            self.note(f"the closing overhead probes failed ({e}); drift not measured")
+            self.overhead_ms = start
+            return
+        end, self.overhead_ms = self.overhead_ms, start
+        if end is not None:
+            self.drift = {"overhead_ms_start": round(start, 3), "overhead_ms_end": round(end, 3),
+                          "overhead_change_pct": round((end - start) / start * 100, 1) if start else None}
+
     async def _count(self, text: str) -> int:
         try:
             return int(await self.tokenizer.count(text))
@@ -444,7 +462,7 @@ class Session:
             template_overhead_tokens=self.template_overhead_tokens,
             template_cached_tokens=self.template_cached_tokens, forced_length=self.force_length,
             workers=getattr(self.pool, "workers", 1) if self.pool is not None else 1, workers_auto=self.workers_auto,
-            nodes=getattr(self.pool, "nodes", None),
+            nodes=getattr(self.pool, "nodes", None), drift=self.drift,
         )
         return Results(
             profile=ProfileInfo(p.name, p.source, settings),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from .config import ERROR_KINDS, FIELD_HELP, SimConfig, load_config
 from .runner import serve
@@ -23,8 +23,15 @@ def _tokens_per_event(s: str) -> int | tuple[int, ...]:
     return parts[0] if len(parts) == 1 else parts
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (the usage itself is in --help)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="bench sim",
         description="Reference OpenAI-compatible serving engine with exactly known timing (docs/sim.md). "
         "Flags override values from --config.",
@@ -65,6 +72,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
     except (ValueError, OSError) as e:
         print(f"bench sim: {e}", file=sys.stderr)
+        return 2
+    if not 0 <= cfg.port <= 65535:
+        print(f"bench sim: --port {cfg.port} is out of range (0-65535; 0 picks a free port)", file=sys.stderr)
         return 2
     try:
         serve(cfg)

@@ -1,0 +1,205 @@
+"""Bad input gets one line and a distinct exit code; a run is never lost or mislabelled (SIGTERM, incomplete files,
+--out holding a run, --resume, a full disk, a cell with no success)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from bench.errors import ConfigError
+from bench.records import RecordWriter, RequestRecord, read_records
+from bench.results import load_results
+from bench.sim import SimConfig, running_sim
+
+TINY = 'max_tokens = 4\nrequests = 2\nwarmup = 0\noverhead_probes = 1\n[[sweep]]\nstreams = [1]\n'
+TWO_CELLS = ('max_tokens = 16\nrequests = 6\nwarmup = 0\noverhead_probes = 1\n[[sweep]]\nstreams = [1]\n'
+             'prompts = ["prose", "code"]\n')
+
+
+def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "100"})
+
+
+@pytest.fixture(scope="module")
+def sim_url():
+    with running_sim(SimConfig(decode_step_ms=2.0)) as url:
+        yield url
+
+
+def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
+    (tmp / "latin1.toml").write_bytes("name = 'caf\xe9'\n".encode("latin-1"))
+    (tmp / "empty.toml").write_text('[[sweep]]\nstreams = []\n')
+    (tmp / "nosweep.toml").write_text('sweep = []\n')
+    (tmp / "afile").write_text("x")
+    bad_types = {"schema": 1, "profile": {"name": "p"}, "endpoint": {"url": "u"}, "run": {"id": "r"},
+                 "cells": [{"id": "c", "waves": "three"}]}
+    (tmp / "types.json").write_text(json.dumps(bad_types))
+    (tmp / "notjson.json").write_text("{")
+    return [
+        (["run", sim_url, "-p", str(tmp / "latin1.toml")], 3, "not UTF-8"),
+        (["run", sim_url, "-p", str(tmp / "empty.toml")], 3, "streams is empty"),
+        (["run", sim_url, "-p", str(tmp / "nosweep.toml")], 3, "no cells"),
+        (["run", sim_url, "--depths", ","], 3, "--depths"),
+        (["run", sim_url, "--prompt", "poetry"], 3, "--prompt"),
+        (["run", sim_url, "--out", str(tmp / "afile" / "sub")], 3, "--out"),
+        (["run", sim_url, "--out", str(tmp / "afile")], 3, "is a file"),
+        (["run", "http://127.0.0.1:99999/v1"], 3, "port"),
+        (["run", "http://127.0.0.1:abc/v1"], 3, "port"),
+        (["compare", str(tmp / "types.json"), str(tmp / "types.json")], 3, "cells[0].waves"),
+        (["compare", str(tmp / "notjson.json"), str(tmp / "types.json")], 3, "not valid JSON"),
+        (["gate", sim_url, "--baseline", str(tmp / "types.json")], 3, "cells[0].waves"),
+        (["sim", "--port", "abc"], 3, "--port"),
+        (["sim", "--port", "70000"], 3, "port"),
+        (["sim", "--no-such-flag"], 3, "unrecognized"),
+        (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
+    ]
+
+
+def test_bad_inputs_get_one_line_and_exit_3(tmp_path, sim_url) -> None:
+    for args, code, words in _table(tmp_path, sim_url):
+        r = _bench(*args)
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert r.returncode == code, (args, r.returncode, r.stderr)
+        assert len(lines) == 1, (args, r.stderr)
+        assert words in lines[0] and "Traceback" not in r.stderr, (args, lines)
+
+
+def test_full_endpoint_url_is_cut_to_its_base_with_a_note(tmp_path, sim_url) -> None:
+    r = _bench("probe", sim_url + "/chat/completions", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "using its base URL" in r.stderr and json.loads(r.stdout)["ok"] is True
+
+
+def test_sigterm_keeps_records_and_marks_the_run_interrupted(tmp_path) -> None:
+    prof = tmp_path / "slow.toml"
+    prof.write_text(TWO_CELLS.replace("requests = 6", "requests = 60"))
+    out = tmp_path / "res"
+    with running_sim(SimConfig(decode_step_ms=10.0)) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "run", url, "-p", str(prof), "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        recs = out / "records.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= 5):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "SIGTERM" in err
+    res = load_results(out / "results.json")
+    assert res.run.interrupted and not res.run.complete
+    assert (out / "results.csv").exists() and (out / "results.md").exists()
+    assert "Interrupted" in (out / "results.md").read_text()
+    assert len(read_records(recs)) >= 5
+
+
+def test_incomplete_results_are_refused_by_compare_unless_forced(tmp_path, sim_url) -> None:
+    prof = tmp_path / "t.toml"
+    prof.write_text(TINY)
+    out = tmp_path / "a"
+    assert _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--json").returncode == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["run"]["complete"] is True and doc["run"]["interrupted"] is False
+    doc["run"]["complete"] = False  # what a killed run leaves behind
+    (tmp_path / "killed.json").write_text(json.dumps(doc))
+    r = _bench("compare", str(tmp_path / "killed.json"), str(out / "results.json"))
+    assert r.returncode == 3 and "incomplete" in r.stderr
+    r = _bench("compare", str(tmp_path / "killed.json"), str(out / "results.json"), "--force")
+    assert r.returncode in (0, 2), r.stderr
+
+
+def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_url) -> None:
+    prof = tmp_path / "two.toml"
+    prof.write_text(TWO_CELLS)
+    out = tmp_path / "res"
+    assert _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--json").returncode == 0
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out))
+    assert r.returncode == 3 and "--resume" in r.stderr and "--overwrite" in r.stderr
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume")
+    assert r.returncode == 3 and "complete" in r.stderr
+    # make it look interrupted after its first cell, then resume: the first cell is kept as it was
+    doc = json.loads((out / "results.json").read_text())
+    first = doc["cells"][0]
+    doc["cells"], doc["run"]["complete"], doc["run"]["interrupted"] = [first], False, True
+    (out / "results.json").write_text(json.dumps(doc))
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert [c["id"] for c in res["cells"]] == [first["id"], "d0-s1-code"]
+    assert res["cells"][0] == first and res["run"]["complete"] is True
+    assert any("resumed run" in w for w in res["warnings"])
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--overwrite", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["run"]["id"] != doc["run"]["id"]
+
+
+def _picky_server() -> tuple[str, object]:
+    """A server that answers the 1-token set-up probes and fails every longer request with HTTP 500."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    async def models(request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "m", "owned_by": "test"}]})
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        body = await request.json()
+        if body.get("max_tokens", 0) > 1:
+            return web.json_response({"error": {"message": "boom"}}, status=500)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"OK"}}]}\n\n')
+        usage = b'"usage":{"prompt_tokens":9,"completion_tokens":1,"total_tokens":10}'
+        await resp.write(b'data: {"choices":[{"index":0,"delta":{},"finish_reason":"length"}],' + usage + b"}\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.add_routes([web.get("/v1/models", models), web.post("/v1/chat/completions", chat)])
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    return f"http://127.0.0.1:{port}/v1", loop
+
+
+def test_a_cell_with_no_success_exits_5(tmp_path) -> None:
+    prof = tmp_path / "t.toml"
+    prof.write_text(TINY)
+    url, loop = _picky_server()
+    try:
+        r = _bench("run", url, "-p", str(prof), "--out", str(tmp_path / "o"))
+    finally:
+        loop.call_soon_threadsafe(loop.stop)  # type: ignore[attr-defined]
+    assert r.returncode == 5, r.stderr
+    assert "no request succeeded in cell(s) d0-s1-prose" in r.stderr.splitlines()[-1]
+    assert load_results(tmp_path / "o" / "results.json").cells[0].requests_failed == 2
+
+
+def test_records_never_hold_a_torn_line(tmp_path, monkeypatch) -> None:
+    w = RecordWriter(tmp_path / "records.jsonl")
+    w.write(RequestRecord("a", "chat", "m"))
+    real = os.write
+
+    def short(fd: int, data: bytes) -> int:
+        return real(fd, data[: len(data) // 2])  # the disk took half the line, then filled up
+
+    monkeypatch.setattr(os, "write", short)
+    with pytest.raises(ConfigError, match="cannot write .*records.jsonl"):
+        w.write(RequestRecord("b", "chat", "m"))
+    monkeypatch.setattr(os, "write", real)
+    w.close()
+    text = (tmp_path / "records.jsonl").read_text()
+    assert text.endswith("\n") and len(text.splitlines()) == 1
+    assert [r.request_id for r in read_records(tmp_path / "records.jsonl")] == ["a"]
