@@ -45,6 +45,8 @@ class RequestMetrics:
         prefill_tok_s: llama.cpp timings.prompt_n / prompt_ms when reported (``prefill_source="server"``), else
             (prompt_tokens - cached_tokens) / TTFT (``"ttft"``; includes network and queueing: an estimate).
         queue_ms: client-side queueing before send.
+        upload_ms: send -> the server had the body read, parsed and tokenized, where the server reports it (bench
+            sim); None elsewhere.
     """
 
     request_id: str
@@ -74,6 +76,7 @@ class RequestMetrics:
     queue_ms: float
     finish_reason: str | None
     status: int | None
+    upload_ms: float | None = None
     itl_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self, with_itl: bool = False) -> dict[str, Any]:
@@ -143,6 +146,15 @@ def _prefill(timings: dict[str, Any], prompt_tokens: int | None, cached: int,
     return None, None
 
 
+def _upload_ms(rec: RequestRecord) -> float | None:
+    """Sent -> the server had the body read, parsed and tokenized, where the server says when (``bench sim``'s
+    role chunk carries it as ``sched_ns``); the part of TTFT spent before the engine saw the request."""
+    first = rec.events[0] if rec.events else None
+    if first is None or first.has_text or first.sched_ns is None or not rec.sent_ns:
+        return None
+    return (first.sched_ns - rec.sent_ns) / 1e6
+
+
 def request_metrics(rec: RequestRecord) -> RequestMetrics:
     """Compute :class:`RequestMetrics` from a record. Pure; never raises on odd server data."""
     usage = rec.usage or {}
@@ -199,6 +211,7 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         prefill_tok_s=prefill,
         prefill_source=source,
         queue_ms=rec.queue_ms,
+        upload_ms=_upload_ms(rec),
         finish_reason=rec.finish_reason,
         status=rec.status,
         itl_ms=itl,

@@ -116,8 +116,11 @@ class StreamSink:
             return False
         return True
 
-    def role_chunk(self) -> str:
-        return f'data: {self.head}"delta":{{"role":"assistant","content":""}},"finish_reason":null}}]}}\n\n'
+    def role_chunk(self, admitted_ns: int) -> str:
+        """The role-only first chunk; its ``sim`` stamps say when the request arrived: body read, parsed
+        and tokenized (``sched_ns``), so a client can split its TTFT into upload + parsing and the engine's part."""
+        stamps = f'"sim":{{"sched_ns":{admitted_ns},"write_ns":{perf_counter_ns()},"tokens":0}}'
+        return f'data: {self.head}"delta":{{"role":"assistant","content":""}},"finish_reason":null}}],{stamps}}}\n\n'
 
     async def event(self, seq: Seq, sched_ns: int, start: int, ntok: int, final: bool) -> bool:
         no = seq.no
@@ -283,7 +286,7 @@ class _Handlers:
         sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage)
         seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=sink)
         arrival = perf_counter_ns()
-        if chat and not await sink.write(sink.role_chunk()):
+        if chat and not await sink.write(sink.role_chunk(arrival)):
             return resp
         engine.submit(seq, arrival)
         await self._await_done(seq)
