@@ -6,6 +6,11 @@ Error tree (every class is raised by bench code only, never leaked from a librar
     ├── ConfigError             bad profile, flag, or file (exit 3)
     ├── EndpointUnreachable     the URL does not answer: DNS, refused, connect timeout (exit 4)
     └── ServerError             the server answered, but every request failed (exit 5)
+        └── TokenizerError      the server's ``/tokenize`` failed (bad status, malformed reply, timeout)
+            └── TokenizerUnavailable   the server has no usable ``/tokenize``
+
+Every message is redacted when the error is made (:func:`bench.redaction.redact`): an API key the server echoed
+never reaches the terminal through an error.
 
 Per-request failures (HTTP 429, an error inside a stream, a cut stream) are *data*: they are written into the
 request's record (``ok=False``, ``error``, ``error_kind``) and never raised.
@@ -25,6 +30,10 @@ Exit codes used by the CLI (``cli.py`` is the only place that turns errors into 
 
 from __future__ import annotations
 
+from typing import Any
+
+from .redaction import redact
+
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
 EXIT_INCONCLUSIVE = 2
@@ -35,9 +44,12 @@ EXIT_INTERRUPTED = 130
 
 
 class BenchError(Exception):
-    """Base of bench's errors; the message is one line meant for the user."""
+    """Base of bench's errors; the message is one line meant for the user (redacted of the API key)."""
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(BenchError):
@@ -56,3 +68,11 @@ class ServerError(BenchError):
     """The endpoint answered but the request(s) failed (HTTP error, broken stream, error event)."""
 
     exit_code = EXIT_SERVER_ERROR
+
+
+class TokenizerError(ServerError):
+    """A request to the server's ``/tokenize`` failed (bad status, malformed reply, timeout); one redacted line."""
+
+
+class TokenizerUnavailable(TokenizerError):
+    """The server exposes no usable ``/tokenize`` endpoint."""
