@@ -47,8 +47,12 @@ def cli(verbose: bool, io: str) -> None:
     if verbose:
         import logging
 
+        from .redaction import LOG_FILTER
+
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("bench").setLevel(logging.DEBUG)
+        for h in logging.getLogger().handlers:  # every logger's records (httpx's too) are redacted on the way out
+            h.addFilter(LOG_FILTER)
 
 
 @cli.command()

@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from ..redaction import redact
+
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "write_results", "CSV_COLUMNS"]
 
 # (column, cell key, stat) ; stat None = the plain value
@@ -44,7 +46,7 @@ def _get(cell: dict[str, Any], key: str, stat: str | None) -> Any:
 
 def to_json(results: dict[str, Any]) -> str:
     """The whole results document, indented."""
-    return json.dumps(results, indent=1, ensure_ascii=False) + "\n"
+    return redact(json.dumps(results, indent=1, ensure_ascii=False)) + "\n"
 
 
 def to_csv(results: dict[str, Any]) -> str:
@@ -102,7 +104,7 @@ def headline(results: dict[str, Any]) -> list[str]:
     at each stream count (depth 0, first prompt type).
     """
     cells = results.get("cells", [])
-    out = []
+    out: list[str] = []
     if not cells:
         return out
     kind = cells[0]["prompt"]
@@ -111,8 +113,8 @@ def headline(results: dict[str, Any]) -> list[str]:
     if one and one["decode_tok_s"]["median"] is not None:
         out.append(f"single stream, short decode: {_n(one['decode_tok_s']['median'])} tok/s")
     deep = sorted({c["depth"] for c in cells if c["depth"] > 0})
-    after = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
-    after = [(d, c) for d, c in after if c is not None]
+    found = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
+    after = [(d, c) for d, c in found if c is not None]
     if after:
         out.append("decode after a " + " / ".join(_depth(d) for d, _ in after) + " prompt: "
                    + " / ".join(_n(c["decode_tok_s"]["median"]) for _, c in after) + " tok/s")
@@ -169,7 +171,7 @@ def write_results(results: dict[str, Any], out_dir: str | os.PathLike[str],
         name, fn = _EXPORTERS[f]
         p = d / name
         tmp = p.with_suffix(p.suffix + ".tmp")
-        tmp.write_text(fn(results), encoding="utf-8")
+        tmp.write_text(redact(fn(results)), encoding="utf-8")  # no API key in any results file
         os.replace(tmp, p)
         paths.append(p)
     return paths
