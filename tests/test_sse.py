@@ -145,11 +145,14 @@ def run_bench(raw: bytes, cuts: list[int]) -> tuple[list[tuple[int, str, str, st
 
 _NAMES = st.sampled_from(["data", "data", "data", "event", "id", "retry", "dat", "Data", "", " data", "data "])
 _SEPS = st.sampled_from([":", ": ", ":  ", "", "::", ": :"])
-_VALUE = st.text(st.sampled_from(list("ab {}\"[DONE]:é☃😀²٣𝟘\x00\ufeff\u2028\x85 0123456789")), max_size=10)
+_DIGITS = st.text(st.sampled_from(list("0123456789²٣𝟘")), min_size=1, max_size=4)  # digits, some not ASCII
+_VALUE = st.one_of(st.text(st.sampled_from(list("ab {}\"[DONE]:é☃😀²٣𝟘\x00\ufeff\u2028\x85 0123456789")), max_size=10),
+                   _DIGITS)
 _EOLS = st.sampled_from(["\n", "\r", "\r\n"])
 _LINE = st.builds(lambda n, s, v, e: (n + s + v + e).encode(), _NAMES, _SEPS, _VALUE, _EOLS)
 _JUNK = st.sampled_from([b"\xff", b"\xe2\x82", b"\xc3", b"\xed\xa0\x80", b"\xf0\x9f\x98", b"\xef\xbb\xbf", b"\x80"])
-_ITEM = st.one_of(_LINE, _LINE, _EOLS.map(str.encode), st.just(b": ping\n"), _JUNK)
+_RETRY = st.builds(lambda v, e: f"retry: {v}{e}".encode(), _DIGITS, _EOLS)
+_ITEM = st.one_of(_LINE, _LINE, _EOLS.map(str.encode), st.just(b": ping\n"), _JUNK, _RETRY)
 STREAMS = st.builds(lambda bom, items: (b"\xef\xbb\xbf" if bom else b"") + b"".join(items),
                     st.booleans(), st.lists(_ITEM, max_size=25))
 
@@ -183,7 +186,7 @@ def test_every_single_cut_of_a_dense_stream() -> None:
 
 
 @FUZZ
-@given(st.binary(max_size=300), st.lists(st.integers(0, 300), max_size=10))
+@given(st.one_of(st.binary(max_size=300), STREAMS), st.lists(st.integers(0, 300), max_size=10))
 def test_decoder_never_raises(raw, cuts) -> None:
     run_bench(raw, cuts)
 
