@@ -261,74 +261,83 @@ def _key(request: web.Request) -> str:
     return request.headers.get("Authorization", "")[len("Bearer "):]
 
 
+STATE = web.AppKey("state", dict)
+
+
+def _body_for(ctype: str, text: str) -> tuple[bytes, str]:
+    if ctype == "json":
+        return json.dumps({"error": {"message": f"Incorrect API key provided: {text}", "code": 401}}).encode(), \
+            "application/json"
+    if ctype == "html":
+        return f"<html><head><title>denied {text}</title></head><body>{text}</body></html>".encode(), "text/html"
+    if ctype == "text":
+        return f"bad key: {text}".encode(), "text/plain"
+    return f"{text}".encode(), ""
+
+
+def _error_response(mode: str, k: str, **kw: Any) -> web.Response:
+    status, ctype, var = mode[1:].split("-")
+    body, ct = _body_for(ctype, variants(k)[int(var)])
+    return web.Response(status=int(status), body=body, headers={"Content-Type": ct} if ct else {}, **kw)
+
+
+async def _models(request: web.Request) -> web.StreamResponse:
+    mode, k = request.match_info["mode"], _key(request)
+    if mode == "hang-models":
+        await request.app[STATE]["release"].wait()
+    if re.match(r"e\d", mode):
+        return _error_response(mode, k)
+    mid = k if mode == "key-model" else "m"
+    return web.json_response({"data": [{"id": mid, "owned_by": k, "meta": {"n_ctx": 4096}}]})
+
+
+async def _chat(request: web.Request) -> web.StreamResponse:
+    mode, k = request.match_info["mode"], _key(request)
+    if re.match(r"e\d", mode):
+        return _error_response(mode, k, reason=f"No {k[:8]}")
+    if mode == "ok200json":
+        return web.json_response({"error": {"message": f"invalid key {variants(k)[1]}", "type": "auth"}})
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Echo": k})
+    await resp.prepare(request)
+    if mode == "sse-error-event":
+        await resp.write(f"event: error\ndata: key {variants(k)[2]!r} rejected\n\n".encode())
+    elif mode == "sse-error-obj":
+        await resp.write(sse({"error": {"message": f"bad key {variants(k)[1]}"}}))
+    else:  # a successful stream whose output is the key, a few characters per event
+        pieces = [k[i:i + 3] for i in range(0, len(k), 3)] if mode == "echo-output" else ["Hi", " there"]
+        for p in pieces:
+            await resp.write(sse(chunk(p, model=k, system_fingerprint=k)))
+        await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
+                                                       "note": k}}, "[DONE]"))
+    await resp.write_eof()
+    return resp
+
+
+async def _tokenize(request: web.Request) -> web.StreamResponse:
+    state = request.app[STATE]
+    state["tokenize"] = state.get("tokenize", 0) + 1
+    if state["tokenize"] > 1 and request.match_info["mode"] != "ok":
+        return web.Response(status=500, text=f"tokenizer crashed for {variants(_key(request))[1]}")
+    data = await request.json()
+    return web.json_response({"tokens": list(range(max(1, len(str(data.get("content", "")).split()))))})
+
+
+async def _props(request: web.Request) -> web.StreamResponse:
+    return web.json_response({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4,
+                              "build_info": _key(request)})
+
+
 def hostile_app(state: dict[str, Any]) -> web.Application:
     """Echoes the caller's Authorization header in every place it can; the mode is the first path segment:
-    ``e<status>-<ctype>-<variant>``, ``ok200json``, ``sse-error-event``, ``sse-error-obj``, ``echo-output``,
-    ``key-model``, ``ok``; ``hang-models``; /tokenize fails after its first success."""
-
-    def body_for(ctype: str, text: str) -> tuple[bytes, str]:
-        if ctype == "json":
-            return json.dumps({"error": {"message": f"Incorrect API key provided: {text}", "code": 401}}).encode(), \
-                "application/json"
-        if ctype == "html":
-            return f"<html><head><title>denied {text}</title></head><body>{text}</body></html>".encode(), \
-                "text/html"
-        if ctype == "text":
-            return f"bad key: {text}".encode(), "text/plain"
-        return f"{text}".encode(), ""
-
-    async def models(request: web.Request) -> web.StreamResponse:
-        mode, k = request.match_info["mode"], _key(request)
-        if mode == "hang-models":
-            await state["release"].wait()
-        if re.match(r"e\d", mode):
-            status, ctype, var = mode[1:].split("-")
-            body, ct = body_for(ctype, variants(k)[int(var)])
-            return web.Response(status=int(status), body=body, headers={"Content-Type": ct} if ct else {})
-        mid = k if mode == "key-model" else "m"
-        return web.json_response({"data": [{"id": mid, "owned_by": k, "meta": {"n_ctx": 4096}}]})
-
-    async def chat(request: web.Request) -> web.StreamResponse:
-        mode, k = request.match_info["mode"], _key(request)
-        state["requests"] = state.get("requests", 0) + 1
-        if re.match(r"e\d", mode):
-            status, ctype, var = mode[1:].split("-")
-            body, ct = body_for(ctype, variants(k)[int(var)])
-            return web.Response(status=int(status), body=body, headers={"Content-Type": ct} if ct else {},
-                                reason=f"No {k[:8]}")
-        if mode == "ok200json":
-            return web.json_response({"error": {"message": f"invalid key {variants(k)[1]}", "type": "auth"}})
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "X-Echo": k})
-        await resp.prepare(request)
-        if mode == "sse-error-event":
-            await resp.write(f"event: error\ndata: key {variants(k)[2]!r} rejected\n\n".encode())
-        elif mode == "sse-error-obj":
-            await resp.write(sse({"error": {"message": f"bad key {variants(k)[1]}"}}))
-        else:  # a successful stream whose output is the key, a few characters per event
-            pieces = [k[i:i + 3] for i in range(0, len(k), 3)] if mode == "echo-output" else ["Hi", " there"]
-            for p in pieces:
-                await resp.write(sse(chunk(p, model=k, system_fingerprint=k)))
-            await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
-                                                           "note": k}}, "[DONE]"))
-        await resp.write_eof()
-        return resp
-
-    async def tokenize(request: web.Request) -> web.StreamResponse:
-        state["tokenize"] = state.get("tokenize", 0) + 1
-        if state["tokenize"] > 1 and request.match_info["mode"] != "ok":
-            return web.Response(status=500, text=f"tokenizer crashed for {variants(_key(request))[1]}")
-        data = await request.json()
-        return web.json_response({"tokens": list(range(max(1, len(str(data.get("content", "")).split()))))})
-
-    async def props(request: web.Request) -> web.StreamResponse:
-        return web.json_response({"default_generation_settings": {"n_ctx": 4096}, "total_slots": 4,
-                                  "build_info": _key(request)})
-
+    ``e<status>-<ctype>-<variant>`` (an error body), ``ok200json``, ``sse-error-event``, ``sse-error-obj``,
+    ``echo-output`` (the key as output, model, usage), ``key-model`` (the key as model id and owner), ``ok``,
+    ``hang-models`` (never answers /models); /tokenize fails after its first success unless the mode is ``ok``."""
     app = web.Application()
-    app.router.add_get("/{mode}/v1/models", models)
-    app.router.add_post("/{mode}/v1/chat/completions", chat)
-    app.router.add_post("/{mode}/tokenize", tokenize)
-    app.router.add_get("/{mode}/props", props)
+    app[STATE] = state
+    app.router.add_get("/{mode}/v1/models", _models)
+    app.router.add_post("/{mode}/v1/chat/completions", _chat)
+    app.router.add_post("/{mode}/tokenize", _tokenize)
+    app.router.add_get("/{mode}/props", _props)
     return app
 
 
@@ -625,29 +634,35 @@ def test_tls_cli_options(tls, tmp_path, capsys, monkeypatch) -> None:
 
 
 # ---- end-of-stream work stays off the stamping path; the lag monitor ---------------------------------------------
-def test_long_responses_are_parsed_in_slices() -> None:
-    """Parsing a 5,000-event response yields to the loop between slices: another task runs meanwhile (before,
-    the whole parse ran in one go and held every other stream's reads)."""
-    raw = [SSEEvent(i, json.dumps(chunk(f"t{i}"))) for i in range(5000)] + [SSEEvent(5000, "[DONE]")]
-    ticks: list[int] = []
+def test_end_of_stream_parsing_yields_to_the_loop() -> None:
+    """100 responses of 500 events end in the same loop iteration (as at one decode step): their parsing is spread
+    over many loop iterations, so the loop keeps polling sockets (stamping reads) in between. Before, each task
+    parsed its response in one go and all of them ran in that one iteration."""
+    raws = [[SSEEvent(i, json.dumps(chunk(f"t{i}"))) for i in range(500)] + [SSEEvent(500, "[DONE]")]
+            for _ in range(100)]
+    ticks = [0]
 
     async def ticker() -> None:
         while True:
-            ticks.append(1)
+            ticks[0] += 1
             await asyncio.sleep(0)
+
+    async def parse(raw: list[SSEEvent]) -> tuple[RequestRecord, int]:
+        rec = RequestRecord("r", "chat", "m")
+        await client_mod._parse_sliced(rec, raw)
+        return rec, ticks[0]
 
     async def main_():
         t = asyncio.get_running_loop().create_task(ticker())
         await asyncio.sleep(0)
-        n0 = len(ticks)
-        rec = RequestRecord("r", "chat", "m")
-        await client_mod._parse_sliced(rec, raw)
+        out = await asyncio.gather(*(parse(r) for r in raws))
         t.cancel()
-        return rec, len(ticks) - n0
+        return out
 
-    rec, during = asyncio.run(main_())
-    assert len(rec.events) == 5000 and rec.done
-    assert during >= 5000 // client_mod.PARSE_SLICE - 2
+    out = asyncio.run(main_())
+    assert all(rec.ok and len(rec.events) == 500 for rec, _ in out)
+    done_at = sorted(n for _, n in out)
+    assert done_at[-1] - done_at[0] >= 20  # the loop went round many times while they were parsed
 
 
 def test_lag_monitor_sees_a_blocking_call() -> None:
