@@ -303,8 +303,10 @@ for _cmd in (gate, compare, ab):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turn errors into one line on stderr and an exit code."""
+    from .redaction import install_excepthook
     from .report.console import stderr
 
+    install_excepthook()  # a traceback (a bug) never shows the API key either
     try:
         cli.main(args=argv, prog_name="bench", standalone_mode=False)
     except click.exceptions.Abort:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import os
 import time
 from typing import Any
 
@@ -88,11 +89,12 @@ def _pct(s: list[int], q: float) -> float:
 def lag_warning(lag: dict[str, Any], *, workers: int = 1, streams: int = 1,
                 threshold_ms: float = LAG_WARN_MS) -> str | None:
     """A warning when the p99 lag is over ``threshold_ms``, naming a ``--workers N`` that spreads the streams
-    further (the workers needed scale with the lag: N = workers x p99 / threshold, at most one per stream);
-    None otherwise (a healthy run draws no warning)."""
+    further (the workers needed scale with the lag: N = workers x p99 / threshold, at most one per stream and one
+    per CPU core); None otherwise (a healthy run draws no warning)."""
     p99 = lag.get("p99_ms")
     if p99 is None or p99 <= threshold_ms:
         return None
-    n = min(max(workers + 1, math.ceil(workers * p99 / threshold_ms)), max(streams, workers + 1))
+    cap = max(workers + 1, min(streams, os.cpu_count() or 1))
+    n = min(max(workers + 1, math.ceil(workers * p99 / threshold_ms)), cap)
     return (f"timestamps lag by up to {p99:.1f} ms (p99 event-loop lag; max {lag.get('max_ms') or p99:.1f} ms): "
             f"the client is too busy to stamp reads on time; use --workers {n}")

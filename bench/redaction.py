@@ -8,7 +8,8 @@ is read from the environment (:func:`add_secret`). Every path out applies the re
   serialised (``to_dict``: records.jsonl, worker transfers), the answer text included, across event boundaries;
 * the terminal consoles of :mod:`bench.report.console` write through :class:`RedactingStream`;
 * the ``bench`` logger (and ``-v``'s handler) carry :data:`LOG_FILTER`;
-* the results exporters (:mod:`bench.report.export`) redact the text they write.
+* the results exporters (:mod:`bench.report.export`) redact the text they write;
+* an uncaught exception's traceback is printed redacted (:func:`install_excepthook`, from ``bench.cli.main``).
 
 A key is found verbatim, split by whitespace (a wrapped line, a newline inside a JSON string, written raw or as a
 ``\\n`` escape), and cut off at the end of a text (a body truncated in the middle of the key, 8 characters or
@@ -21,11 +22,12 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import traceback
 from collections.abc import Callable
 from typing import IO, Any
 
 __all__ = ["add_secret", "secrets", "redact", "redact_obj", "find_spans", "mask_spans", "RedactingStream",
-           "LOG_FILTER", "MASK"]
+           "LOG_FILTER", "MASK", "install_excepthook"]
 
 MASK = "***"
 _MIN_LEN = 4  # shorter values are not treated as secrets (they would match ordinary text)
@@ -171,3 +173,15 @@ class _RedactFilter(logging.Filter):
 
 
 LOG_FILTER = _RedactFilter()
+
+
+def install_excepthook() -> None:
+    """Make ``sys.excepthook`` print an uncaught exception's traceback redacted (idempotent)."""
+    if getattr(sys.excepthook, "bench_redacting", False):
+        return
+
+    def hook(tp: type[BaseException], value: BaseException, tb: Any) -> None:
+        sys.stderr.write(redact("".join(traceback.format_exception(tp, value, tb))))
+
+    hook.bench_redacting = True  # type: ignore[attr-defined]
+    sys.excepthook = hook

@@ -692,3 +692,23 @@ def test_no_function_over_60_lines(name) -> None:
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             assert node.end_lineno - node.lineno + 1 <= 60, node.name  # type: ignore[operator]
+
+
+def test_uncaught_traceback_is_redacted(capsys) -> None:
+    import sys
+
+    from bench.redaction import install_excepthook
+
+    add_secret(KEY)
+    old = sys.excepthook
+    try:
+        install_excepthook()
+        try:
+            raise RuntimeError(f"boom {variants(KEY)[1]}")
+        except RuntimeError as e:
+            sys.excepthook(type(e), e, e.__traceback__)
+    finally:
+        sys.excepthook = old
+    err = capsys.readouterr().err
+    assert "RuntimeError" in err
+    assert_clean(err)
