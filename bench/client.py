@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import ConfigError, EndpointUnreachable, ServerError
+from .errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
 from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout
 from .records import Event, RequestRecord
 from .redaction import LOG_FILTER, add_secret, redact
@@ -347,14 +347,6 @@ def _http_kind(status: int) -> str:
     return "http_5xx" if status >= 500 else "http_4xx"
 
 
-class _Refused(Exception):
-    """Internal: the response cannot be read (an unsupported Content-Encoding); becomes the record's error."""
-
-    def __init__(self, msg: str, kind: str = "protocol") -> None:
-        super().__init__(msg)
-        self.kind = kind
-
-
 async def stream_request(
     client: httpx.AsyncClient,
     base: str,
@@ -390,7 +382,7 @@ async def stream_request(
     except asyncio.CancelledError:
         rec.error, rec.error_kind = "cancelled", "cancelled"
         raise
-    except (httpx.HTTPError, FastIOError, _Refused) as e:
+    except (httpx.HTTPError, FastIOError, UnreadableResponse) as e:
         _record_failure(rec, e, base)
     finally:
         if tap is not None:
@@ -573,7 +565,7 @@ class _Inflater:
 
 def _content_decoder(encoding: str, *, refuse: bool) -> Any:
     """A decoder for a ``Content-Encoding`` bench asked not to get (it sends ``Accept-Encoding: identity``): gzip
-    and deflate are decoded; anything else raises :class:`_Refused` naming it (an error body is then read raw)."""
+    and deflate are decoded; anything else raises :class:`UnreadableResponse` naming it (an error body is then read raw)."""
     enc = encoding.strip().lower()
     if not enc or enc == "identity":
         return None
@@ -583,7 +575,7 @@ def _content_decoder(encoding: str, *, refuse: bool) -> Any:
         return _Inflater()
     if not refuse:
         return None
-    raise _Refused(f"the server sent the stream with Content-Encoding: {encoding.strip()[:40]}, which bench does "
+    raise UnreadableResponse(f"the server sent the stream with Content-Encoding: {encoding.strip()[:40]}, which bench does "
                    "not decode (it decodes gzip and deflate and asks for identity): turn compression off for "
                    "text/event-stream on the server or proxy")
 
@@ -592,7 +584,7 @@ def _inflate(z: Any, data: bytes, final: bool = False) -> bytes:
     try:
         return bytes(z.flush() if final else z.decompress(data))
     except zlib.error as e:
-        raise _Refused(f"cannot decode the compressed body (Content-Encoding): {e}") from None
+        raise UnreadableResponse(f"cannot decode the compressed body (Content-Encoding): {e}") from None
 
 
 _TIMEOUTS = (FastTimeout, httpx.TimeoutException)
@@ -602,7 +594,7 @@ _BROKEN = (FastIOError, httpx.RemoteProtocolError, httpx.ReadError)
 
 def _record_failure(rec: RequestRecord, e: BaseException, base: str) -> None:
     """The record's error for a network or protocol failure (order matters: connect errors are timeouts too)."""
-    if isinstance(e, _Refused):
+    if isinstance(e, UnreadableResponse):
         rec.error, rec.error_kind = str(e), e.kind
     elif isinstance(e, _CONNECT):
         rec.error, rec.error_kind = f"cannot connect to {base}: {exc_line(e)}", "connect"

@@ -76,3 +76,12 @@ class TokenizerError(ServerError):
 
 class TokenizerUnavailable(TokenizerError):
     """The server exposes no usable ``/tokenize`` endpoint."""
+
+
+class UnreadableResponse(Exception):
+    """Internal to the client: a response it cannot decode (an unsupported Content-Encoding, a corrupt compressed
+    body); it becomes the request's record error (``kind``), never raised out of :func:`bench.client.stream_request`."""
+
+    def __init__(self, msg: str, kind: str = "protocol") -> None:
+        super().__init__(redact(msg))
+        self.kind = kind

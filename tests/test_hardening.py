@@ -712,3 +712,37 @@ def test_uncaught_traceback_is_redacted(capsys) -> None:
     err = capsys.readouterr().err
     assert "RuntimeError" in err
     assert_clean(err)
+
+
+def test_run_with_tokenize_failing_after_first_success_is_not_a_traceback(canary, tmp_path, capsys) -> None:
+    """/tokenize answers once, then fails with the key in its body: `bench run` never shows a traceback or the key
+    (today it stops with one line and exit 5; with the runner's fallback to the estimator it completes)."""
+    import threading
+
+    box: dict[str, Any] = {}
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with Hostile() as h:
+            box["url"] = h.url
+            await stop.wait()
+
+    th = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    th.start()
+    for _ in range(200):
+        if "url" in box:
+            break
+        time.sleep(0.01)
+    try:
+        rc = main(["run", f"{box['url']}/flaky/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
+                   "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        th.join(5)
+    out, err = capsys.readouterr()
+    assert rc in (0, 5), err
+    assert "Traceback" not in err
+    if rc == 5:
+        assert len(err.strip().splitlines()) == 1 and "tokenize" in err
+    assert_clean(out + err)
