@@ -304,7 +304,8 @@ async def _chat(request: web.Request) -> web.StreamResponse:
     elif mode == "sse-error-obj":
         await resp.write(sse({"error": {"message": f"bad key {variants(k)[1]}"}}))
     else:  # a successful stream whose output is the key, a few characters per event
-        pieces = [k[i:i + 3] for i in range(0, len(k), 3)] if mode == "echo-output" else ["Hi", " there"]
+        echo = mode in ("echo-output", "key-model")
+        pieces = [k[i:i + 3] for i in range(0, len(k), 3)] if echo else ["Hi", " there"]
         for p in pieces:
             await resp.write(sse(chunk(p, model=k, system_fingerprint=k)))
         await resp.write(sse({"choices": [], "usage": {"prompt_tokens": 5, "completion_tokens": len(pieces),
@@ -316,7 +317,7 @@ async def _chat(request: web.Request) -> web.StreamResponse:
 async def _tokenize(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     state["tokenize"] = state.get("tokenize", 0) + 1
-    if state["tokenize"] > 1 and request.match_info["mode"] != "ok":
+    if state["tokenize"] > 1 and request.match_info["mode"] in ("flaky", "x"):
         return web.Response(status=500, text=f"tokenizer crashed for {variants(_key(request))[1]}")
     data = await request.json()
     return web.json_response({"tokens": list(range(max(1, len(str(data.get("content", "")).split()))))})
@@ -331,7 +332,7 @@ def hostile_app(state: dict[str, Any]) -> web.Application:
     """Echoes the caller's Authorization header in every place it can; the mode is the first path segment:
     ``e<status>-<ctype>-<variant>`` (an error body), ``ok200json``, ``sse-error-event``, ``sse-error-obj``,
     ``echo-output`` (the key as output, model, usage), ``key-model`` (the key as model id and owner), ``ok``,
-    ``hang-models`` (never answers /models); /tokenize fails after its first success unless the mode is ``ok``."""
+    ``hang-models`` (never answers /models); /tokenize fails after its first success in modes ``flaky`` and ``x``."""
     app = web.Application()
     app[STATE] = state
     app.router.add_get("/{mode}/v1/models", _models)
@@ -479,7 +480,7 @@ def test_canary_key_never_on_the_terminal(canary, capsys, caplog, mode, extra) -
 
 
 def test_canary_key_never_in_a_run_folder(canary, tmp_path, capsys) -> None:
-    """`bench run` against a server echoing the key as output, model name, owner and build info: the results
+    """`bench run` against a server echoing the key as output, model id, owner and build info: the results
     folder (records, results, CSV, Markdown) and the terminal never hold it."""
     import threading
 
@@ -499,7 +500,7 @@ def test_canary_key_never_in_a_run_folder(canary, tmp_path, capsys) -> None:
             break
         time.sleep(0.01)
     try:
-        rc = main(["run", f"{box['url']}/ok/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
+        rc = main(["run", f"{box['url']}/key-model/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
                    "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
     finally:
         loop.call_soon_threadsafe(stop.set)
@@ -530,6 +531,29 @@ def test_setup_calls_have_a_bounded_timeout_the_stream_none() -> None:
                 assert "models" not in info["routes"]
 
     asyncio.run(main_())
+
+
+@BOTH
+def test_generation_stream_is_not_bound_by_the_setup_timeout(fast_io) -> None:
+    """A prefill that sends nothing for longer than the setup timeout is not cut: only --read-timeout bounds it."""
+
+    async def h(reader, writer, i):
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n" % len(STREAM))
+        await writer.drain()
+        await asyncio.sleep(0.6)
+        writer.write(STREAM)
+        await writer.drain()
+
+    async def main_():
+        async with Server(h) as srv:
+            quiet = await one(srv.url + "/v1", ClientSettings(fast_io=fast_io, setup_timeout_s=0.2))
+            bounded = await one(srv.url + "/v1", ClientSettings(fast_io=fast_io, read_timeout_s=0.2))
+            return quiet, bounded
+
+    quiet, bounded = asyncio.run(main_())
+    assert quiet.ok, quiet.error
+    assert bounded.error_kind == "timeout"
 
 
 def test_tokenize_failing_after_first_success_raises_tokenizer_error_with_a_fallback() -> None:
