@@ -36,6 +36,7 @@ import ssl
 import time
 import weakref
 import zlib
+from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -622,18 +623,19 @@ class _Deferred:
     same loop iteration, and the loop polls sockets only between iterations; each parsing its own response there
     (even in slices) would hold every other stream's reads, and their stamps, for the sum of all the parses.
     Queued here, the parses run one slice after another with the loop polling in between, so a read that arrives
-    meanwhile is stamped within about one budget (~1 ms) of its arrival.
+    meanwhile is stamped within about one budget (~1 ms) of its arrival. The worker ends when the queue is empty
+    (no task outlives the work; the next response starts a new one).
     """
 
     def __init__(self) -> None:
-        self.queue: asyncio.Queue[tuple[RequestRecord, list[SSEEvent], asyncio.Future[None]]] = asyncio.Queue()
+        self.queue: deque[tuple[RequestRecord, list[SSEEvent], asyncio.Future[None]]] = deque()
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
         perf = time.perf_counter
-        while True:
-            rec, raw, fut = await self.queue.get()
-            t0 = perf()
+        t0 = perf()
+        while self.queue:
+            rec, raw, fut = self.queue.popleft()
             try:
                 for i in range(0, max(len(raw), 1), PARSE_SLICE):
                     if _parse_events(rec, raw[i:i + PARSE_SLICE]):
@@ -648,6 +650,7 @@ class _Deferred:
                 fut.set_result(None)
             if perf() - t0 > PARSE_BUDGET_S:
                 await asyncio.sleep(0)
+                t0 = perf()
 
 
 _deferred: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deferred] = weakref.WeakKeyDictionary()
@@ -657,11 +660,14 @@ async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
     """Parse ``raw`` into ``rec`` and apply the success rules (:func:`_finish`), through the loop's
     :class:`_Deferred` worker: off the path that stamps reads."""
     loop = asyncio.get_running_loop()
-    d = _deferred.get(loop)
-    if d is None or d.task.done():
-        d = _deferred[loop] = _Deferred()
     fut: asyncio.Future[None] = loop.create_future()
-    d.queue.put_nowait((rec, raw, fut))
+    d = _deferred.get(loop)
+    if d is not None and not d.task.done():
+        d.queue.append((rec, raw, fut))  # the running worker takes it (it checks the queue after every item)
+    else:
+        d = _Deferred()
+        d.queue.append((rec, raw, fut))
+        _deferred[loop] = d
     await fut
 
 
