@@ -16,6 +16,10 @@ no cap on connections. Errors:
 * :class:`FastTimeout` - no byte for ``read_timeout`` seconds (or the request could not be written in time);
 * :class:`FastIOError` - anything else: the connection broke or the response is not valid HTTP/1.1 (the message
   names the cause, e.g. ``peer closed connection without sending complete message body``).
+
+A caller that has the whole answer before the body ends (an SSE stream's ``data: [DONE]``, with a server that
+keeps the body open) calls :meth:`FastResponse.close_after_done`: the connection is pooled again if the body ends
+within a short grace, else closed; it never waits for the peer beyond that.
 """
 
 from __future__ import annotations
