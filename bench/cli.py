@@ -54,8 +54,12 @@ def cli(verbose: bool, io: str) -> None:
     if verbose:
         import logging
 
+        from .redaction import LOG_FILTER
+
         logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
         logging.getLogger("bench").setLevel(logging.DEBUG)
+        for h in logging.getLogger().handlers:  # every logger's records (httpx's too) are redacted on the way out
+            h.addFilter(LOG_FILTER)
 
 
 @cli.command()
@@ -329,8 +333,10 @@ for _cmd in (gate, compare, ab, report):
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: run the CLI, turn errors into one line on stderr and an exit code."""
+    from .redaction import install_excepthook
     from .report.console import stderr
 
+    install_excepthook()  # a traceback (a bug) never shows the API key either
     try:
         cli.main(args=argv, prog_name="bench", standalone_mode=False)
     except click.exceptions.Abort:

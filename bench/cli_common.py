@@ -1,5 +1,6 @@
 """Pieces shared by the command modules (``cli.py``, ``cli_gate.py``): the endpoint context (a URL, or the
-embedded llama-server), the client options every endpoint command takes, and the settings built from them."""
+embedded llama-server), the client options every endpoint command takes (timeouts, TLS: ``--ca-bundle``,
+``--insecure``), and the settings built from them."""
 
 from __future__ import annotations
 
@@ -75,11 +76,36 @@ def client_options(f: Any) -> Any:
         "--read-timeout", type=float, default=None,
         help="Longest silence allowed mid-response, seconds (default: none; long prefills send nothing for minutes).",
     )(f)
+    # the options below reach settings_from_options through the click context (the commands' signatures stay)
+    f = click.option(
+        "--setup-timeout", type=float, default=30.0, show_default=True, expose_value=False, callback=_keep,
+        help="Longest wait for set-up calls (/models, /tokenize, /props), seconds; the generation stream is "
+        "bounded by --read-timeout only.",
+    )(f)
+    f = click.option(
+        "--ca-bundle", type=click.Path(dir_okay=False), default=None, expose_value=False, callback=_keep,
+        help="PEM file of CA certificates to trust for https:// (a private CA); like SSL_CERT_FILE.",
+    )(f)
+    f = click.option(
+        "--insecure", is_flag=True, default=False, expose_value=False, callback=_keep,
+        help="Do not verify the server's TLS certificate (warns; prefer --ca-bundle).",
+    )(f)
     return f
 
 
+def _keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"bench.{param.name}"] = value
+    return value
+
+
+INSECURE_WARNING = ("--insecure: the server's TLS certificate is not verified, so anyone on the network path can "
+                    "read the API key and the answers; give --ca-bundle FILE to trust a private CA instead")
+
+
 def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout: float | None) -> Any:
-    """``ClientSettings`` from the client options and the root ``--io`` flag. Raises ConfigError on a bad value."""
+    """``ClientSettings`` from the client options (``--setup-timeout``, ``--ca-bundle`` and ``--insecure`` come
+    through the click context) and the root ``--io`` flag. Raises ConfigError on a bad value; warns on
+    ``--insecure``."""
     from .client import ClientSettings
 
     if connect_timeout <= 0:
@@ -88,5 +114,16 @@ def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout
         raise ConfigError("--read-timeout must be > 0")
     ctx = click.get_current_context(silent=True)
     io = ctx.find_root().params.get("io", "fast") if ctx is not None else "fast"
-    return ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout,
-                          fast_io=io == "fast")
+    meta = ctx.meta if ctx is not None else {}
+    setup = meta.get("bench.setup_timeout", 30.0)
+    if setup is not None and setup <= 0:
+        raise ConfigError("--setup-timeout must be > 0")
+    settings = ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout,
+                              setup_timeout_s=setup, fast_io=io == "fast", ca_bundle=meta.get("bench.ca_bundle"),
+                              insecure=bool(meta.get("bench.insecure", False)))
+    settings.ssl_context()  # a bad --ca-bundle is one line now, not a failure later
+    if settings.insecure:
+        from .report.console import stderr
+
+        stderr.print(f"[yellow]warning[/yellow] {INSECURE_WARNING}", highlight=False, soft_wrap=True)
+    return settings

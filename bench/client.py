@@ -5,12 +5,24 @@ decoding or JSON parsing; every event gets the stamp of the read that completed 
 :mod:`bench.fastio` (``ClientSettings.fast_io``, the default), which stamps in ``asyncio.Protocol.data_received``,
 so a burst of reads on many streams is stamped before any of them is parsed; with ``fast_io=False`` (``--io
 httpx``) they go through httpx and are stamped when httpx returns the read. JSON is parsed after the
-stream ends, so parsing never delays the reads of other streams on the same event loop. The send time is taken
+stream ends, by one worker task per event loop that yields to the loop after each :data:`PARSE_BUDGET_S` (1 ms)
+of work, so the end-of-stream work of requests that finish together never holds up the reads (and stamps) of
+the others on the same loop for longer than that. The send time is taken
 just before the request goes out, after any client-side queueing (recorded separately as ``queued_ns``).
 
-Failures are data: HTTP errors, error objects inside a 200 stream, ``event: error``, streams cut without a
-``finish_reason`` or ``[DONE]``, and streams with no generated token end as records with ``error`` set; nothing
-is raised except ``asyncio.CancelledError`` (after recording the request as cancelled).
+A response is complete at ``data: [DONE]``: reading stops there, ``end_ns`` is the arrival of that read, and the
+connection is given back (or closed when the server keeps the body open past :data:`DONE_GRACE_S`), whether the
+body is chunked, sized or close-delimited. A body the server compressed anyway (``Content-Encoding: gzip`` or
+``deflate``) is decoded; any other encoding is refused with a message naming it.
+
+Only ``message`` events carry chunks: other event types (``event: ping``) are ignored, ``event: error`` is a
+failure. Failures are data: HTTP errors, error objects inside a 200 stream or a 200 JSON body, ``event: error``,
+streams cut without a ``finish_reason`` or ``[DONE]``, and streams with no generated token end as records with
+``error`` set; nothing is raised except ``asyncio.CancelledError`` (after recording the request as cancelled).
+Every record is redacted of the API key before it is returned (:mod:`bench.redaction`).
+
+Timeouts: the generation stream waits without limit by default (``read_timeout_s``); every other call made with
+the client (``/models``, ``/tokenize``, ``/props``...) is bounded by ``setup_timeout_s`` (30 s).
 """
 
 from __future__ import annotations
@@ -20,17 +32,23 @@ import json
 import logging
 import os
 import re
+import ssl
 import time
+import weakref
+import zlib
+from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
-from .errors import ConfigError, EndpointUnreachable, ServerError
+from .errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
 from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout
 from .records import Event, RequestRecord
-from .sse import SSEDecoder
+from .redaction import LOG_FILTER, add_secret, redact
+from .sse import SSEDecoder, SSEEvent
 
 __all__ = [
     "StreamTap",
@@ -42,10 +60,19 @@ __all__ = [
     "discover_model",
     "stream_request",
     "redact",
+    "error_from_body",
+    "exc_line",
+    "DONE_GRACE_S",
+    "PARSE_SLICE",
+    "PARSE_BUDGET_S",
 ]
 
 _ERR_BODY_LIMIT = 64 * 1024
+DONE_GRACE_S = 0.02  # after [DONE]: how long the rest of the body (chunked terminator) may take to be reusable
+PARSE_SLICE = 64  # events parsed at a time by the end-of-stream worker
+PARSE_BUDGET_S = 0.001  # most end-of-stream work between two yields of that worker to the event loop
 log = logging.getLogger("bench")
+log.addFilter(LOG_FILTER)
 
 
 def normalize_url(url: str) -> str:
@@ -72,13 +99,6 @@ def root_url(base: str) -> str:
     return base[: -len("/v1")] if base.endswith("/v1") else base
 
 
-def redact(text: str, secret: str | None) -> str:
-    """``text`` with every occurrence of ``secret`` replaced by ``***`` (no-op for an empty secret)."""
-    if secret and len(secret) >= 4:
-        return text.replace(secret, "***")
-    return text
-
-
 @dataclass(frozen=True, slots=True)
 class ClientSettings:
     """How bench talks to the endpoint.
@@ -86,24 +106,35 @@ class ClientSettings:
     Attributes:
         api_key_env: name of the environment variable holding the API key (default ``OPENAI_API_KEY``).
         connect_timeout_s: TCP/TLS connect timeout in seconds (short: an unreachable URL fails fast).
-        read_timeout_s: longest silence between two reads in seconds; ``None`` (default) = no limit, because a
-            long prefill (a 1M-token prompt) can send no byte for many minutes.
+        read_timeout_s: longest silence between two reads of a generation stream in seconds; ``None`` (default)
+            = no limit, because a long prefill (a 1M-token prompt) can send no byte for many minutes.
+        setup_timeout_s: longest wait for any other call (``/models``, ``/tokenize``, ``/props``...), per read;
+            30 s by default, ``None`` = no limit.
         extra_headers: sent with every request.
         fast_io: stream responses (``http://`` and ``https://``) through :mod:`bench.fastio`, which stamps each
             read the moment it arrives (in ``asyncio.Protocol.data_received``) instead of after httpx's stack
             processed it; every non-streaming call (``/models``, ``/tokenize``) stays on httpx.
+        ca_bundle: PEM file of the CA certificates to trust for ``https://`` (instead of the default store;
+            ``SSL_CERT_FILE`` is the environment's way to say the same), both read paths.
+        insecure: do not verify the server's TLS certificate at all (the CLI warns).
     """
 
     api_key_env: str = "OPENAI_API_KEY"
     connect_timeout_s: float = 10.0
     read_timeout_s: float | None = None
+    setup_timeout_s: float | None = 30.0
     extra_headers: dict[str, str] = field(default_factory=dict)
     fast_io: bool = True
+    ca_bundle: str | None = None
+    insecure: bool = False
 
     @property
     def api_key(self) -> str | None:
-        """The key from the environment, or None. Never printed or stored."""
-        return os.environ.get(self.api_key_env) or None
+        """The key from the environment, or None. Never printed or stored: reading it registers it for redaction
+        everywhere (:func:`bench.redaction.add_secret`)."""
+        key = os.environ.get(self.api_key_env) or None
+        add_secret(key)
+        return key
 
     def headers(self) -> dict[str, str]:
         """Request headers, with ``Authorization`` when a key is set."""
@@ -113,32 +144,60 @@ class ClientSettings:
             h["Authorization"] = f"Bearer {key}"
         return h
 
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The TLS context for ``https://`` on both read paths; None = httpx's default (certifi, ``SSL_CERT_FILE``).
+
+        Raises:
+            ConfigError: ``ca_bundle`` cannot be read as PEM certificates, or both options are given.
+        """
+        if self.insecure and self.ca_bundle:
+            raise ConfigError("give --ca-bundle FILE or --insecure, not both")
+        if self.insecure:
+            ctx = ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+            return ctx
+        if self.ca_bundle:
+            try:
+                return ssl.create_default_context(cafile=self.ca_bundle)
+            except (OSError, ssl.SSLError, ValueError) as e:
+                raise ConfigError(f"--ca-bundle {self.ca_bundle}: not a readable PEM file of CA certificates "
+                                  f"({exc_line(e)})") from None
+        return None
+
 
 def make_http_client(settings: ClientSettings, concurrency: int = 1) -> httpx.AsyncClient:
     """An ``httpx.AsyncClient`` whose pool never caps concurrency below ``concurrency`` streams.
 
     httpx's default pool allows 100 connections and silently queues the rest; bench sets no connection limit and
-    keeps ``concurrency`` connections alive between waves.
+    keeps ``concurrency`` connections alive between waves. The client's own timeout (every call but the
+    generation stream) reads ``settings.setup_timeout_s``; :func:`stream_request` uses ``read_timeout_s``.
     """
     # keepalive_expiry well under common server idle timeouts (cpp-httplib/llama.cpp: 5 s; uvicorn: 5 s), so a
     # pooled connection is never reused just as the server closes it
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=max(concurrency, 1) + 4,
                           keepalive_expiry=2.0)
     timeout = httpx.Timeout(
+        connect=settings.connect_timeout_s, read=settings.setup_timeout_s, write=60.0, pool=None
+    )
+    ctx = settings.ssl_context()
+    inner = httpx.AsyncHTTPTransport(limits=limits, http2=False, verify=ctx if ctx is not None else True)
+    client = _BenchClient(timeout=timeout, headers=settings.headers(), transport=_StaleRetryTransport(inner))
+    client.bench_stream_timeout = httpx.Timeout(
         connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=60.0, pool=None
     )
-    transport = _StaleRetryTransport(httpx.AsyncHTTPTransport(limits=limits, http2=False))
-    client = _BenchClient(timeout=timeout, headers=settings.headers(), transport=transport)
     if settings.fast_io:
-        client.bench_fast_pool = FastPool()
+        client.bench_fast_pool = FastPool(ssl_context=ctx)
     return client
 
 
 class _BenchClient(httpx.AsyncClient):
     """``httpx.AsyncClient`` carrying bench's :class:`~bench.fastio.FastPool` (``bench_fast_pool``, used by
-    :func:`stream_request` for ``http://`` streams); closing the client closes the pool too."""
+    :func:`stream_request` for ``http://`` streams) and the generation stream's timeout
+    (``bench_stream_timeout``); closing the client closes the pool too."""
 
     bench_fast_pool: FastPool | None = None
+    bench_stream_timeout: httpx.Timeout | None = None
 
     async def aclose(self) -> None:
         try:
@@ -220,30 +279,35 @@ class RequestSpec:
 
 
 async def discover_model(client: httpx.AsyncClient, base: str, secret: str | None = None) -> str:
-    """The first model id of ``GET {base}/models``.
+    """The first model id of ``GET {base}/models`` (bounded by the client's setup timeout).
 
     Raises:
         EndpointUnreachable: connection refused / DNS / connect timeout.
-        ServerError: an HTTP error or a body with no model.
+        ServerError: an HTTP error, a timeout or a body with no model.
     """
+    add_secret(secret)
     try:
         r = await client.get(f"{base}/models", headers={"Accept": "application/json"})
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
-        raise EndpointUnreachable(redact(f"cannot reach {base}: {_exc_text(e)}", secret)) from None
+        raise EndpointUnreachable(f"cannot reach {base}: {exc_line(e)}") from None
+    except httpx.TimeoutException:
+        raise ServerError(f"GET {base}/models: no answer within the setup timeout; pass --model, or raise "
+                          "--setup-timeout") from None
     except httpx.HTTPError as e:
-        raise ServerError(redact(f"GET {base}/models failed: {_exc_text(e)}", secret)) from None
+        raise ServerError(f"GET {base}/models failed: {exc_line(e)}") from None
     if r.status_code >= 400:
-        msg = _error_from_body(r.status_code, r.headers.get("content-type", ""), r.content)
-        raise ServerError(redact(f"GET {base}/models: {msg}; pass --model", secret))
+        msg = error_from_body(r.status_code, r.headers.get("content-type", ""), r.content)
+        raise ServerError(f"GET {base}/models: {msg}; pass --model")
     try:
         data = r.json()["data"]
         return str(data[0]["id"])
-    except (ValueError, KeyError, IndexError, TypeError):
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise ServerError(f"GET {base}/models returned no model list; pass --model") from None
 
 
-def _exc_text(e: BaseException) -> str:
-    s = str(e).strip() or type(e).__name__
+def exc_line(e: BaseException) -> str:
+    """An exception as one redacted line of at most 300 characters (the type name when it has no text)."""
+    s = redact(str(e)).strip() or type(e).__name__
     return s.splitlines()[0][:300]
 
 
@@ -251,8 +315,8 @@ _TAG = re.compile(r"<[^>]+>")
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title>", re.I | re.S)
 
 
-def _error_from_body(status: int, ctype: str, body: bytes) -> str:
-    """One line: ``HTTP <status>: <message>`` from a JSON, HTML or text error body."""
+def error_from_body(status: int, ctype: str, body: bytes) -> str:
+    """One redacted line: ``HTTP <status>: <message>`` from a JSON, HTML or text error body."""
     text = body[:_ERR_BODY_LIMIT].decode("utf-8", "replace")
     msg = ""
     if "json" in ctype or text.lstrip().startswith("{"):
@@ -263,14 +327,14 @@ def _error_from_body(status: int, ctype: str, body: bytes) -> str:
                 msg = str(err.get("message") or err.get("detail") or err)
             else:
                 msg = str(err)
-        except ValueError:
+        except (ValueError, RecursionError):
             msg = text
     elif "html" in ctype or text.lstrip().lower().startswith(("<!doctype", "<html")):
         m = _TITLE.search(text)
         msg = m.group(1) if m else _TAG.sub(" ", text)
     else:
         msg = text
-    msg = " ".join(msg.split())[:200]
+    msg = " ".join(redact(msg).split())[:200]  # redacted before the cut: no key prefix survives it
     if 300 <= status < 400 and not msg:
         msg = "redirect; give the final URL"
     return f"HTTP {status}: {msg}" if msg else f"HTTP {status}"
@@ -302,7 +366,7 @@ async def stream_request(
         spec: the request; ``spec.body`` is sent with ``model``, ``stream: true`` and
             ``stream_options: {include_usage: true}`` filled in where absent.
         model: model name.
-        secret: the API key, only to scrub it from error text.
+        secret: the API key, to scrub it from the record (registered for redaction everywhere).
         queued_ns: when the caller queued the request (defaults to now).
         tap: optional live counters for a progress display.
 
@@ -310,177 +374,357 @@ async def stream_request(
         The :class:`RequestRecord`; ``record.error`` is set for every failure. Never raises for server or network
         faults; re-raises ``asyncio.CancelledError`` (the record is then discarded by the caller).
     """
+    add_secret(secret)
     now = time.perf_counter_ns()
     rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=queued_ns or now, meta=dict(spec.meta))
+    raw: list[SSEEvent] = []
+    try:
+        await _exchange(client, base, spec, model, rec, raw, tap)
+    except asyncio.CancelledError:
+        rec.error, rec.error_kind = "cancelled", "cancelled"
+        raise
+    except (httpx.HTTPError, FastIOError, UnreadableResponse) as e:
+        _record_failure(rec, e, base)
+    finally:
+        if tap is not None:
+            tap.finished = True
+        if rec.end_ns is None and rec.sent_ns:
+            rec.end_ns = time.perf_counter_ns() - rec.sent_ns
+    await _parse_sliced(rec, raw)
+    if rec.error is not None:
+        log.debug("%s failed: %s", spec.request_id, rec.error)
+    return rec
+
+
+def _payload(spec: RequestSpec, model: str) -> bytes:
     body = dict(spec.body)
     body.setdefault("model", model)
     body.setdefault("stream", True)
     if body.get("stream"):
         body.setdefault("stream_options", {"include_usage": True})
+    return json.dumps(body).encode()
+
+
+def _stream_timeout(client: httpx.AsyncClient) -> httpx.Timeout:
+    t = getattr(client, "bench_stream_timeout", None)
+    return t if isinstance(t, httpx.Timeout) else client.timeout
+
+
+async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, model: str, rec: RequestRecord,
+                    raw: list[SSEEvent], tap: StreamTap | None) -> None:
+    """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events)."""
     path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
-    payload = json.dumps(body).encode()
-    request = client.build_request(
-        "POST", base + path, content=payload, headers={"Content-Type": "application/json"}
-    )
-    raw: list[Any] = []  # SSEEvent
-    perf = time.perf_counter_ns
-    response: Any = None  # httpx.Response or fastio.FastResponse
+    payload = _payload(spec, model)
+    timeout = _stream_timeout(client)
+    request = client.build_request("POST", base + path, content=payload,
+                                   headers={"Content-Type": "application/json"}, timeout=timeout)
     fast: FastPool | None = getattr(client, "bench_fast_pool", None)
+    response: Any = None  # httpx.Response or fastio.FastResponse
+    if tap is not None:
+        tap.started = True
     try:
-        if tap is not None:
-            tap.started = True
-        rec.sent_ns = perf()
+        rec.sent_ns = time.perf_counter_ns()
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
-                                         connect_timeout=client.timeout.connect, read_timeout=client.timeout.read)
+                                         connect_timeout=timeout.connect, read_timeout=timeout.read)
         else:
             response = await client.send(request, stream=True)
         rec.status = response.status_code
-        if log.isEnabledFor(logging.DEBUG):
-            hdrs = {k: ("Bearer ***" if k.lower() == "authorization" else v) for k, v in request.headers.items()}
-            log.debug("%s POST %s (%d bytes, headers %s) -> HTTP %d %s", spec.request_id, request.url,
-                      len(payload), hdrs, response.status_code, response.headers.get("content-type", ""))
-        ctype = response.headers.get("content-type", "")
-        if response.status_code >= 300:
-            err_body = await _read_limited(response)
-            rec.end_ns = perf() - rec.sent_ns
-            rec.error = redact(_error_from_body(response.status_code, ctype, err_body), secret)
-            rec.error_kind = _http_kind(response.status_code)
-            return rec
-        if "text/event-stream" not in ctype and "json" in ctype:
-            whole = await response.aread()
-            t = perf()
-            rec.end_ns = t - rec.sent_ns
-            _parse_whole(rec, whole, t)
-            _finish(rec)
-            return rec
-        dec = SSEDecoder()
-        try:
-            # fastio stamps in data_received (when the bytes arrived); httpx reads are stamped as they come out
-            stamped = response.aiter_stamped() if fast is not None else _stamp_reads(response)
-            async for t, chunk in stamped:
-                evs = dec.feed(chunk, t)
-                if evs:
-                    raw.extend(evs)
-                    if tap is not None:
-                        tap.events += len(evs)
-        finally:
-            t_end = perf()
-            raw.extend(dec.close(t_end))
-            rec.end_ns = t_end - rec.sent_ns
-    except asyncio.CancelledError:
-        rec.error, rec.error_kind = "cancelled", "cancelled"
-        raise
-    except (httpx.ConnectError, httpx.ConnectTimeout, FastConnectError) as e:
-        rec.error = redact(f"cannot connect to {base}: {_exc_text(e)}", secret)
-        rec.error_kind = "connect"
-    except FastTimeout as e:
-        rec.error = redact(f"timed out waiting for the server ({_exc_text(e)})", secret)
-        rec.error_kind = "timeout"
-    except FastIOError as e:
-        rec.error = redact(f"stream broken: {_exc_text(e)}", secret)
-        rec.error_kind = "incomplete"
-    except httpx.TimeoutException as e:
-        rec.error = redact(f"timed out waiting for the server ({type(e).__name__})", secret)
-        rec.error_kind = "timeout"
-    except (httpx.RemoteProtocolError, httpx.ReadError) as e:
-        rec.error = redact(f"stream broken: {_exc_text(e)}", secret)
-        rec.error_kind = "incomplete"
-    except httpx.HTTPError as e:
-        rec.error = redact(f"{type(e).__name__}: {_exc_text(e)}", secret)
-        rec.error_kind = "protocol"
+        _log_response(spec, request, len(payload), response)
+        await _read_response(response, fast is not None, rec, raw, tap)
     finally:
-        if tap is not None:
-            tap.finished = True
         if response is not None:
             await response.aclose()
-        if rec.end_ns is None and rec.sent_ns:
-            rec.end_ns = perf() - rec.sent_ns
-    _parse_events(rec, raw, secret)
-    _finish(rec)
-    if rec.error is not None:
-        log.debug("%s failed: %s", spec.request_id, rec.error)  # already redacted
-    return rec
 
 
-async def _stamp_reads(response: httpx.Response) -> Any:
+def _log_response(spec: RequestSpec, request: httpx.Request, size: int, response: Any) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        hdrs = {k: ("Bearer ***" if k.lower() == "authorization" else v) for k, v in request.headers.items()}
+        log.debug("%s POST %s (%d bytes, headers %s) -> HTTP %d %s", spec.request_id, request.url, size, hdrs,
+                  response.status_code, response.headers.get("content-type", ""))
+
+
+async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: list[SSEEvent],
+                         tap: StreamTap | None) -> None:
+    ctype = response.headers.get("content-type", "")
+    inflate = _content_decoder(response.headers.get("content-encoding", ""), refuse=response.status_code < 300)
+    stamped = response.aiter_stamped() if fast else _stamp_reads(response)
+    if response.status_code >= 300:
+        err_body = await _read_body(stamped, inflate, _ERR_BODY_LIMIT)
+        rec.end_ns = time.perf_counter_ns() - rec.sent_ns
+        rec.error = error_from_body(response.status_code, ctype, err_body)
+        rec.error_kind = _http_kind(response.status_code)
+        return
+    if "text/event-stream" not in ctype and "json" in ctype:
+        whole = await _read_body(stamped, inflate, None)
+        t = time.perf_counter_ns()
+        rec.end_ns = t - rec.sent_ns
+        _parse_whole(rec, whole, t)
+        return
+    dec = SSEDecoder()
+    t_done: int | None = None
+    try:
+        t_done = await _read_sse(stamped, inflate, dec, raw, tap)
+    finally:
+        t_end = time.perf_counter_ns()
+        if t_done is None:
+            raw.extend(dec.close(t_end))
+        rec.end_ns = (t_done if t_done is not None else t_end) - rec.sent_ns
+    await _after_done(response, stamped, fast)
+
+
+async def _read_sse(stamped: Any, inflate: Any, dec: SSEDecoder, raw: list[SSEEvent],
+                    tap: StreamTap | None) -> int | None:
+    """Feed the stamped reads to ``dec`` until the body ends (None) or ``[DONE]`` arrives (its stamp)."""
+    async for t, chunk in stamped:
+        if inflate is not None:
+            chunk = _inflate(inflate, chunk)
+        evs = dec.feed(chunk, t)
+        if evs:
+            raw.extend(evs)
+            if tap is not None:
+                tap.events += len(evs)
+            for ev in evs:
+                if _is_done(ev):
+                    return t
+    if inflate is not None:
+        raw.extend(dec.feed(_inflate(inflate, b"", final=True), time.perf_counter_ns()))
+    return None
+
+
+def _is_done(ev: SSEEvent) -> bool:
+    d = ev.data
+    return len(d) < 16 and ev.event == "message" and d.strip() == "[DONE]"
+
+
+async def _after_done(response: Any, stamped: Any, fast: bool) -> None:
+    """After ``[DONE]`` (or the end of the body): let the connection go back to the pool if the rest of the body
+    arrives within :data:`DONE_GRACE_S`, else close it. Never waits longer, never raises for the server's sake."""
+    try:
+        if fast:
+            await response.close_after_done(DONE_GRACE_S)
+        else:
+            await _drain_httpx(stamped, DONE_GRACE_S)
+    except (httpx.HTTPError, FastIOError, TimeoutError):
+        pass
+    finally:
+        await stamped.aclose()
+
+
+async def _drain_httpx(stamped: Any, grace: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while (left := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait_for(stamped.__anext__(), left)
+        except StopAsyncIteration:
+            return
+
+
+async def _stamp_reads(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]:
     """``(perf_counter_ns, bytes)`` for each read of an httpx streaming response, stamped as it is returned."""
     perf = time.perf_counter_ns
     async for chunk in response.aiter_raw():
         yield perf(), chunk
 
 
-async def _read_limited(response: Any) -> bytes:
+async def _read_body(stamped: Any, inflate: Any, limit: int | None) -> bytes:
+    """The body (decoded when compressed), up to ``limit`` bytes (None: all)."""
     buf = bytearray()
-    async for chunk in response.aiter_raw():
-        buf += chunk
-        if len(buf) >= _ERR_BODY_LIMIT:
+    async for _t, chunk in stamped:
+        buf += _inflate(inflate, chunk) if inflate is not None else chunk
+        if limit is not None and len(buf) >= limit:
             break
+    if inflate is not None and (limit is None or len(buf) < limit):
+        buf += _inflate(inflate, b"", final=True)
+    await stamped.aclose()
     return bytes(buf)
 
 
-def _set_error(rec: RequestRecord, msg: str, kind: str, secret: str | None = None) -> None:
+class _Inflater:
+    """Incremental ``deflate`` decoding: zlib-wrapped (RFC 9110) or raw (what some servers send), told apart by
+    the first two bytes."""
+
+    def __init__(self) -> None:
+        self._z: Any = None
+        self._head = b""
+
+    def decompress(self, data: bytes) -> bytes:
+        if self._z is None:
+            self._head += data
+            if len(self._head) < 2:
+                return b""
+            b0, b1 = self._head[0], self._head[1]
+            wrapped = (b0 & 0x0F) == 8 and (b0 << 8 | b1) % 31 == 0
+            self._z = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+            data, self._head = self._head, b""
+        return bytes(self._z.decompress(data))
+
+    def flush(self) -> bytes:
+        return bytes(self._z.flush()) if self._z is not None else b""
+
+
+def _content_decoder(encoding: str, *, refuse: bool) -> Any:
+    """A decoder for a ``Content-Encoding`` bench asked not to get (it sends ``Accept-Encoding: identity``): gzip
+    and deflate are decoded; anything else raises :class:`UnreadableResponse` naming it (an error body is then read raw)."""
+    enc = encoding.strip().lower()
+    if not enc or enc == "identity":
+        return None
+    if enc in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if enc == "deflate":
+        return _Inflater()
+    if not refuse:
+        return None
+    raise UnreadableResponse(f"the server sent the stream with Content-Encoding: {encoding.strip()[:40]}, which bench does "
+                   "not decode (it decodes gzip and deflate and asks for identity): turn compression off for "
+                   "text/event-stream on the server or proxy")
+
+
+def _inflate(z: Any, data: bytes, final: bool = False) -> bytes:
+    try:
+        return bytes(z.flush() if final else z.decompress(data))
+    except zlib.error as e:
+        raise UnreadableResponse(f"cannot decode the compressed body (Content-Encoding): {e}") from None
+
+
+_TIMEOUTS = (FastTimeout, httpx.TimeoutException)
+_CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, FastConnectError)
+_BROKEN = (FastIOError, httpx.RemoteProtocolError, httpx.ReadError)
+
+
+def _record_failure(rec: RequestRecord, e: BaseException, base: str) -> None:
+    """The record's error for a network or protocol failure (order matters: connect errors are timeouts too)."""
+    if isinstance(e, UnreadableResponse):
+        rec.error, rec.error_kind = str(e), e.kind
+    elif isinstance(e, _CONNECT):
+        rec.error, rec.error_kind = f"cannot connect to {base}: {exc_line(e)}", "connect"
+    elif isinstance(e, FastTimeout):
+        rec.error, rec.error_kind = f"timed out waiting for the server ({exc_line(e)})", "timeout"
+    elif isinstance(e, httpx.TimeoutException):
+        rec.error, rec.error_kind = f"timed out waiting for the server ({type(e).__name__})", "timeout"
+    elif isinstance(e, _BROKEN):
+        rec.error, rec.error_kind = f"stream broken: {exc_line(e)}", "incomplete"
+    else:
+        rec.error, rec.error_kind = f"{type(e).__name__}: {exc_line(e)}", "protocol"
+
+
+def _set_error(rec: RequestRecord, msg: str, kind: str) -> None:
     if rec.error is None:  # the first failure is the cause; later ones are consequences
-        rec.error = redact(msg, secret)
+        rec.error = redact(msg)
         rec.error_kind = kind
 
 
-def _parse_events(rec: RequestRecord, raw: list[Any], secret: str | None) -> None:
-    """Turn decoded SSE events into :class:`Event` objects and fill usage/finish/error fields."""
+class _Deferred:
+    """The end-of-stream work of every finished response on one event loop, done by ONE worker task in slices of
+    :data:`PARSE_SLICE` events, at most :data:`PARSE_BUDGET_S` of work between two yields to the loop.
+
+    Why one worker: when hundreds of streams end at the same decode step, every one of their tasks is ready in the
+    same loop iteration, and the loop polls sockets only between iterations; each parsing its own response there
+    (even in slices) would hold every other stream's reads, and their stamps, for the sum of all the parses.
+    Queued here, the parses run one slice after another with the loop polling in between, so a read that arrives
+    meanwhile is stamped within about one budget (~1 ms) of its arrival. The worker ends when the queue is empty
+    (no task outlives the work; the next response starts a new one).
+    """
+
+    def __init__(self) -> None:
+        self.queue: deque[tuple[RequestRecord, list[SSEEvent], asyncio.Future[None]]] = deque()
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        perf = time.perf_counter
+        t0 = perf()
+        while self.queue:
+            rec, raw, fut = self.queue.popleft()
+            try:
+                for i in range(0, max(len(raw), 1), PARSE_SLICE):
+                    if _parse_events(rec, raw[i:i + PARSE_SLICE]):
+                        break
+                    if perf() - t0 > PARSE_BUDGET_S:
+                        await asyncio.sleep(0)
+                        t0 = perf()
+                _finish(rec)
+            except Exception as e:  # a bug, never the server's doing: fail the request, not the worker
+                _set_error(rec, f"internal error while parsing: {type(e).__name__}: {e}", "protocol")
+            if not fut.done():
+                fut.set_result(None)
+            if perf() - t0 > PARSE_BUDGET_S:
+                await asyncio.sleep(0)
+                t0 = perf()
+
+
+_deferred: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deferred] = weakref.WeakKeyDictionary()
+
+
+async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
+    """Parse ``raw`` into ``rec`` and apply the success rules (:func:`_finish`), through the loop's
+    :class:`_Deferred` worker: off the path that stamps reads."""
+    loop = asyncio.get_running_loop()
+    fut: asyncio.Future[None] = loop.create_future()
+    d = _deferred.get(loop)
+    if d is not None and not d.task.done():
+        d.queue.append((rec, raw, fut))  # the running worker takes it (it checks the queue after every item)
+    else:
+        d = _Deferred()
+        d.queue.append((rec, raw, fut))
+        _deferred[loop] = d
+    await fut
+
+
+def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
+    """Turn decoded SSE events into :class:`Event` objects and fill usage/finish/error fields. Only ``message``
+    events carry chunks; other types are ignored except ``error``. Returns True at ``[DONE]`` (the response is
+    complete there: what follows is ignored)."""
     sent = rec.sent_ns
     for sse in raw:
+        if rec.done:
+            return True
         data = sse.data
+        if sse.event != "message":
+            if sse.event == "error":
+                _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
+            continue  # ping, keep-alive and other non-message events carry no chunk
         if not data.strip():
             continue  # an empty data field is a keep-alive, not an event
         if data.strip() == "[DONE]":
             rec.done = True
             continue
-        if sse.event == "error":
-            _set_error(rec, f"error event: {_one_line(data)}", "stream_error", secret)
-            continue
         try:
             obj = json.loads(data)
-        except ValueError:
-            _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json", secret)
+        except (ValueError, RecursionError):
+            _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
             continue
         if not isinstance(obj, dict):
-            _set_error(rec, f"event is not a JSON object: {_one_line(data)[:120]}", "bad_json", secret)
+            _set_error(rec, f"event is not a JSON object: {_one_line(data)[:120]}", "bad_json")
             continue
-        _absorb(rec, obj, sse.t_ns - sent, secret)
+        _absorb(rec, obj, sse.t_ns - sent)
+    return rec.done
 
 
 def _one_line(s: str) -> str:
-    return " ".join(s.split())[:300]
+    return " ".join(redact(s).split())[:300]
 
 
-def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int, secret: str | None) -> None:
-    """Fold one parsed chunk (streaming or whole) into the record."""
+def _text(v: Any) -> str:
+    return v if isinstance(v, str) else ""
+
+
+def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
+    """Fold one parsed chunk (streaming or whole) into the record; fields of the wrong type are ignored."""
     err = obj.get("error")
     if err:
         if isinstance(err, dict):
             code = err.get("code") or err.get("type") or ""
-            msg = err.get("message") or ""
-            text = f"error in stream: {code} {msg}".strip()
+            text = f"error in stream: {code} {err.get('message') or ''}".strip()
         else:
             text = f"error in stream: {err}"
-        _set_error(rec, _one_line(text), "stream_error", secret)
+        _set_error(rec, _one_line(text), "stream_error")
         return
     ev = Event(t_rel)
-    for ch in obj.get("choices") or ():
-        if not isinstance(ch, dict) or ch.get("index", 0) != 0:
-            continue
-        delta = ch.get("delta") or ch.get("message")
-        if isinstance(delta, dict):
-            ev.content += delta.get("content") or ""
-            ev.reasoning += (delta.get("reasoning_content") or "") + (delta.get("reasoning") or "")
-            for tc in delta.get("tool_calls") or ():
-                fn = (tc or {}).get("function") or {}
-                ev.tool += (fn.get("name") or "") + (fn.get("arguments") or "")
-        text = ch.get("text")
-        if isinstance(text, str):
-            ev.content += text
-        if ch.get("finish_reason"):
-            rec.finish_reason = ch["finish_reason"]
+    choices = obj.get("choices")
+    for ch in choices if isinstance(choices, list) else ():
+        if isinstance(ch, dict) and ch.get("index", 0) == 0:
+            _absorb_choice(rec, ev, ch)
     usage = obj.get("usage")
     if isinstance(usage, dict) and usage:
         rec.usage = usage
@@ -489,35 +733,52 @@ def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int, secret: str | N
         rec.timings = timings
     sim = obj.get("sim")
     if isinstance(sim, dict):
-        ev.sched_ns = sim.get("sched_ns")
-        ev.write_ns = sim.get("write_ns")
-        ev.tokens = sim.get("tokens")
+        ev.sched_ns, ev.write_ns, ev.tokens = (_int(sim.get(k)) for k in ("sched_ns", "write_ns", "tokens"))
     rec.events.append(ev)
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def _absorb_choice(rec: RequestRecord, ev: Event, ch: dict[str, Any]) -> None:
+    delta = ch.get("delta") or ch.get("message")
+    if isinstance(delta, dict):
+        ev.content += _text(delta.get("content"))
+        ev.reasoning += _text(delta.get("reasoning_content")) + _text(delta.get("reasoning"))
+        calls = delta.get("tool_calls")
+        for tc in calls if isinstance(calls, list) else ():
+            fn = tc.get("function") if isinstance(tc, dict) else None
+            if isinstance(fn, dict):
+                ev.tool += _text(fn.get("name")) + _text(fn.get("arguments"))
+    ev.content += _text(ch.get("text"))
+    fr = ch.get("finish_reason")
+    if fr:
+        rec.finish_reason = str(fr)[:100]
 
 
 def _parse_whole(rec: RequestRecord, body: bytes, t_abs: int) -> None:
     """A non-streaming JSON answer (server ignored ``stream``): one event at the time the body completed."""
     try:
         obj = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         _set_error(rec, "response is not JSON", "bad_json")
         return
     if not isinstance(obj, dict):
         _set_error(rec, "response is not a JSON object", "bad_json")
         return
-    _absorb(rec, obj, t_abs - rec.sent_ns, None)
+    _absorb(rec, obj, t_abs - rec.sent_ns)
     rec.done = True
 
 
 def _finish(rec: RequestRecord) -> None:
-    """Apply the success rules once everything is parsed."""
-    if rec.error is not None:
-        return
-    if not rec.done and rec.finish_reason is None:
-        _set_error(rec, "stream ended without finish_reason or [DONE]", "incomplete")
-        return
-    if not any(e.has_text for e in rec.events):
-        _set_error(rec, "no tokens generated", "no_tokens")
+    """Apply the success rules once everything is parsed, then redact the record."""
+    if rec.error is None:
+        if not rec.done and rec.finish_reason is None:
+            _set_error(rec, "stream ended without finish_reason or [DONE]", "incomplete")
+        elif not any(e.has_text for e in rec.events):
+            _set_error(rec, "no tokens generated", "no_tokens")
+    rec.redact()
 
 
 def require_ok(rec: RequestRecord) -> None:

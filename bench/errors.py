@@ -6,9 +6,17 @@ Error tree (every class is raised by bench code only, never leaked from a librar
     ├── ConfigError             bad profile, flag, or file (exit 3)
     ├── EndpointUnreachable     the URL does not answer: DNS, refused, connect timeout (exit 4)
     ├── ServerError             the server answered, but every request failed (exit 5)
-    ├── TokenizerError          the server's /tokenize failed (the run falls back to a calibrated count)
+    │   └── TokenizerError      the server's ``/tokenize`` failed (bad status, malformed reply, timeout); the run
+    │       │                   falls back to a calibrated count
+    │       └── TokenizerUnavailable   the server has no usable ``/tokenize``
     ├── GateCouldNotRun         ``bench gate`` could not produce a verdict (exit 3, whatever the cause)
     └── RunInterrupted          SIGINT/SIGTERM stopped a run; finished records and results are on disk (exit 130)
+
+Internal (never leaves bench): ``UnreadableResponse`` (a response the client cannot decode becomes the record's
+error); ``FastIOError`` and its subclasses (the stamping transport's failures, translated into records).
+
+Every message is redacted when the error is made (:func:`bench.redaction.redact`): an API key the server echoed
+never reaches the terminal through an error.
 
 Per-request failures (HTTP 429, an error inside a stream, a cut stream) are *data*: they are written into the
 request's record (``ok=False``, ``error``, ``error_kind``) and never raised.
@@ -30,6 +38,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
+from typing import Any
+
+from .redaction import redact
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -41,9 +52,12 @@ EXIT_INTERRUPTED = 130
 
 
 class BenchError(Exception):
-    """Base of bench's errors; the message is one line meant for the user."""
+    """Base of bench's errors; the message is one line meant for the user (redacted of the API key)."""
 
     exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*(redact(a) if isinstance(a, str) else a for a in args))
 
 
 class ConfigError(BenchError):
@@ -64,10 +78,12 @@ class ServerError(BenchError):
     exit_code = EXIT_SERVER_ERROR
 
 
-class TokenizerError(BenchError):
-    """The server's tokenizer endpoint failed or answered something unusable (the message is redacted)."""
+class TokenizerError(ServerError):
+    """A request to the server's ``/tokenize`` failed (bad status, malformed reply, timeout); one redacted line."""
 
-    exit_code = EXIT_SERVER_ERROR
+
+class TokenizerUnavailable(TokenizerError):
+    """The server exposes no usable ``/tokenize`` endpoint."""
 
 
 class GateCouldNotRun(BenchError):
@@ -103,3 +119,12 @@ class ErrorKind(StrEnum):
     PROTOCOL = "protocol"
     BAD_JSON = "bad_json"
     CANCELLED = "cancelled"
+
+
+class UnreadableResponse(Exception):
+    """Internal to the client: a response it cannot decode (an unsupported Content-Encoding, a corrupt compressed
+    body); it becomes the request's record error (``kind``), never raised out of :func:`bench.client.stream_request`."""
+
+    def __init__(self, msg: str, kind: str = "protocol") -> None:
+        super().__init__(redact(msg))
+        self.kind = kind

@@ -16,6 +16,10 @@ no cap on connections. Errors:
 * :class:`FastTimeout` - no byte for ``read_timeout`` seconds (or the request could not be written in time);
 * :class:`FastIOError` - anything else: the connection broke or the response is not valid HTTP/1.1 (the message
   names the cause, e.g. ``peer closed connection without sending complete message body``).
+
+A caller that has the whole answer before the body ends (an SSE stream's ``data: [DONE]``, with a server that
+keeps the body open) calls :meth:`FastResponse.close_after_done`: the connection is pooled again if the body ends
+within a short grace, else closed; it never waits for the peer beyond that.
 """
 
 from __future__ import annotations
@@ -140,7 +144,7 @@ class _Conn:
 
     __slots__ = ("key", "proto", "h11", "idle_since", "got_bytes")
 
-    def __init__(self, key: tuple[str, int], proto: _StampProtocol) -> None:
+    def __init__(self, key: tuple[str, str, int], proto: _StampProtocol) -> None:
         self.key = key
         self.proto = proto
         self.h11 = h11.Connection(h11.CLIENT)
@@ -203,24 +207,44 @@ class FastResponse:
                     except h11.RemoteProtocolError as e:
                         raise FastIOError(_h11_text(e, proto)) from None
                     continue
-                tp = type(ev)
-                if tp is h11.Data:
+                if isinstance(ev, h11.Data):
                     yield self._t, bytes(ev.data)
-                elif tp is h11.EndOfMessage:
-                    self._done = True
-                    self._release()
-                    return
-                elif tp is h11.ConnectionClosed:  # close-delimited body ended
-                    self._done = True
-                    self._release()
-                    return
-                elif ev is h11.PAUSED:  # cannot happen before EndOfMessage; be safe
+                elif isinstance(ev, (h11.EndOfMessage, h11.ConnectionClosed)) or ev is h11.PAUSED:
+                    # end of the body (close-delimited: ConnectionClosed; PAUSED cannot come first: be safe)
                     self._done = True
                     self._release()
                     return
         finally:
             if not self._done:
                 self._discard()
+
+    async def close_after_done(self, grace: float) -> None:
+        """The caller has the whole answer (an SSE stream's ``[DONE]``) but the body may not have ended: read and
+        drop what is left of it for up to ``grace`` seconds, then give the connection back if the body ended
+        (e.g. the chunked terminator came), else close it. Never raises; never waits longer than ``grace``."""
+        conn = self._conn
+        if conn is None or self._done:
+            return
+        h, proto = conn.h11, conn.proto
+        deadline = time.monotonic() + grace
+        try:
+            while True:
+                ev = h.next_event()
+                if ev is h11.NEED_DATA:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    item = await proto.next_chunk(left)
+                    h.receive_data(b"" if item is None else item[1])
+                elif isinstance(ev, h11.EndOfMessage):
+                    self._done = True
+                    self._release()
+                    return
+                elif not isinstance(ev, h11.Data):
+                    break  # closed or paused: not reusable
+        except (h11.RemoteProtocolError, FastIOError):
+            pass
+        self._discard()
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """Body pieces without stamps (httpx's ``aiter_raw`` shape)."""
@@ -383,70 +407,87 @@ class FastPool:
                         read_timeout: float | None, *, reused: bool) -> FastResponse:
         """Write the request on ``conn`` and read up to the response head. On a reused connection, a failure
         before any response byte raises :class:`_StaleConnection`."""
-        h = conn.h11
-        proto = conn.proto
         ok = False
         try:
-            if reused and not conn.usable:
-                raise _StaleConnection("idle connection closed by the server")
-            try:
-                out = h.send(h11.Request(method=method, target=target, headers=headers))
-                if body:
-                    out += h.send(h11.Data(data=body))
-                out += h.send(h11.EndOfMessage())
-            except h11.LocalProtocolError as e:
-                raise FastIOError(f"cannot send request: {e}") from None
-            tr = proto.transport
-            if tr is None or tr.is_closing():
-                raise (_StaleConnection if reused else FastIOError)("connection closed before the request was sent")
-            tr.write(out)
-            await proto.drain(WRITE_TIMEOUT_S)
-            t = 0
-            while True:
-                try:
-                    ev = h.next_event()
-                except h11.RemoteProtocolError as e:
-                    if reused and not conn.got_bytes:
-                        raise _StaleConnection(str(e)) from None
-                    raise FastIOError(_h11_text(e, proto)) from None
-                if ev is h11.NEED_DATA:
-                    item = await proto.next_chunk(read_timeout)
-                    if item is None:
-                        if reused and not conn.got_bytes:
-                            raise _StaleConnection("server closed the connection without sending a response")
-                        if not conn.got_bytes:
-                            raise FastIOError("server disconnected without sending a response"
-                                              + (f" ({_exc_text(proto.exc)})" if proto.exc else ""))
-                        try:
-                            h.receive_data(b"")
-                        except h11.RemoteProtocolError as e:
-                            raise FastIOError(_h11_text(e, proto)) from None
-                        continue
-                    conn.got_bytes = True
-                    t, data = item
-                    try:
-                        h.receive_data(data)
-                    except h11.RemoteProtocolError as e:
-                        raise FastIOError(_h11_text(e, proto)) from None
-                    continue
-                if type(ev) is h11.InformationalResponse:
-                    continue
-                if type(ev) is h11.Response:
-                    hdrs: dict[str, str] = {}
-                    for name, value in ev.headers:
-                        k = name.decode("latin-1")
-                        v = value.decode("latin-1")
-                        hdrs[k] = f"{hdrs[k]}, {v}" if k in hdrs else v
-                    resp = FastResponse(self, conn, ev.status_code, hdrs, ev.reason.decode("latin-1"), read_timeout)
-                    resp._t = t
-                    ok = True
-                    return resp
-                if type(ev) is h11.ConnectionClosed:
-                    raise FastIOError("server disconnected without sending a response")
-                raise FastIOError(f"unexpected HTTP event {type(ev).__name__}")  # pragma: no cover
+            await self._send_request(conn, method, target, headers, body, reused=reused)
+            resp = await self._read_head(conn, read_timeout, reused=reused)
+            ok = True
+            return resp
         finally:
             if not ok:
                 conn.close()
+
+    async def _send_request(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]],
+                            body: bytes, *, reused: bool) -> None:
+        if reused and not conn.usable:
+            raise _StaleConnection("idle connection closed by the server")
+        h = conn.h11
+        try:
+            out = h.send(h11.Request(method=method, target=target, headers=headers)) or b""
+            if body:
+                out += h.send(h11.Data(data=body)) or b""
+            out += h.send(h11.EndOfMessage()) or b""
+        except h11.LocalProtocolError as e:
+            raise FastIOError(f"cannot send request: {e}") from None
+        tr = conn.proto.transport
+        if tr is None or tr.is_closing():
+            raise (_StaleConnection if reused else FastIOError)("connection closed before the request was sent")
+        tr.write(out)
+        await conn.proto.drain(WRITE_TIMEOUT_S)
+
+    async def _read_head(self, conn: _Conn, read_timeout: float | None, *, reused: bool) -> FastResponse:
+        """Read until h11 has the response head (skipping 1xx); the stamp of the read that completed it is kept."""
+        h = conn.h11
+        t = 0
+        while True:
+            try:
+                ev = h.next_event()
+            except h11.RemoteProtocolError as e:
+                if reused and not conn.got_bytes:
+                    raise _StaleConnection(str(e)) from None
+                raise FastIOError(_h11_text(e, conn.proto)) from None
+            if ev is h11.NEED_DATA:
+                t = await self._feed_head(conn, read_timeout, reused=reused) or t
+                continue
+            if isinstance(ev, h11.InformationalResponse):
+                continue
+            if isinstance(ev, h11.Response):
+                resp = FastResponse(self, conn, ev.status_code, _head_dict(ev.headers), ev.reason.decode("latin-1"),
+                                    read_timeout)
+                resp._t = t
+                return resp
+            if isinstance(ev, h11.ConnectionClosed):
+                raise FastIOError("server disconnected without sending a response")
+            raise FastIOError(f"unexpected HTTP event {type(ev).__name__}")  # pragma: no cover
+
+    async def _feed_head(self, conn: _Conn, read_timeout: float | None, *, reused: bool) -> int | None:
+        """One read into h11 while waiting for the head; its stamp, or None at EOF."""
+        proto = conn.proto
+        item = await proto.next_chunk(read_timeout)
+        try:
+            if item is None:
+                if reused and not conn.got_bytes:
+                    raise _StaleConnection("server closed the connection without sending a response")
+                if not conn.got_bytes:
+                    raise FastIOError("server disconnected without sending a response"
+                                      + (f" ({_exc_text(proto.exc)})" if proto.exc else ""))
+                conn.h11.receive_data(b"")
+                return None
+            conn.got_bytes = True
+            conn.h11.receive_data(item[1])
+            return item[0]
+        except h11.RemoteProtocolError as e:
+            raise FastIOError(_h11_text(e, proto)) from None
+
+
+def _head_dict(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """Response headers as a dict of lower-case names; a repeated header's values joined with ``", "``."""
+    hdrs: dict[str, str] = {}
+    for name, value in headers:
+        k = name.decode("latin-1")
+        v = value.decode("latin-1")
+        hdrs[k] = f"{hdrs[k]}, {v}" if k in hdrs else v
+    return hdrs
 
 
 def is_fast_url(url: Any) -> bool:

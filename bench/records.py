@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .redaction import mask_spans, redact, redact_obj, secrets
 
 __all__ = ["Event", "RequestRecord", "RecordWriter", "read_records"]
 
@@ -63,7 +64,7 @@ class RequestRecord:
         finish_reason: the last ``finish_reason`` seen, or None.
         usage: the ``usage`` object as the server sent it, or None.
         timings: llama.cpp's ``timings`` object, or None.
-        error: one-line description of the failure, or None. Never contains the API key.
+        error: one-line description of the failure, or None. Never contains the API key (:meth:`redact`).
         error_kind: short class of failure: ``http_4xx``/``http_5xx``/``http_429``, ``stream_error``,
             ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``.
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
@@ -95,9 +96,31 @@ class RequestRecord:
         """Client-side queueing before send, in ms."""
         return (self.sent_ns - self.queued_ns) / 1e6 if self.sent_ns and self.queued_ns else 0.0
 
+    def redact(self) -> None:
+        """Remove every registered secret (:mod:`bench.redaction`) from what the server could have put in the
+        record: error, model, finish reason, usage, timings, meta, and the generated text, where a key echoed as
+        output is usually spread over many events (each of its characters becomes ``*``). A no-op (no cost) when
+        no secret is registered; idempotent."""
+        if not secrets():
+            return
+        if self.error is not None:
+            self.error = redact(self.error)
+        self.model = redact(self.model)
+        if self.finish_reason is not None:
+            self.finish_reason = redact(self.finish_reason)
+        self.usage = redact_obj(self.usage)
+        self.timings = redact_obj(self.timings)
+        self.meta = redact_obj(self.meta)
+        for attr in ("content", "reasoning", "tool"):
+            masked = mask_spans([getattr(e, attr) for e in self.events])
+            if masked is not None:
+                for e, text in zip(self.events, masked):
+                    setattr(e, attr, text)
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe dict; events become compact lists ``[t_ms, content, reasoning, tool, sched_ns, write_ns,
-        tokens]`` to keep files small."""
+        """JSON-safe dict, redacted (:meth:`redact`); events become compact lists ``[t_ms, content, reasoning,
+        tool, sched_ns, write_ns, tokens]`` to keep files small."""
+        self.redact()
         d = asdict(self)
         d["events"] = [
             [round(e.t_ns / 1e6, 6), e.content, e.reasoning, e.tool, e.sched_ns, e.write_ns, e.tokens]

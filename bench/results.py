@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .redaction import redact
 
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
@@ -90,6 +91,7 @@ class CellResult:
     reasoning_tokens: int = 0
     queue_ms: Stat = field(default_factory=_stat)
     client_cpu_pct: float | None = None
+    client_lag: dict[str, Any] | None = None
     noise: dict[str, Any] | None = None
     server_metrics: dict[str, Any] | None = None
     roofline: dict[str, Any] | None = None
@@ -323,11 +325,12 @@ def load_results(path: str | os.PathLike[str]) -> Results:
 def to_json(results: Results | Mapping[str, Any]) -> str:
     """The whole results document, indented."""
     d = results.to_dict() if isinstance(results, Results) else dict(results)
-    return json.dumps(d, indent=1, ensure_ascii=False) + "\n"
+    return redact(json.dumps(d, indent=1, ensure_ascii=False)) + "\n"
 
 
 def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` through a temp file and a rename (readers see the old or the new file).
+    """Write ``text`` to ``path`` through a temp file and a rename (readers see the old or the new file); every
+    secret bench knows of is redacted first.
 
     Raises:
         ConfigError: the folder cannot be made or written (full disk, no permission, a file in the way).
@@ -337,7 +340,7 @@ def write_atomic(path: str | os.PathLike[str], text: str) -> Path:
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write(text)
+            fh.write(redact(text))  # no API key in any file bench writes
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, p)

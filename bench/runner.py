@@ -32,6 +32,7 @@ import httpx
 from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
+from .lag import LagMonitor, lag_warning
 from .metrics import request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
 from .profile import Cell, Profile
@@ -73,6 +74,7 @@ class CellRun:
     waves: list[list[str]] = field(default_factory=list)
     cpu_s: float = 0.0
     wall_s: float = 0.0
+    lag: dict[str, Any] | None = None
     summary: CellResult | None = None
 
     def extend(self, more: CellRun) -> None:
@@ -81,6 +83,9 @@ class CellRun:
         self.waves.extend(more.waves)
         self.cpu_s += more.cpu_s
         self.wall_s += more.wall_s
+        if more.lag is not None:
+            old = self.lag or {}
+            self.lag = {k: max(v, old.get(k) or 0) if isinstance(v, int | float) else v for k, v in more.lag.items()}
 
 
 def check_fits_context(profile: Profile, context: int | None) -> None:
@@ -126,6 +131,11 @@ class Session:
         self.drift: dict[str, Any] | None = None
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
         self.started = datetime.now(UTC)
+
+    @property
+    def workers(self) -> int:
+        """Processes (or actors) reading the measured waves."""
+        return int(getattr(self.pool, "workers", 1)) if self.pool is not None else 1
 
     @property
     def force_length(self) -> bool:
@@ -318,9 +328,19 @@ class Session:
         try:
             return int(await self.tokenizer.count(text))
         except TokenizerError as e:
-            self.note(f"the server's /tokenize failed ({e}); switching to a calibrated count")
-            await self._calibrate()
+            await self._tokenizer_failed(e)
             return int(await self.tokenizer.count(text))
+
+    async def _tokenizer_failed(self, e: TokenizerError) -> None:
+        """/tokenize broke mid-run: estimate from its successful counts so far, else calibrate with two probes."""
+        fb = self.tokenizer.fallback() if isinstance(self.tokenizer, HttpTokenizer) else None
+        if fb is not None:
+            self.tokenizer, self.tokenizer_kind = fb, "calibrated"
+            self.note(f"/tokenize failed mid-run ({e}); prompt lengths are now estimated at {fb.chars_per_token:.2f} "
+                      "chars/token from its earlier counts")
+            return
+        self.note(f"/tokenize failed ({e}); calibrating prompt lengths from two probes")
+        await self._calibrate()
 
     # ---- cells --------------------------------------------------------------------------------------------------
     async def realize(self, req: PlannedRequest) -> str:
@@ -337,8 +357,7 @@ class Session:
             except TokenizerError as e:
                 if self.tokenizer_kind != "server":
                     raise ServerError(f"building a {req.target_tokens}-token prompt: {e}") from None
-                self.note(f"the server's /tokenize failed ({e}); switching to a calibrated count")
-                await self._calibrate()
+                await self._tokenizer_failed(e)
         raise ServerError(f"building a {req.target_tokens}-token prompt failed twice")
 
     async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
@@ -400,7 +419,6 @@ class Session:
             warmup: run the profile's warm-up waves first.
             first_wave: number of the first measured wave (for re-measured or interleaved waves).
         """
-        p = self.profile
         run = CellRun(cell)
         fixed = waves is not None
         want = waves if waves is not None else self.planned_waves(cell)
@@ -408,7 +426,17 @@ class Session:
             self.observer.cell_started(cell, want * cell.streams)
         if warmup:
             await self._warm(cell)
-        w = 0
+        mon = LagMonitor()
+        mon.start()
+        try:
+            await self._measured_waves(run, want, fixed, first_wave)
+        finally:
+            run.lag = mon.stop()
+        self.summarize(run)
+        return run
+
+    async def _measured_waves(self, run: CellRun, want: int, fixed: bool, first_wave: int) -> None:
+        cell, p, w = run.cell, self.profile, 0
         while True:
             reqs = self.planner.wave(cell, "measure", first_wave + w)
             c0, t0 = time.process_time(), time.perf_counter()
@@ -423,8 +451,6 @@ class Session:
                     break
                 if self.observer is not None:
                     self.observer.cell_started(cell, (w + 1) * cell.streams)
-        self.summarize(run)
-        return run
 
     def summarize(self, run: CellRun) -> CellResult:
         """The one cell-summary step (used for every cell of run, gate, its re-measurements, and ab)."""
@@ -434,6 +460,10 @@ class Session:
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
                                      depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
                                      client_cpu_pct=cpu, target_ci=p.target_ci)
+        run.summary.client_lag = run.lag
+        lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams) if run.lag else None
+        if lag_note and self.pool is None:  # worker processes' own loops are not watched from here
+            run.summary.warnings.append(f"{cell.id}: {lag_note}")
         for annotate in self.annotators:
             annotate(self, run.summary)
         if self.observer is not None:
@@ -461,7 +491,7 @@ class Session:
             overhead_ms=self.overhead_ms, tokenizer=self.tokenizer_kind,
             template_overhead_tokens=self.template_overhead_tokens,
             template_cached_tokens=self.template_cached_tokens, forced_length=self.force_length,
-            workers=getattr(self.pool, "workers", 1) if self.pool is not None else 1, workers_auto=self.workers_auto,
+            workers=self.workers, workers_auto=self.workers_auto,
             nodes=getattr(self.pool, "nodes", None), drift=self.drift,
         )
         return Results(

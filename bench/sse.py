@@ -7,10 +7,14 @@ lines or events hide the reads. The decoder follows the WHATWG HTML "server-sent
 - lines end in LF, CRLF or CR (a CR at the end of one read and an LF at the start of the next are one line end);
 - a line starting with ``:`` is a comment (keep-alive ping) and is ignored;
 - ``field: value`` with one optional space after the colon stripped; a line with no colon is a field with an empty
-  value; fields ``data`` (appended, joined by LF), ``event``, ``id`` (ignored if it holds NUL), ``retry`` (digits
-  only); other fields are ignored;
+  value; fields ``data`` (appended, joined by LF), ``event``, ``id`` (ignored if it holds NUL), ``retry`` (ASCII
+  digits only: ``str.isdigit`` would accept ``²`` or ``٣``, which ``int`` then rejects); other fields are ignored;
 - an empty line dispatches the event; an event with no ``data`` is not dispatched (``id:``/``retry:``-only blocks);
-- a UTF-8 byte-order mark at the very start is dropped; UTF-8 sequences split across reads are decoded correctly.
+- a UTF-8 byte-order mark at the very start is dropped; UTF-8 sequences split across reads are decoded correctly;
+  invalid UTF-8 becomes U+FFFD.
+
+Nothing a server sends makes the decoder raise (``tests/test_sse.py`` checks it, and checks it against a reference
+implementation of the rules, on random streams cut at random points).
 
 At the end of the stream, the spec discards an event not terminated by an empty line; :meth:`SSEDecoder.close`
 returns it instead, flagged ``complete=False``, so the client can record what a non-conforming server sent.
@@ -155,6 +159,6 @@ class SSEDecoder:
             if "\x00" not in value:
                 self._last_id = value
         elif field == "retry":
-            if value.isdigit():
+            if value.isascii() and value.isdigit():
                 self.retry = int(value)
         return None

@@ -62,3 +62,139 @@ def test_any_split_gives_the_same_events() -> None:
         cuts = sorted(rng.sample(range(1, len(stream)), rng.randint(1, 12)))
         parts = [stream[a:b] for a, b in zip([0, *cuts], [*cuts, len(stream)])]
         assert [x[1:] for x in feed_all(parts)] == want
+
+
+# ---- property tests: bench's decoder against a reference implementation of the WHATWG rules -----------------------
+
+import re  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_EOL = re.compile(rb"\r\n|\r|\n")
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def reference(raw: bytes, cuts: list[int]) -> tuple[list[tuple[int, str, str, str | None]],
+                                                      tuple[str, str, str | None] | None, int | None]:
+    """The WHATWG "server-sent events" interpretation of a whole byte stream, written from the spec's prose.
+
+    Returns (dispatched events as (read index, type, data, last id), the event pending at EOF or None, retry).
+    The read index of an event is the read holding the first byte of the blank line's end (the CR or LF), the read
+    a decoder can know the event is complete; reads are ``raw[cuts[i-1]:cuts[i]]``.
+    """
+    bounds = sorted({c for c in cuts if 0 < c < len(raw)})
+    shift = 0
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw, shift = raw[3:], 3
+
+    def read_of(pos: int) -> int:  # pos in the stream without its BOM
+        return sum(1 for b in bounds if b <= pos + shift)
+
+    data, etype, last_id, retry = "", "", None, None
+    out: list[tuple[int, str, str, str | None]] = []
+
+    def process(line: str) -> None:
+        nonlocal data, etype, last_id, retry
+        if line.startswith(":"):
+            return
+        name, _, value = line.partition(":")
+        if ":" in line and value.startswith(" "):
+            value = value[1:]
+        if name == "data":
+            data += value + "\n"
+        elif name == "event":
+            etype = value
+        elif name == "id" and "\x00" not in value:
+            last_id = value
+        elif name == "retry" and value and all(c in "0123456789" for c in value):
+            retry = int(value)
+
+    pos = 0
+    for m in _EOL.finditer(raw):
+        line = raw[pos:m.start()].decode("utf-8", "replace")
+        if line:
+            process(line)
+        elif data:
+            out.append((read_of(m.start()), etype or "message", data[:-1], last_id))
+            data, etype = "", ""
+        else:
+            etype = ""
+        pos = m.end()
+    if pos < len(raw):
+        process(raw[pos:].decode("utf-8", "replace"))  # bench keeps the unterminated last line (flagged at close)
+    pending = (etype or "message", data[:-1], last_id) if data else None
+    return out, pending, retry
+
+
+def run_bench(raw: bytes, cuts: list[int]) -> tuple[list[tuple[int, str, str, str | None]],
+                                                     tuple[str, str, str | None] | None, int | None]:
+    d = SSEDecoder()
+    bounds = sorted({c for c in cuts if 0 < c < len(raw)})
+    parts = [raw[a:b] for a, b in zip([0, *bounds], [*bounds, len(raw)])]
+    out = []
+    for i, p in enumerate(parts):
+        out += [(e.t_ns, e.event, e.data, e.id) for e in d.feed(p, i)]
+    tail = d.close(len(parts))
+    assert all(e.complete for e in d.close(99)) and len(tail) <= 1
+    pending = (tail[0].event, tail[0].data, tail[0].id) if tail else None
+    if tail:
+        assert tail[0].complete is False and tail[0].t_ns == len(parts)
+    return out, pending, d.retry
+
+
+_NAMES = st.sampled_from(["data", "data", "data", "event", "id", "retry", "dat", "Data", "", " data", "data "])
+_SEPS = st.sampled_from([":", ": ", ":  ", "", "::", ": :"])
+_DIGITS = st.text(st.sampled_from(list("0123456789²٣𝟘")), min_size=1, max_size=4)  # digits, some not ASCII
+_VALUE = st.one_of(st.text(st.sampled_from(list("ab {}\"[DONE]:é☃😀²٣𝟘\x00\ufeff\u2028\x85 0123456789")), max_size=10),
+                   _DIGITS)
+_EOLS = st.sampled_from(["\n", "\r", "\r\n"])
+_LINE = st.builds(lambda n, s, v, e: (n + s + v + e).encode(), _NAMES, _SEPS, _VALUE, _EOLS)
+_JUNK = st.sampled_from([b"\xff", b"\xe2\x82", b"\xc3", b"\xed\xa0\x80", b"\xf0\x9f\x98", b"\xef\xbb\xbf", b"\x80"])
+_RETRY = st.builds(lambda v, e: f"retry: {v}{e}".encode(), _DIGITS, _EOLS)
+_ITEM = st.one_of(_LINE, _LINE, _EOLS.map(str.encode), st.just(b": ping\n"), _JUNK, _RETRY)
+STREAMS = st.builds(lambda bom, items: (b"\xef\xbb\xbf" if bom else b"") + b"".join(items),
+                    st.booleans(), st.lists(_ITEM, max_size=25))
+
+
+@FUZZ
+@given(STREAMS, st.data())
+def test_decoder_matches_reference_on_random_cuts(raw, data) -> None:
+    cuts = data.draw(st.lists(st.integers(0, max(len(raw), 1)), max_size=12))
+    assert run_bench(raw, cuts) == reference(raw, cuts)
+
+
+@settings(max_examples=40, deadline=None)
+@given(STREAMS)
+def test_decoder_matches_reference_at_every_cr_lf_and_inside_characters(raw) -> None:
+    """Two reads, cut at every byte next to a CR or LF and inside every multi-byte character."""
+    points = set()
+    for i, b in enumerate(raw):
+        if b in (0x0D, 0x0A):
+            points.update((i, i + 1))
+        elif b >= 0x80:
+            points.add(i + 1)  # after a lead or continuation byte: inside the character (or after it)
+    for c in sorted(points):
+        assert run_bench(raw, [c]) == reference(raw, [c]), c
+
+
+def test_every_single_cut_of_a_dense_stream() -> None:
+    raw = ("\ufeffdata: caf\u00e9\r\n\r\nevent: x\rdata: \u2603\r\rid: 1\nretry: \u00b2\ndata:\U0001F600\n\n"
+           "data: [DONE]\r\n\r\n").encode() + b"data: \xe2\x82\n\n"
+    for c in range(len(raw) + 1):
+        assert run_bench(raw, [c]) == reference(raw, [c]), c
+
+
+@FUZZ
+@given(st.one_of(st.binary(max_size=300), STREAMS), st.lists(st.integers(0, 300), max_size=10))
+def test_decoder_never_raises(raw, cuts) -> None:
+    run_bench(raw, cuts)
+
+
+def test_retry_with_non_ascii_digits_is_ignored() -> None:
+    d = SSEDecoder()
+    for value in ("\u00b2", "\u0663", "\U0001d7d8", "1\u00b2", "", "-1", " 5"):
+        d.feed(f"retry: {value}\n\n".encode(), 0)  # used to raise ValueError on '²' (str.isdigit)
+        assert d.retry is None
+    d.feed(b"retry: 250\n\n", 0)
+    assert d.retry == 250

@@ -25,6 +25,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from ..errors import TokenizerError, TokenizerUnavailable
+
 __all__ = [
     "Tokenizer",
     "TokenizerError",
@@ -41,14 +43,6 @@ class Tokenizer(Protocol):
 
     async def count(self, text: str) -> int:  # pragma: no cover - protocol
         ...
-
-
-class TokenizerError(RuntimeError):
-    """A tokenizer request failed (bad status, malformed reply)."""
-
-
-class TokenizerUnavailable(TokenizerError):
-    """The server exposes no usable ``/tokenize`` endpoint."""
 
 
 def _server_root(url: str) -> str:
@@ -70,8 +64,13 @@ class HttpTokenizer:
     are whatever the server reports for the bare text: llama.cpp adds no BOS by default while
     vLLM does, a constant difference that the caller's ``overhead_tokens`` absorbs.
 
+    Failures after the first success raise :class:`~bench.errors.TokenizerError` with one redacted line (status
+    and the server's message, or the network error), never an httpx exception; :meth:`fallback` then gives an
+    estimator calibrated on the counts that succeeded, so the caller can go on.
+
     Args:
-        client: an open ``httpx.AsyncClient`` (its timeouts and headers apply).
+        client: an open ``httpx.AsyncClient`` (its timeouts and headers apply: with
+            :func:`bench.client.make_http_client`, the bounded ``setup_timeout_s``).
         root_url: server root such as ``"http://127.0.0.1:8080"``.
         model: model name for the vLLM form; omitted from the body when ``None``.
     """
@@ -84,6 +83,7 @@ class HttpTokenizer:
         self.model = model
         self.form: str | None = None  # "llama" | "vllm" once detected
         self.calls = 0  # number of HTTP requests made (for diagnostics)
+        self.samples: list[tuple[int, int]] = []  # (characters, tokens) of the longest successful counts
         self._lock = asyncio.Lock()
 
     @property
@@ -112,17 +112,47 @@ class HttpTokenizer:
         return None
 
     async def _try(self, form: str, text: str) -> int | None:
+        try:
+            return await self._post(form, text)
+        except TokenizerError:
+            return None
+
+    async def _post(self, form: str, text: str) -> int:
+        """One ``POST /tokenize``; raises :class:`TokenizerError` (one redacted line) for any failure."""
+        from ..client import error_from_body, exc_line
+
         self.calls += 1
         try:
             resp = await self.client.post(self.url, json=self._body(form, text))
-        except httpx.HTTPError:
-            return None
+        except httpx.HTTPError as exc:
+            raise TokenizerError(f"POST {self.url} failed: {exc_line(exc)}") from None
         if resp.status_code != 200:
-            return None
+            msg = error_from_body(resp.status_code, resp.headers.get("content-type", ""), resp.content)
+            raise TokenizerError(f"POST {self.url}: {msg}")
         try:
-            return self._parse(resp.json())
-        except ValueError:
+            n = self._parse(resp.json())
+        except (ValueError, RecursionError):
+            n = None
+        if n is None:
+            raise TokenizerError(f"POST {self.url}: reply has no 'tokens' list or 'count'")
+        self._remember(len(text), n)
+        return n
+
+    def _remember(self, chars: int, tokens: int) -> None:
+        if chars > 0 and tokens > 0:
+            self.samples.append((chars, tokens))
+            if len(self.samples) > 64:
+                self.samples.sort(reverse=True)
+                del self.samples[32:]  # keep the longest: they calibrate best
+
+    def fallback(self) -> CalibratedTokenizer | None:
+        """An estimator calibrated on the counts this tokenizer got right (``sum chars / sum tokens``), for a
+        caller whose ``/tokenize`` failed mid-run; None before any success."""
+        chars = sum(c for c, _ in self.samples)
+        tokens = sum(t for _, t in self.samples)
+        if chars <= 0 or tokens <= 0:
             return None
+        return CalibratedTokenizer(chars / tokens)
 
     async def _detect(self, text: str) -> int:
         async with self._lock:
@@ -137,20 +167,7 @@ class HttpTokenizer:
 
     async def _count_known(self, text: str) -> int:
         assert self.form is not None
-        self.calls += 1
-        try:
-            resp = await self.client.post(self.url, json=self._body(self.form, text))
-        except httpx.HTTPError as exc:
-            raise TokenizerError(f"POST {self.url} failed: {exc!r}") from exc
-        if resp.status_code != 200:
-            raise TokenizerError(f"POST {self.url} -> HTTP {resp.status_code}: {resp.text[:200]}")
-        try:
-            n = self._parse(resp.json())
-        except ValueError:
-            n = None
-        if n is None:
-            raise TokenizerError(f"POST {self.url}: reply has no 'tokens' list or 'count'")
-        return n
+        return await self._post(self.form, text)
 
     async def count(self, text: str) -> int:
         """Return the server's token count (``int``) for ``text``.

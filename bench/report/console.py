@@ -1,4 +1,7 @@
-"""Terminal output with rich: plain when stdout is not a terminal or ``NO_COLOR`` is set."""
+"""Terminal output with rich: plain when stdout is not a terminal or ``NO_COLOR`` is set.
+
+Both consoles write through :class:`bench.redaction.RedactingStream`: whatever is printed, the API key is not.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +11,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..redaction import RedactingStream
 from ..results import Results
 
 __all__ = ["stdout", "stderr", "request_table"]
 
 # Not a terminal (a pipe, a file, CI logs): no wrapping at 80 columns, so tables stay readable when saved.
-stdout = Console(width=None if sys.stdout.isatty() else 220)
-stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 220)
+stdout = Console(file=RedactingStream.stdout(), width=None if sys.stdout.isatty() else 220)  # type: ignore[arg-type]
+stderr = Console(file=RedactingStream.stderr(), stderr=True,  # type: ignore[arg-type]
+                 width=None if sys.stderr.isatty() else 220)
 
 _ROWS: list[tuple[str, str, str]] = [
     ("ok", "ok", ""),
