@@ -63,6 +63,11 @@ class SimConfig:
     # -- prefix cache --------------------------------------------------------------------------
     prefix_cache: bool = _f(False, "bool", "reuse earlier prompts' leading blocks: those tokens skip prefill")
     prefix_block_tokens: int = _f(16, "tokens", "prefix-cache block size; only whole blocks match")
+    kv_cache_tokens: int = _f(
+        262144, "tokens",
+        "KV-cache size reported by /metrics (vllm:kv_cache_usage_perc = prompt + output tokens of admitted "
+        "requests / this); reporting only, never limits admission",
+    )
 
     # -- output length ---------------------------------------------------------------------------
     default_max_tokens: int = _f(256, "tokens", "output length when the request gives no max_tokens")
@@ -124,6 +129,7 @@ class SimConfig:
         need(isinstance(self.prefix_cache, bool), "prefix_cache", "must be true or false")
         need(is_int(self.prefix_block_tokens) and self.prefix_block_tokens >= 1, "prefix_block_tokens",
              "must be an int >= 1")
+        need(is_int(self.kv_cache_tokens) and self.kv_cache_tokens >= 1, "kv_cache_tokens", "must be an int >= 1")
         need(is_int(self.default_max_tokens) and self.default_max_tokens >= 1, "default_max_tokens",
              "must be an int >= 1")
         need(is_int(self.max_model_len) and self.max_model_len >= 1, "max_model_len", "must be an int >= 1")

@@ -346,6 +346,8 @@ def _prometheus(cfg: SimConfig, engine: Engine) -> str:
     metric("vllm:num_requests_running", "gauge", "Requests admitted (prefilling or decoding).",
            [(m, engine.num_running)])
     metric("vllm:num_requests_waiting", "gauge", "Requests waiting in the FIFO queue.", [(m, engine.num_waiting)])
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache use, 0..1: held tokens / kv_cache_tokens.",
+           [(m, min(1.0, engine.kv_tokens / cfg.kv_cache_tokens))])
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens processed (counted when prefill ends).",
            [(m, st.prompt_tokens)])
     metric("vllm:generation_tokens_total", "counter", "Output tokens emitted.", [(m, st.generation_tokens)])
