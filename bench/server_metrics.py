@@ -23,6 +23,7 @@ Use::
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import Sequence
@@ -34,9 +35,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from .client import root_url
 from .metric_map import BACKENDS, COUNTER_KEYS, HISTOGRAM_KEYS, Series, backend_of_names
+from .server_info import sglang_summary, slots_summary
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
-           "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
+           "page_from", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -246,11 +248,13 @@ class MetricsScraper:
     skipped: the summary is built from those that answered (``scrapes`` says how many).
     """
 
-    def __init__(self, client: httpx.AsyncClient, url: str, backend: str, interval_s: float = 1.0) -> None:
+    def __init__(self, client: httpx.AsyncClient, url: str, backend: str, interval_s: float = 1.0,
+                 source: str = "metrics") -> None:
         self.client = client
         self.url = url
         self.backend = backend
         self.interval_s = interval_s
+        self.source = source
         self._snaps: list[Snapshot] = []
         self._task: asyncio.Task[None] | None = None
 
@@ -258,11 +262,8 @@ class MetricsScraper:
         """One scrape, appended to the cell's snapshots; None when the page did not come or did not parse."""
         text = await _fetch(self.client, self.url)
         t = time.monotonic()
-        if text is None:
-            return None
-        try:
-            page = parse_page(text)
-        except ValueError:
+        page = page_from(self.source, text) if text is not None else None
+        if page is None:
             return None
         snap = Snapshot(t, page)
         self._snaps.append(snap)
@@ -294,7 +295,9 @@ class MetricsScraper:
         """End the cell: stop the task, scrape once more, and return the cell's ``server_metrics`` dict."""
         await self.stop()
         await self.scrape()
-        return summarize_snapshots(self.backend, self._snaps)
+        out = summarize_snapshots(self.backend, self._snaps)
+        out["source"] = self.source
+        return out
 
 
 def backend_of_page(page: Page) -> str | None:
@@ -304,19 +307,47 @@ def backend_of_page(page: Page) -> str | None:
     return backend_of_names(set(page))
 
 
-async def detect_metrics(client: httpx.AsyncClient, base_root: str, interval_s: float = 1.0) -> MetricsScraper | None:
-    """A scraper for the server at ``base_root`` (root or ``.../v1``), or None when ``/metrics`` does not answer
-    with a page of a known backend (vLLM, SGLang, TGI, llama.cpp, bench's sim)."""
-    url = root_url(base_root.rstrip("/")) + "/metrics"
-    text = await _fetch(client, url)
-    if text is None:
-        return None
+def page_from(source: str, text: str) -> Page | None:
+    """A page from what a route answered: ``/metrics`` text, or the JSON of llama.cpp's ``/slots`` (busy slots ->
+    ``llamacpp:requests_processing``) or SGLang's ``/get_server_info`` (``sglang:spec_accept_length``), the
+    stand-ins where metrics are off. None when it does not parse."""
+    if source == "metrics":
+        try:
+            return parse_page(text)
+        except ValueError:
+            return None
     try:
-        page = parse_page(text)
+        d = json.loads(text)
     except ValueError:
         return None
-    backend = backend_of_page(page)
-    return MetricsScraper(client, url, backend, interval_s) if backend else None
+    if source == "slots":
+        info = slots_summary(d)
+        return {"llamacpp:requests_processing": [((), float(info["slots_processing"]))]} if info else None
+    info = sglang_summary(d)
+    if info is None:
+        return None
+    acc = info.get("spec_accept_length")
+    return {"sglang:spec_accept_length": [((), acc)]} if acc is not None else {}
+
+
+async def detect_metrics(client: httpx.AsyncClient, base_root: str, interval_s: float = 1.0) -> MetricsScraper | None:
+    """A scraper for the server at ``base_root`` (root or ``.../v1``), or None when nothing answers.
+
+    Tried in order: ``/metrics`` with a page of a known backend (vLLM, SGLang, TGI, llama.cpp, bench's sim);
+    where metrics are off, llama.cpp's ``/slots`` (running requests only) and SGLang's ``/get_server_info`` (the
+    speculative accept length only). The summary's ``source`` says which.
+    """
+    root = root_url(base_root.rstrip("/"))
+    text = await _fetch(client, root + "/metrics")
+    page = page_from("metrics", text) if text is not None else None
+    backend = backend_of_page(page) if page is not None else None
+    if backend:
+        return MetricsScraper(client, root + "/metrics", backend, interval_s)
+    for source, route, name in (("slots", "/slots", "llama.cpp"), ("get_server_info", "/get_server_info", "sglang")):
+        text = await _fetch(client, root + route)
+        if text is not None and page_from(source, text) is not None:
+            return MetricsScraper(client, root + route, name, interval_s, source)
+    return None
 
 
 def _bench_output_tokens(cell: dict[str, Any]) -> float | None:

@@ -86,15 +86,16 @@ class StreamSink:
     """Writes SSE events straight to the connection's transport (one ``transport.write`` per event, framed as
     an HTTP/1.1 chunk when the response is chunked): the step loop never awaits a slow client."""
 
-    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage")
+    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk")
 
     def __init__(self, writer: Any, transport: Any, chat: bool, rid: str, created: int, model: str,
-                 include_usage: bool) -> None:
+                 include_usage: bool, usage_mode: str = "final") -> None:
         self.writer = writer
         self.transport = transport
         self.chunked = bool(getattr(writer, "chunked", False))
         self.chat = chat
-        self.include_usage = include_usage
+        self.include_usage = include_usage and usage_mode != "never"
+        self.every_chunk = usage_mode == "every_chunk"
         obj = "chat.completion.chunk" if chat else "text_completion"
         # everything before the per-event part of a chunk
         self.obj_head = (
@@ -137,9 +138,10 @@ class StreamSink:
         else:
             choice = '"text":' + _dumps(output_words(no, start, ntok)) + ',"logprobs":null,"finish_reason":null}]'
         tail = self._final(seq) if final else ""
+        usage = ',"usage":' + _dumps(_usage(seq)) if self.every_chunk else ""
         write_ns = perf_counter_ns()
         data = (
-            f'data: {self.head}{choice},"sim":{{"sched_ns":{sched_ns},"write_ns":{write_ns},"tokens":{ntok}}}}}\n\n'
+            f'data: {self.head}{choice}{usage},"sim":{{"sched_ns":{sched_ns},"write_ns":{write_ns},"tokens":{ntok}}}}}\n\n'
             f"{tail}"
         )
         if seq.first_write_ns is None:
@@ -280,7 +282,7 @@ class _Handlers:
             "Cache-Control": "no-cache",
         })
         writer = await resp.prepare(request)
-        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage)
+        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode)
         seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=sink)
         arrival = perf_counter_ns()
         if chat and not await sink.write(sink.role_chunk()):
@@ -313,8 +315,11 @@ class _Handlers:
             choice = {"index": 0, "text": output_words(seq.no, 0, seq.emitted), "logprobs": None,
                       "finish_reason": seq.finish_reason}
             obj = "text_completion"
-        return {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [choice],
-                "usage": _usage(seq), "sim_request": seq.truth()}
+        out = {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [choice],
+               "usage": _usage(seq), "sim_request": seq.truth()}
+        if self.cfg.usage_mode == "never":
+            del out["usage"]
+        return out
 
 
 # ------------------------------------------------------------------------------------------------
