@@ -38,7 +38,7 @@ from .metric_map import BACKENDS, COUNTER_KEYS, HISTOGRAM_KEYS, Series, backend_
 from .server_info import sglang_summary, slots_summary
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
-           "page_from", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
+           "page_from", "available_keys", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -298,6 +298,12 @@ class MetricsScraper:
         out = summarize_snapshots(self.backend, self._snaps)
         out["source"] = self.source
         return out
+
+
+def available_keys(page: Page, backend: str) -> list[str]:
+    """bench's names (:mod:`bench.metric_map`) that ``page`` carries for ``backend``, in table order."""
+    table = BACKENDS.get("vllm" if backend == "bench-sim" else backend, {})
+    return [k for k in table if _first(page, table, k) is not None]
 
 
 def backend_of_page(page: Page) -> str | None:
