@@ -172,12 +172,6 @@ class Engine:
         return len(self.prefilling) + len(self.decoding)
 
     @property
-    def kv_tokens(self) -> int:
-        """Prompt plus emitted tokens of every admitted (prefilling or decoding) request: the KV cache they hold."""
-        return sum(s.prompt_tokens + s.emitted for _, _, s in self.prefilling) + sum(
-            s.prompt_tokens + s.emitted for s in self.decoding)
-
-    @property
     def num_waiting(self) -> int:
         return len(self.waiting)
 

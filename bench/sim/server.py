@@ -69,6 +69,33 @@ def _completion_prompt_ids(prompt: Any) -> list[int]:
     raise _BadRequest("'prompt' must be a string or a list of token ids (one prompt per request)")
 
 
+def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
+    """``(prompt ids, max_tokens, stream, include_usage)`` of a generation request; raises _BadRequest."""
+    if chat:
+        ids = chat_prompt_tokens(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise _BadRequest("'prompt' is required")
+        ids = _completion_prompt_ids(body["prompt"])
+    mt = _get_int(body, "max_completion_tokens")
+    if mt is None:
+        mt = _get_int(body, "max_tokens")
+    max_tokens = cfg.default_max_tokens if mt is None else mt
+    if max_tokens < 1:
+        raise _BadRequest("'max_tokens' must be >= 1")
+    n = _get_int(body, "n")
+    if n not in (None, 1):
+        raise _BadRequest("bench sim supports only n = 1")
+    if len(ids) + max_tokens > cfg.max_model_len:
+        raise _BadRequest(
+            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({cfg.max_model_len})"
+        )
+    stream = bool(body.get("stream"))
+    so = body.get("stream_options")
+    include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+    return ids, max_tokens, stream, include_usage
+
+
 def _usage(seq: Seq) -> dict[str, Any]:
     return {
         "prompt_tokens": seq.prompt_tokens,
@@ -230,28 +257,7 @@ class _Handlers:
         if not isinstance(body, dict):
             return _error_response(400, "body must be a JSON object", "invalid_request_error")
         try:
-            if chat:
-                ids = chat_prompt_tokens(body.get("messages"))
-            else:
-                if "prompt" not in body:
-                    raise _BadRequest("'prompt' is required")
-                ids = _completion_prompt_ids(body["prompt"])
-            mt = _get_int(body, "max_completion_tokens")
-            if mt is None:
-                mt = _get_int(body, "max_tokens")
-            max_tokens = cfg.default_max_tokens if mt is None else mt
-            if max_tokens < 1:
-                raise _BadRequest("'max_tokens' must be >= 1")
-            n = _get_int(body, "n")
-            if n not in (None, 1):
-                raise _BadRequest("bench sim supports only n = 1")
-            if len(ids) + max_tokens > cfg.max_model_len:
-                raise _BadRequest(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({cfg.max_model_len})"
-                )
-            stream = bool(body.get("stream"))
-            so = body.get("stream_options")
-            include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+            ids, max_tokens, stream, include_usage = _parse_generate(cfg, body, chat)
         except (_BadRequest, ValueError) as e:
             return _error_response(400, str(e), "invalid_request_error")
 
@@ -329,6 +335,12 @@ def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
+def _kv_tokens(engine: Engine) -> int:
+    """Prompt plus emitted tokens of every admitted (prefilling or decoding) request: the KV cache they hold."""
+    return sum(s.prompt_tokens + s.emitted for _, _, s in engine.prefilling) + sum(
+        s.prompt_tokens + s.emitted for s in engine.decoding)
+
+
 def _prometheus(cfg: SimConfig, engine: Engine) -> str:
     st = engine.stats
     m = f'model_name="{_label(cfg.model)}"'
@@ -352,7 +364,7 @@ def _prometheus(cfg: SimConfig, engine: Engine) -> str:
            [(m, engine.num_running)])
     metric("vllm:num_requests_waiting", "gauge", "Requests waiting in the FIFO queue.", [(m, engine.num_waiting)])
     metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache use, 0..1: held tokens / kv_cache_tokens.",
-           [(m, min(1.0, engine.kv_tokens / cfg.kv_cache_tokens))])
+           [(m, min(1.0, _kv_tokens(engine) / cfg.kv_cache_tokens))])
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens processed (counted when prefill ends).",
            [(m, st.prompt_tokens)])
     metric("vllm:generation_tokens_total", "counter", "Output tokens emitted.", [(m, st.generation_tokens)])
