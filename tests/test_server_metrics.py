@@ -188,3 +188,29 @@ def test_llama_server_metrics(llama_server: str) -> None:
     assert s["generation_tokens"] == sum(r.usage["completion_tokens"] for r in recs)
     assert s["prompt_tokens"] > 0 and s["requests_running_max"] >= 1
     assert cross_checks(s, {"id": "c", "output_tokens_total": s["generation_tokens"]}, False) == []
+
+
+def test_slots_and_server_info_stand_in_for_metrics() -> None:
+    """Where /metrics is off: llama.cpp's /slots gives the running gauge, SGLang's /get_server_info the accept
+    length (and what the server is set to)."""
+    import json
+
+    from bench.server_info import sglang_summary, slots_summary
+    from bench.server_metrics import page_from
+
+    slots = [{"id": i, "n_ctx": 8192, "is_processing": i < 3, "params": {"speculative.n_max": 16}} for i in range(4)]
+    assert slots_summary(slots) == {"slots": 4, "slot_ctx": 8192, "slots_processing": 3, "speculative_n_max": 16}
+    idle = page_from("slots", json.dumps([{**s, "is_processing": False} for s in slots]))
+    busy = page_from("slots", json.dumps(slots))
+    assert idle is not None and busy is not None
+    s = summarize_snapshots("llama.cpp", [Snapshot(0, idle), Snapshot(1, busy), Snapshot(2, idle)])
+    assert s["requests_running_max"] == 3 and "generation_tokens" not in s
+    info = {"disable_radix_cache": False, "speculative_algorithm": "EAGLE", "max_running_requests": 64,
+            "enable_metrics": False, "context_length": 32768, "internal_states": [{"avg_spec_accept_length": 2.7}]}
+    assert sglang_summary(info) == {"prefix_cache": True, "speculative": "EAGLE", "max_running_requests": 64,
+                                    "metrics_enabled": False, "context_length": 32768, "spec_accept_length": 2.7}
+    p = page_from("get_server_info", json.dumps(info))
+    assert p is not None
+    s = summarize_snapshots("sglang", [Snapshot(0, p), Snapshot(1, p)])
+    assert s["spec_mean_accepted_length"] == 2.7
+    assert slots_summary({"x": 1}) is None and sglang_summary([1]) is None and page_from("slots", "nope") is None
