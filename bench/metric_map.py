@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Series", "BACKENDS", "PREFIXES", "COUNTER_KEYS", "GAUGE_KEYS", "HISTOGRAM_KEYS", "backend_of_names"]
+__all__ = ["Series", "BACKENDS", "PREFIXES", "COUNTER_KEYS", "GAUGE_KEYS", "HISTOGRAM_KEYS", "backend_of_names",
+           "QUERIES_ARE_PROMPT_PLUS_HITS"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,11 +115,14 @@ TGI: dict[str, tuple[Series, ...]] = {
 }
 
 LLAMACPP: dict[str, tuple[Series, ...]] = {
-    # llama.cpp counts prompt tokens it evaluated: tokens reused from a slot's cache are not in it
+    # llama.cpp counts the prompt tokens it evaluated; those reused from a slot's cache are counted apart
+    # (prompt_tokens_cached), so its prefix-cache queries are the sum of both (QUERIES_ARE_PROMPT_PLUS_HITS)
     "prompt_tokens": (_c("llamacpp:prompt_tokens"),),
     "generation_tokens": (_c("llamacpp:tokens_predicted"),),
-    "spec_draft_tokens": (_c("llamacpp:tokens_drafted"),),
-    "spec_accepted_tokens": (_c("llamacpp:tokens_drafted_accepted"),),
+    "prefix_cache_hits": (_c("llamacpp:prompt_tokens_cached"),),
+    "spec_drafts": (_c("llamacpp:spec_decode_num_drafts"),),
+    "spec_draft_tokens": (_c("llamacpp:spec_decode_num_draft_tokens"), _c("llamacpp:tokens_drafted")),
+    "spec_accepted_tokens": (_c("llamacpp:spec_decode_num_accepted_tokens"), _c("llamacpp:tokens_drafted_accepted")),
     "kv_cache_usage_pct": (_g("llamacpp:kv_cache_usage_ratio", 100.0, "max"),),
     "requests_running": (_g("llamacpp:requests_processing"),),
     "requests_waiting": (_g("llamacpp:requests_deferred"),),
@@ -130,6 +134,9 @@ BACKENDS: dict[str, dict[str, tuple[Series, ...]]] = {
     "tgi": TGI,
     "llama.cpp": LLAMACPP,
 }
+
+# backends whose prompt-token counter leaves out cached tokens: prefix-cache queries = prompt tokens + hits
+QUERIES_ARE_PROMPT_PLUS_HITS = frozenset({"llama.cpp"})
 
 # a page is this backend's when one of its series starts with this; bench's sim speaks vLLM's names
 PREFIXES: tuple[tuple[str, str], ...] = (

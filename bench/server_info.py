@@ -81,15 +81,14 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
 
 def slots_summary(slots: Any) -> dict[str, Any] | None:
     """What llama.cpp's ``GET /slots`` says (a list of slots), or None for anything else: ``slots`` (count),
-    ``slot_ctx`` (context per slot), ``slots_processing`` (busy now), ``speculative_n_max`` (draft tokens per step
-    the slot is set to; llama.cpp reports it with or without a draft model loaded)."""
+    ``slot_ctx`` (context per slot), ``slots_processing`` (busy now), ``speculative`` (a draft model or other
+    speculative decoding is set up for the slot)."""
     if not isinstance(slots, list) or not slots or not all(isinstance(x, dict) for x in slots):
         return None
     busy = sum(1 for x in slots if x.get("is_processing") or x.get("state") == 1)
     out: dict[str, Any] = {"slots": len(slots), "slot_ctx": slots[0].get("n_ctx"), "slots_processing": busy}
-    params = slots[0].get("params")
-    if isinstance(params, dict) and isinstance(params.get("speculative.n_max"), int):
-        out["speculative_n_max"] = params["speculative.n_max"]
+    if isinstance(slots[0].get("speculative"), bool):
+        out["speculative"] = slots[0]["speculative"]
     return out
 
 

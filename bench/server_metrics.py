@@ -34,7 +34,14 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from .client import root_url
-from .metric_map import BACKENDS, COUNTER_KEYS, HISTOGRAM_KEYS, Series, backend_of_names
+from .metric_map import (
+    BACKENDS,
+    COUNTER_KEYS,
+    HISTOGRAM_KEYS,
+    QUERIES_ARE_PROMPT_PLUS_HITS,
+    Series,
+    backend_of_names,
+)
 from .server_info import sglang_summary, slots_summary
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
@@ -221,6 +228,8 @@ def summarize_snapshots(backend: str, snaps: Sequence[Snapshot]) -> dict[str, An
         s = _first(last, table, key)
         if s is not None:
             out[key] = int(round(_counter_delta(snaps, _sample_name(s))))
+    if backend in QUERIES_ARE_PROMPT_PLUS_HITS and "prefix_cache_hits" in out and "prompt_tokens" in out:
+        out["prefix_cache_queries"] = out["prompt_tokens"] + out["prefix_cache_hits"]
     out.update(_gauges(snaps, table))
     for key in HISTOGRAM_KEYS:
         s = _first(last, table, key)

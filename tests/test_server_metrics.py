@@ -173,6 +173,8 @@ def test_no_metrics_page() -> None:
 
 @pytest.mark.engine
 def test_llama_server_metrics(llama_server: str) -> None:
+    """The real llama-server (--metrics): token deltas exact against its usage, cached tokens against its
+    timings.cache_n (the same prompt twice)."""
     async def go() -> tuple[dict, list]:
         async with make_http_client(ClientSettings(), 2) as client:
             scraper = await detect_metrics(client, llama_server, interval_s=0.05)
@@ -181,12 +183,16 @@ def test_llama_server_metrics(llama_server: str) -> None:
             specs = [RequestSpec(f"e{i}", "completions", {"prompt": f"Count to ten, take {i}:", "max_tokens": 24,
                                                          "temperature": 0}) for i in range(2)]
             recs = list(await asyncio.gather(*(stream_request(client, llama_server, s, model="m") for s in specs)))
+            again = RequestSpec("e-again", "completions", {"prompt": "Count to ten, take 0:", "max_tokens": 8})
+            recs.append(await stream_request(client, llama_server, again, model="m"))
             return await scraper.end(), recs
 
     s, recs = asyncio.run(go())
     assert all(r.ok for r in recs)
     assert s["generation_tokens"] == sum(r.usage["completion_tokens"] for r in recs)
-    assert s["prompt_tokens"] > 0 and s["requests_running_max"] >= 1
+    assert s["prefix_cache_hits"] == sum(r.timings.get("cache_n", 0) for r in recs) > 0
+    assert s["prefix_cache_queries"] == sum(r.usage["prompt_tokens"] for r in recs)  # evaluated + cached
+    assert s["requests_running_max"] >= 1 and s["spec_draft_tokens"] == 0
     assert cross_checks(s, {"id": "c", "output_tokens_total": s["generation_tokens"]}, False) == []
 
 
@@ -198,8 +204,8 @@ def test_slots_and_server_info_stand_in_for_metrics() -> None:
     from bench.server_info import sglang_summary, slots_summary
     from bench.server_metrics import page_from
 
-    slots = [{"id": i, "n_ctx": 8192, "is_processing": i < 3, "params": {"speculative.n_max": 16}} for i in range(4)]
-    assert slots_summary(slots) == {"slots": 4, "slot_ctx": 8192, "slots_processing": 3, "speculative_n_max": 16}
+    slots = [{"id": i, "n_ctx": 8192, "is_processing": i < 3, "speculative": True} for i in range(4)]
+    assert slots_summary(slots) == {"slots": 4, "slot_ctx": 8192, "slots_processing": 3, "speculative": True}
     idle = page_from("slots", json.dumps([{**s, "is_processing": False} for s in slots]))
     busy = page_from("slots", json.dumps(slots))
     assert idle is not None and busy is not None
