@@ -45,7 +45,7 @@ from .metric_map import (
 from .server_info import sglang_summary, slots_summary
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
-           "page_from", "available_keys", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
+           "page_from", "available_keys", "spec_from_timings", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -363,6 +363,25 @@ async def detect_metrics(client: httpx.AsyncClient, base_root: str, interval_s: 
         if text is not None and page_from(source, text) is not None:
             return MetricsScraper(client, root + route, name, interval_s, source)
     return None
+
+
+def spec_from_timings(records: Sequence[Any]) -> dict[str, Any] | None:
+    """Speculative decoding as llama-server reports it per response (``timings.draft_n``, ``draft_n_accepted``),
+    summed over the successful records of a cell: ``{"draft_tokens", "accepted_tokens", "acceptance_rate"}``, or
+    None when no record carries it. Pure."""
+    drafted = accepted = 0
+    seen = False
+    for r in records:
+        t = getattr(r, "timings", None)
+        if not getattr(r, "ok", False) or not isinstance(t, dict) or "draft_n" not in t:
+            continue
+        seen = True
+        drafted += int(t.get("draft_n") or 0)
+        accepted += int(t.get("draft_n_accepted") or 0)
+    if not seen:
+        return None
+    rate = round(accepted / drafted, 4) if drafted else None
+    return {"draft_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": rate}
 
 
 def _bench_output_tokens(cell: dict[str, Any]) -> float | None:

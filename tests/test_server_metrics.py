@@ -220,3 +220,31 @@ def test_slots_and_server_info_stand_in_for_metrics() -> None:
     s = summarize_snapshots("sglang", [Snapshot(0, p), Snapshot(1, p)])
     assert s["spec_mean_accepted_length"] == 2.7
     assert slots_summary({"x": 1}) is None and sglang_summary([1]) is None and page_from("slots", "nope") is None
+
+
+@pytest.mark.engine
+def test_llama_server_draft_acceptance() -> None:
+    """llama-server with a draft model (SmolLM2 as its own draft): the acceptance counters of /metrics equal the
+    per-response timings (draft_n, draft_n_accepted), and the mean accepted length is 1 + accepted / drafts."""
+    from bench.engine import LocalEngine, find_model
+    from bench.server_metrics import spec_from_timings
+
+    extra = ["-md", str(find_model()), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
+
+    async def go(url: str) -> tuple[dict, list]:
+        async with make_http_client(ClientSettings()) as client:
+            scraper = await detect_metrics(client, url)
+            assert scraper is not None
+            await scraper.begin()
+            spec = RequestSpec("d0", "completions", {"prompt": "One, two, three, four,", "max_tokens": 16,
+                                                     "ignore_eos": True, "temperature": 0})
+            recs = [await stream_request(client, url, spec, model="m")]
+            return await scraper.end(), recs
+
+    with LocalEngine(parallel=1, ctx_size=2048, extra_args=extra) as eng:
+        s, recs = asyncio.run(go(eng.url))
+    st = spec_from_timings(recs)
+    assert st is not None and st["draft_tokens"] > 0
+    assert (s["spec_draft_tokens"], s["spec_accepted_tokens"]) == (st["draft_tokens"], st["accepted_tokens"])
+    assert s["spec_acceptance_rate"] == st["acceptance_rate"]
+    assert s["spec_mean_accepted_length"] == round(1 + s["spec_accepted_tokens"] / s["spec_drafts"], 4)
