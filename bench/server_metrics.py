@@ -45,7 +45,7 @@ from .metric_map import (
 from .server_info import sglang_summary, slots_summary
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
-           "page_from", "available_keys", "spec_from_timings", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
+           "page_from", "available_keys", "spec_from_timings", "table_fields", "TABLE_FIELDS", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -382,6 +382,20 @@ def spec_from_timings(records: Sequence[Any]) -> dict[str, Any] | None:
         return None
     rate = round(accepted / drafted, 4) if drafted else None
     return {"draft_tokens": drafted, "accepted_tokens": accepted, "acceptance_rate": rate}
+
+
+# columns a cell's row may show (terminal table, CSV, Markdown): (server_metrics key, header)
+TABLE_FIELDS: tuple[tuple[str, str], ...] = (
+    ("kv_cache_usage_pct_max", "KV % max"),
+    ("requests_waiting_max", "waiting max"),
+    ("spec_acceptance_rate", "accept rate"),
+)
+
+
+def table_fields(server_metrics: dict[str, Any] | None) -> dict[str, float]:
+    """``{header: value}`` of :data:`TABLE_FIELDS` present in a cell's ``server_metrics`` (absent: not shown)."""
+    sm = server_metrics or {}
+    return {h: sm[k] for k, h in TABLE_FIELDS if isinstance(sm.get(k), (int, float))}
 
 
 def _bench_output_tokens(cell: dict[str, Any]) -> float | None:
