@@ -299,6 +299,8 @@ class MetricsScraper:
                 await task
             except asyncio.CancelledError:
                 pass
+            except Exception:  # noqa: BLE001 - a scrape that broke the task loses the series, never the run
+                pass
 
     async def end(self) -> dict[str, Any]:
         """End the cell: stop the task, scrape once more, and return the cell's ``server_metrics`` dict."""
