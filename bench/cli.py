@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from . import __version__
+from . import cli_check as _cli_check
 from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
@@ -329,6 +330,8 @@ def sim(ctx: click.Context) -> None:
 
 for _cmd in (gate, compare, ab, report):
     cli.add_command(_cmd)
+cli.add_command(_cli_check.check)
+cli.add_command(_cli_check.record)
 
 
 def main(argv: list[str] | None = None) -> int:

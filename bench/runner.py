@@ -42,6 +42,7 @@ from .prompts.content import stream_text
 from .records import RecordWriter, RequestRecord
 from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
 from .server_info import discover_server
+from .server_metrics import MetricsScraper, cross_check_notes, cross_checks, detect_metrics
 from .stats import bootstrap_ci
 from .summary import summarize_cell
 
@@ -75,6 +76,7 @@ class CellRun:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     lag: dict[str, Any] | None = None
+    server_metrics: dict[str, Any] | None = None
     summary: CellResult | None = None
 
     def extend(self, more: CellRun) -> None:
@@ -83,6 +85,8 @@ class CellRun:
         self.waves.extend(more.waves)
         self.cpu_s += more.cpu_s
         self.wall_s += more.wall_s
+        if self.server_metrics is None:  # the server's counters of the first measured waves (ab: its first wave)
+            self.server_metrics = more.server_metrics
         if more.lag is not None:
             old = self.lag or {}
             self.lag = {k: max(v, old.get(k) or 0) if isinstance(v, int | float) else v for k, v in more.lag.items()}
@@ -129,6 +133,7 @@ class Session:
         self.workers_auto = False
         self.annotators: list[CellAnnotator] = []
         self.drift: dict[str, Any] | None = None
+        self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server_metrics), when it has one
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
         self.started = datetime.now(UTC)
 
@@ -171,6 +176,7 @@ class Session:
             await s._setup_tokenizer()
             await s._measure_overhead()
             s.pool = pool if pool is not None else s._worker_pool(workers, conc)
+            s.scraper = await detect_metrics(s.client, s.base)
             gc.collect()
             gc.freeze()  # what exists now (modules, the session) is never scanned again by the collector
         except BaseException:
@@ -191,6 +197,8 @@ class Session:
         if self.pool is not None:
             self.pool.close()
             self.pool = None
+        if self.scraper is not None:
+            await self.scraper.stop()
         await self.client.aclose()
         if self.writer is not None:
             self.writer.close()
@@ -427,11 +435,15 @@ class Session:
         if warmup:
             await self._warm(cell)
         mon = LagMonitor()
+        if self.scraper is not None:
+            await self.scraper.begin()
         mon.start()
         try:
             await self._measured_waves(run, want, fixed, first_wave)
         finally:
             run.lag = mon.stop()
+            if self.scraper is not None:
+                run.server_metrics = await self.scraper.end()
         self.summarize(run)
         return run
 
@@ -464,11 +476,24 @@ class Session:
         lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams) if run.lag else None
         if lag_note and self.pool is None:  # worker processes' own loops are not watched from here
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
+        if run.server_metrics:
+            self._server_checks(run, run.summary)
         for annotate in self.annotators:
             annotate(self, run.summary)
         if self.observer is not None:
             self.observer.cell_done(cell, run.summary)
         return run.summary
+
+    def _server_checks(self, run: CellRun, summary: CellResult) -> None:
+        """The server's own counters beside bench's: stored, cross-checked (warnings), TTFT compared (notes)."""
+        sm = dict(run.server_metrics or {})
+        ok = [m for m in map(request_metrics, run.records) if m.ok]
+        view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ok)}
+        summary.warnings += cross_checks(sm, view, prefix_cache_expected=self.profile.prefix_cache)
+        notes = cross_check_notes(sm, view)
+        if notes:
+            sm["notes"] = notes
+        summary.server_metrics = sm
 
     def _ci_met(self, run: CellRun) -> bool:
         vals = [m.decode_tok_s for m in map(request_metrics, run.records) if m.ok and m.decode_tok_s]

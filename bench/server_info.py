@@ -17,7 +17,7 @@ import httpx
 from .client import root_url
 from .redaction import redact_obj
 
-__all__ = ["discover_server"]
+__all__ = ["discover_server", "server_extras", "slots_summary", "sglang_summary"]
 
 _OWNER_BACKEND = {
     "llamacpp": "llama.cpp",
@@ -93,4 +93,53 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
         info["routes"].append("get_model_info")
         info["backend"] = info["backend"] or "sglang"
     info["context_size"] = _positive_int(ctx)
+    info.update(await server_extras(client, root))
     return dict(redact_obj(info))
+
+
+def slots_summary(slots: Any) -> dict[str, Any] | None:
+    """What llama.cpp's ``GET /slots`` says (a list of slots), or None for anything else: ``slots`` (count),
+    ``slot_ctx`` (context per slot), ``slots_processing`` (busy now), ``speculative`` (a draft model or other
+    speculative decoding is set up for the slot)."""
+    if not isinstance(slots, list) or not slots or not all(isinstance(x, dict) for x in slots):
+        return None
+    busy = sum(1 for x in slots if x.get("is_processing") or x.get("state") == 1)
+    out: dict[str, Any] = {"slots": len(slots), "slot_ctx": slots[0].get("n_ctx"), "slots_processing": busy}
+    if isinstance(slots[0].get("speculative"), bool):
+        out["speculative"] = slots[0]["speculative"]
+    return out
+
+
+def sglang_summary(d: Any) -> dict[str, Any] | None:
+    """What SGLang's ``GET /get_server_info`` says, or None for anything else: ``prefix_cache`` (radix cache on),
+    ``speculative`` (the algorithm or None), ``max_running_requests``, ``metrics_enabled``, ``context_length`` and
+    ``spec_accept_length`` (the scheduler's running average, present with speculative decoding)."""
+    if not isinstance(d, dict) or not ("disable_radix_cache" in d or "internal_states" in d):
+        return None
+    out: dict[str, Any] = {
+        "prefix_cache": (not d["disable_radix_cache"]) if isinstance(d.get("disable_radix_cache"), bool) else None,
+        "speculative": d.get("speculative_algorithm"),
+        "max_running_requests": d.get("max_running_requests"),
+        "metrics_enabled": d.get("enable_metrics"),
+        "context_length": d.get("context_length"),
+    }
+    states = d.get("internal_states")
+    if isinstance(states, list) and states and isinstance(states[0], dict):
+        acc = states[0].get("avg_spec_accept_length")
+        if isinstance(acc, (int, float)):
+            out["spec_accept_length"] = float(acc)
+    return out
+
+
+async def server_extras(client: httpx.AsyncClient, root: str) -> dict[str, Any]:
+    """llama.cpp ``/slots`` and SGLang ``/get_server_info``: what they add to the server description
+    (``{"slots_info": {...}}`` and/or ``{"sglang_info": {...}}``; keys defined by :func:`slots_summary` and
+    :func:`sglang_summary`); empty when neither answers."""
+    out: dict[str, Any] = {}
+    slots = slots_summary(await _get_json(client, f"{root}/slots"))
+    if slots is not None:
+        out["slots_info"] = slots
+    sgl = sglang_summary(await _get_json(client, f"{root}/get_server_info"))
+    if sgl is not None:
+        out["sglang_info"] = sgl
+    return out

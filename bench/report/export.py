@@ -34,6 +34,13 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("server_prefill_tok_s_p50", "server_prefill_tok_s", "median"), ("overhead_ms", "overhead_ms", None),
     ("prompt_tokens_p50", "prompt_tokens", "median"), ("output_tokens_p50", "output_tokens", "median"),
     ("tokens_per_event_p50", "tokens_per_event", "median"), ("cached_tokens", "cached_tokens", None),
+    ("client_cpu_pct", "client_cpu_pct", None),
+    ("server_kv_cache_usage_pct_max", "server_metrics", "kv_cache_usage_pct_max"),
+    ("server_requests_waiting_max", "server_metrics", "requests_waiting_max"),
+    ("server_spec_acceptance_rate", "server_metrics", "spec_acceptance_rate"),
+    ("server_prefix_cache_hit_rate", "server_metrics", "prefix_cache_hit_rate"),
+    ("decode_pct_of_limit", "roofline", "decode_pct_of_limit"),
+    ("prefill_pct_of_limit", "roofline", "prefill_pct_of_limit"),
 ]
 
 

@@ -18,6 +18,7 @@ from typing import Any
 __all__ = ["SimConfig", "load_config", "FIELD_HELP", "ERROR_KINDS"]
 
 ERROR_KINDS = ("429", "503", "stream")
+USAGE_MODES = ("final", "every_chunk", "never")
 
 
 def _f(default: Any, unit: str, help: str) -> Any:
@@ -63,6 +64,18 @@ class SimConfig:
     # -- prefix cache --------------------------------------------------------------------------
     prefix_cache: bool = _f(False, "bool", "reuse earlier prompts' leading blocks: those tokens skip prefill")
     prefix_block_tokens: int = _f(16, "tokens", "prefix-cache block size; only whole blocks match")
+    kv_cache_tokens: int = _f(
+        262144, "tokens",
+        "KV-cache size reported by /metrics (vllm:kv_cache_usage_perc = prompt + output tokens of admitted "
+        "requests / this); reporting only, never limits admission",
+    )
+
+    # -- usage -----------------------------------------------------------------------------------
+    usage_mode: str = _f(
+        "final", "'final'|'every_chunk'|'never'",
+        "streamed usage: 'final' = one usage chunk at the end when stream_options.include_usage asks; "
+        "'every_chunk' = also a running usage on every token chunk; 'never' = no usage at all",
+    )
 
     # -- output length ---------------------------------------------------------------------------
     default_max_tokens: int = _f(256, "tokens", "output length when the request gives no max_tokens")
@@ -124,11 +137,13 @@ class SimConfig:
         need(isinstance(self.prefix_cache, bool), "prefix_cache", "must be true or false")
         need(is_int(self.prefix_block_tokens) and self.prefix_block_tokens >= 1, "prefix_block_tokens",
              "must be an int >= 1")
+        need(is_int(self.kv_cache_tokens) and self.kv_cache_tokens >= 1, "kv_cache_tokens", "must be an int >= 1")
         need(is_int(self.default_max_tokens) and self.default_max_tokens >= 1, "default_max_tokens",
              "must be an int >= 1")
         need(is_int(self.max_model_len) and self.max_model_len >= 1, "max_model_len", "must be an int >= 1")
         need(is_num(self.eos_prob) and 0 <= self.eos_prob < 1, "eos_prob", "must be in [0, 1)")
         need(is_num(self.error_rate) and 0 <= self.error_rate <= 1, "error_rate", "must be in [0, 1]")
+        need(self.usage_mode in USAGE_MODES, "usage_mode", f"must be one of {', '.join(USAGE_MODES)}")
         need(self.error_kind in ERROR_KINDS, "error_kind", f"must be one of {', '.join(ERROR_KINDS)}")
         need(is_int(self.error_after_tokens) and self.error_after_tokens >= 0, "error_after_tokens",
              "must be an int >= 0")

@@ -69,6 +69,33 @@ def _completion_prompt_ids(prompt: Any) -> list[int]:
     raise _BadRequest("'prompt' must be a string or a list of token ids (one prompt per request)")
 
 
+def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
+    """``(prompt ids, max_tokens, stream, include_usage)`` of a generation request; raises _BadRequest."""
+    if chat:
+        ids = chat_prompt_tokens(body.get("messages"))
+    else:
+        if "prompt" not in body:
+            raise _BadRequest("'prompt' is required")
+        ids = _completion_prompt_ids(body["prompt"])
+    mt = _get_int(body, "max_completion_tokens")
+    if mt is None:
+        mt = _get_int(body, "max_tokens")
+    max_tokens = cfg.default_max_tokens if mt is None else mt
+    if max_tokens < 1:
+        raise _BadRequest("'max_tokens' must be >= 1")
+    n = _get_int(body, "n")
+    if n not in (None, 1):
+        raise _BadRequest("bench sim supports only n = 1")
+    if len(ids) + max_tokens > cfg.max_model_len:
+        raise _BadRequest(
+            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({cfg.max_model_len})"
+        )
+    stream = bool(body.get("stream"))
+    so = body.get("stream_options")
+    include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+    return ids, max_tokens, stream, include_usage
+
+
 def _usage(seq: Seq) -> dict[str, Any]:
     return {
         "prompt_tokens": seq.prompt_tokens,
@@ -86,15 +113,16 @@ class StreamSink:
     """Writes SSE events straight to the connection's transport (one ``transport.write`` per event, framed as
     an HTTP/1.1 chunk when the response is chunked): the step loop never awaits a slow client."""
 
-    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage")
+    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk")
 
     def __init__(self, writer: Any, transport: Any, chat: bool, rid: str, created: int, model: str,
-                 include_usage: bool) -> None:
+                 include_usage: bool, usage_mode: str = "final") -> None:
         self.writer = writer
         self.transport = transport
         self.chunked = bool(getattr(writer, "chunked", False))
         self.chat = chat
-        self.include_usage = include_usage
+        self.include_usage = include_usage and usage_mode != "never"
+        self.every_chunk = usage_mode == "every_chunk"
         obj = "chat.completion.chunk" if chat else "text_completion"
         # everything before the per-event part of a chunk
         self.obj_head = (
@@ -140,9 +168,10 @@ class StreamSink:
         else:
             choice = '"text":' + _dumps(output_words(no, start, ntok)) + ',"logprobs":null,"finish_reason":null}]'
         tail = self._final(seq) if final else ""
+        usage = ',"usage":' + _dumps(_usage(seq)) if self.every_chunk else ""
         write_ns = perf_counter_ns()
         data = (
-            f'data: {self.head}{choice},"sim":{{"sched_ns":{sched_ns},"write_ns":{write_ns},"tokens":{ntok}}}}}\n\n'
+            f'data: {self.head}{choice}{usage},"sim":{{"sched_ns":{sched_ns},"write_ns":{write_ns},"tokens":{ntok}}}}}\n\n'
             f"{tail}"
         )
         if seq.first_write_ns is None:
@@ -231,28 +260,7 @@ class _Handlers:
         if not isinstance(body, dict):
             return _error_response(400, "body must be a JSON object", "invalid_request_error")
         try:
-            if chat:
-                ids = chat_prompt_tokens(body.get("messages"))
-            else:
-                if "prompt" not in body:
-                    raise _BadRequest("'prompt' is required")
-                ids = _completion_prompt_ids(body["prompt"])
-            mt = _get_int(body, "max_completion_tokens")
-            if mt is None:
-                mt = _get_int(body, "max_tokens")
-            max_tokens = cfg.default_max_tokens if mt is None else mt
-            if max_tokens < 1:
-                raise _BadRequest("'max_tokens' must be >= 1")
-            n = _get_int(body, "n")
-            if n not in (None, 1):
-                raise _BadRequest("bench sim supports only n = 1")
-            if len(ids) + max_tokens > cfg.max_model_len:
-                raise _BadRequest(
-                    f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) exceeds max_model_len ({cfg.max_model_len})"
-                )
-            stream = bool(body.get("stream"))
-            so = body.get("stream_options")
-            include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
+            ids, max_tokens, stream, include_usage = _parse_generate(cfg, body, chat)
         except (_BadRequest, ValueError) as e:
             return _error_response(400, str(e), "invalid_request_error")
 
@@ -283,7 +291,7 @@ class _Handlers:
             "Cache-Control": "no-cache",
         })
         writer = await resp.prepare(request)
-        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage)
+        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode)
         seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=sink)
         arrival = perf_counter_ns()
         if chat and not await sink.write(sink.role_chunk(arrival)):
@@ -316,8 +324,11 @@ class _Handlers:
             choice = {"index": 0, "text": output_words(seq.no, 0, seq.emitted), "logprobs": None,
                       "finish_reason": seq.finish_reason}
             obj = "text_completion"
-        return {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [choice],
-                "usage": _usage(seq), "sim_request": seq.truth()}
+        out = {"id": rid, "object": obj, "created": created, "model": self.cfg.model, "choices": [choice],
+               "usage": _usage(seq), "sim_request": seq.truth()}
+        if self.cfg.usage_mode == "never":
+            del out["usage"]
+        return out
 
 
 # ------------------------------------------------------------------------------------------------
@@ -325,6 +336,12 @@ class _Handlers:
 # ------------------------------------------------------------------------------------------------
 def _label(v: str) -> str:
     return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _kv_tokens(engine: Engine) -> int:
+    """Prompt plus emitted tokens of every admitted (prefilling or decoding) request: the KV cache they hold."""
+    return sum(s.prompt_tokens + s.emitted for _, _, s in engine.prefilling) + sum(
+        s.prompt_tokens + s.emitted for s in engine.decoding)
 
 
 def _prometheus(cfg: SimConfig, engine: Engine) -> str:
@@ -349,6 +366,8 @@ def _prometheus(cfg: SimConfig, engine: Engine) -> str:
     metric("vllm:num_requests_running", "gauge", "Requests admitted (prefilling or decoding).",
            [(m, engine.num_running)])
     metric("vllm:num_requests_waiting", "gauge", "Requests waiting in the FIFO queue.", [(m, engine.num_waiting)])
+    metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache use, 0..1: held tokens / kv_cache_tokens.",
+           [(m, min(1.0, _kv_tokens(engine) / cfg.kv_cache_tokens))])
     metric("vllm:prompt_tokens_total", "counter", "Prompt tokens processed (counted when prefill ends).",
            [(m, st.prompt_tokens)])
     metric("vllm:generation_tokens_total", "counter", "Output tokens emitted.", [(m, st.generation_tokens)])

