@@ -40,6 +40,7 @@ import math
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
@@ -74,7 +75,7 @@ __all__ = [
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s")
+                 "server_prefill_tok_s", "spec_acceptance_rate")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).
@@ -85,6 +86,8 @@ DEFAULT_GATE_TABLES: tuple[dict[str, Any], ...] = (
     {"metric": "decode_tok_s", "cell": "*", "stat": "median", "max_drop_pct": 5},
     {"metric": "ttft_ms", "cell": "*", "stat": "p90", "max_rise_pct": 10},
 )
+COUNT_METRICS = {"spec_acceptance_rate": ("spec_accepted_tokens", "spec_draft_tokens", "spec_drafts")}
+"""Rates the server counts (its /metrics): metric -> (successes key, trials key, independent-trials key)."""
 MIN_SAMPLES = 2  # fewer on either side: inconclusive (a bootstrap of one value says nothing about spread)
 
 
@@ -337,6 +340,35 @@ def cell_samples(cell: CellResult, metric: str) -> list[float]:
     return [float(v) for v in vs if v is not None and _is_num(v)]
 
 
+def _proportion(cell: CellResult, metric: str) -> tuple[float, float] | None:
+    """``(rate, effective trials)`` of a count metric from a cell's ``server_metrics``: the acceptance rate
+    (accepted / drafted tokens) with the number of drafts as the trials (tokens of one draft are not independent),
+    or None when the server did not count it."""
+    acc_key, n_key, eff_key = COUNT_METRICS[metric]
+    sm = cell.server_metrics or {}
+    acc, n, eff = (float(v) if _is_num(v) else 0.0 for v in (sm.get(acc_key), sm.get(n_key), sm.get(eff_key)))  # type: ignore[arg-type]
+    if n <= 0 or acc <= 0:
+        return None
+    return acc / n, eff if eff > 0 else n
+
+
+def compare_counts(rule: Rule, cell: str, base: CellResult, cand: CellResult, *, level: float = 0.95) -> Verdict:
+    """The verdict of a rule on a rate the server counts (``spec_acceptance_rate``): the ratio of two proportions
+    with the log-ratio normal interval (Katz), each side's trials being its drafts; inconclusive when a side has no
+    count."""
+    b, c = _proportion(base, rule.metric), _proportion(cand, rule.metric)
+    if b is None or c is None:
+        missing = " and ".join(s for s, v in (("baseline", b), ("candidate", c)) if v is None)
+        return Verdict(rule, cell, "inconclusive", b[0] if b else None, c[0] if c else None, None, None, None,
+                       level, 0, 0, f"the {missing} server counted no {rule.metric} (its /metrics)")
+    (pb, nb), (pc, nc) = b, c
+    ratio = pc / pb
+    se = math.sqrt(max(0.0, (1 - pb) / (pb * nb)) + max(0.0, (1 - pc) / (pc * nc)))
+    z = NormalDist().inv_cdf(0.5 + level / 2)
+    lo, hi = ratio * math.exp(-z * se), ratio * math.exp(z * se)
+    return Verdict(rule, cell, classify(rule, lo, hi), pb, pc, ratio, lo, hi, level, int(nb), int(nc))
+
+
 # --- verdicts ----------------------------------------------------------------------------------------------------
 
 
@@ -410,6 +442,9 @@ def compare(
     order = [cid for cid in ccells if cid in bcells]
     out: list[Verdict] = []
     for rule in rules:
+        if rule.metric in COUNT_METRICS:
+            out += _count_verdicts(rule, bcells, ccells, order, level)
+            continue
         if rule.cell == "*":
             for cid in order:
                 bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
@@ -425,6 +460,20 @@ def compare(
             continue
         bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
         out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+    return out
+
+
+def _count_verdicts(rule: Rule, bcells: Mapping[str, CellResult], ccells: Mapping[str, CellResult],
+                    order: Sequence[str], level: float) -> list[Verdict]:
+    ids = order if rule.cell == "*" else [rule.cell]
+    out = []
+    for cid in ids:
+        b, c = bcells.get(cid), ccells.get(cid)
+        if b is None or c is None:
+            out.append(Verdict(rule, cid, "inconclusive", None, None, None, None, None, level, 0, 0,
+                               f"cell {cid} is not in both runs"))
+        elif rule.cell != "*" or _proportion(b, rule.metric) or _proportion(c, rule.metric):
+            out.append(compare_counts(rule, cid, b, c, level=level))
     return out
 
 

@@ -469,3 +469,23 @@ def test_gate_module_imports_first() -> None:
                         "assert {'gate', 'compare', 'ab'} <= set(bench.cli.cli.commands)"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
+
+
+def _spec_cell(accepted: int, drafted: int, drafts: int) -> Results:
+    r = results({"c": {"decode_tok_s": spread(100)}})
+    r.cells[0].server_metrics = {"spec_accepted_tokens": accepted, "spec_draft_tokens": drafted, "spec_drafts": drafts}
+    return r
+
+
+def test_acceptance_rate_rule_on_the_servers_counts():
+    """A gate rule on the server's spec-decode acceptance rate: the ratio of two counted proportions, with the
+    drafts (not the tokens) as independent trials."""
+    [rule] = parse_rules([{"metric": "spec_acceptance_rate", "max_drop_pct": 5}])
+    same = compare(_spec_cell(7000, 10000, 2500), _spec_cell(7020, 10000, 2500), [rule])[0]
+    assert same.verdict == "unchanged" and same.ratio == pytest.approx(7020 / 7000)
+    drop = compare(_spec_cell(7000, 10000, 2500), _spec_cell(5600, 10000, 2500), [rule])[0]
+    assert drop.verdict == "regression" and drop.hi < 0.95  # 0.70 -> 0.56: -20 %
+    few = compare(_spec_cell(7, 10, 3), _spec_cell(6, 10, 3), [rule])[0]
+    assert few.verdict == "inconclusive"  # 3 drafts a side say little
+    none = compare(results({"c": {"decode_tok_s": spread(100)}}), _spec_cell(7, 10, 3), [rule])
+    assert none == [] or none[0].verdict == "inconclusive"

@@ -23,7 +23,8 @@
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
 #                    only when fidelity.py has --scale-workers
 #
-# Every step is skipped when its result already exists under $WORK (a warm machine keeps it between calls), and
+# Every step is skipped when its result already exists under $WORK (bench runs: NAME.ok once complete; one cut
+# short by the limit is continued with --resume on the next call) (a warm machine keeps it between calls), and
 # when fewer seconds are left (LIMIT_S after the start, minus RESERVE_S for packing) than the step's estimate.
 # Long commands run under `timeout` so the call always ends with the results packed: $OUT/h200-<stages>.tar.gz
 # (every result folder so far, records.jsonl included), run.log, env.txt and the llama-bench JSON beside it.
@@ -32,7 +33,7 @@
 # Try it without a GPU (CPU llama-server + SmolLM2 of bench's tests, tiny sizes): see table_h200.py's docstring.
 set -uo pipefail
 
-REPO=$(cd "$(dirname "$0")/../.." && pwd)
+REPO=${REPO:-$(cd "$(dirname "$0")/../.." && pwd)}
 WORK=${WORK:-/root/h200}
 OUT=${OUT:-$WORK/out}
 LIMIT_S=${LIMIT_S:-500}
@@ -115,20 +116,27 @@ stop_server() {
 }
 trap stop_server EXIT
 
-bench_run() {  # bench_run NAME ARGS...: bench run into $R/NAME (a random model's probe can decode to no text: retry)
+bench_run() {  # bench_run NAME ARGS...: bench run into $R/NAME; $R/NAME.ok once it completed (rc 0)
   local name=$1; shift
-  local rc=1 try
+  local rc=1 try mode=fresh
+  local -a more=()
+  [ -f "$R/$name/results.json" ] && mode=resume  # cut short by the last call's limit: continue it
   for try in 1 2 3; do
-    rm -rf "$R/$name"
+    if [ $mode = resume ]; then more=(--resume); else rm -rf "$R/$name"; more=(); fi
     # shellcheck disable=SC2086
-    bounded $PY -m bench run "$URL" --out "$R/$name" "$@" $BENCH_EXTRA > "$R/$name.out" 2>&1
+    bounded $PY -m bench run "$URL" --out "$R/$name" "${more[@]}" "$@" $BENCH_EXTRA > "$R/$name.out" 2>&1
     rc=$?
-    if [ $rc -eq 5 ] && grep -q "probe request failed" "$R/$name.out"; then
-      log "bench $name: $(tail -1 "$R/$name.out") (try $try)"; cp "$R/$name.out" "$R/$name.try$try.out"; continue
+    if [ $mode = resume ] && [ $rc -eq 3 ]; then
+      log "bench $name: resume refused ($(tail -1 "$R/$name.out")); from the start"; mode=fresh; continue
+    fi
+    if [ $rc -eq 5 ] && grep -q "probe request failed" "$R/$name.out"; then  # a random model's probe: no text
+      log "bench $name: $(tail -1 "$R/$name.out") (try $try)"; cp "$R/$name.out" "$R/$name.try$try.out"
+      mode=fresh; continue
     fi
     break
   done
   log "bench $name: rc $rc"; tail -25 "$R/$name.out"
+  [ $rc -eq 0 ] && touch "$R/$name.ok"
   return $rc
 }
 
@@ -136,7 +144,7 @@ step_env() {
   { date -u +%Y-%m-%dT%H:%M:%SZ
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
     nvidia-smi -L; echo "cores $(nproc)"; $PY --version; uname -r; free -g | head -2; df -h /root | tail -1
-    $PY -c "import click, httpx, rich, numpy, bench.cli; print('bench imports ok: click', click.__version__, 'httpx', httpx.__version__, 'numpy', numpy.__version__)"
+    $PY -c "import bench.cli; from importlib.metadata import version as v; print('bench imports ok:', *(f'{p} {v(p)}' for p in ('click', 'httpx', 'rich', 'numpy', 'aiohttp')))"
     $PY -c "import bench.server_metrics, prometheus_client; print('bench.server_metrics ok')" 2>&1 | tail -1
     [ -x "$BIN/llama-server" ] && "$BIN/llama-server" --version 2>&1 | head -2
   } > "$R/env.txt" 2>&1
@@ -205,7 +213,7 @@ step_batched() {
 }
 
 step_depth() {
-  want depth 100 "$R/depth/results.md" || return 0
+  want depth 100 "$R/depth.ok" || return 0
   # shellcheck disable=SC2086
   start_server depth $DEPTH_FLAGS || return 1
   # shellcheck disable=SC2086
@@ -214,7 +222,7 @@ step_depth() {
 }
 
 step_decode() {
-  want decode 280 "$R/decode/results.md" || return 0
+  want decode 280 "$R/decode.ok" || return 0
   start_server decode || return 1
   # shellcheck disable=SC2086
   bench_run decode --profile decode --streams "$STREAMS" $ROOF
@@ -225,7 +233,7 @@ step_drafts() {  # drafts off, the 8B as its own draft, a random 1B draft; bench
   enabled drafts "$DRAFTS" $PY -c "import bench.server_metrics" || return 0
   local cfg rc=0
   for cfg in $DRAFT_CONFIGS; do
-    want "drafts-$cfg" 75 "$R/drafts-$cfg/results.md" || continue
+    want "drafts-$cfg" 75 "$R/drafts-$cfg.ok" || continue
     case $cfg in
       off) start_server "drafts-$cfg" || { rc=1; continue; } ;;
       self) start_server "drafts-$cfg" -md "$MODEL" -ngld 99 --spec-type draft-simple || { rc=1; continue; } ;;
@@ -246,7 +254,7 @@ step_capacity() {  # issue 14: the highest concurrency within the SLOs, against 
   enabled capacity "$CAPACITY" $PY -m bench capacity --help || return 0
   want capacity "$CAP_S" "$R/capacity/capacity.json" || return 0
   start_server capacity || return 1
-  rm -rf "$R/capacity"
+  rm -rf "$R/capacity"; echo "$CAP_ARGS" > "$R/capacity.cmd"
   # shellcheck disable=SC2086
   MAXT=$((CAP_S + 30)) bounded $PY -m bench capacity "$URL" $CAP_ARGS --out "$R/capacity" > "$R/capacity.out" 2>&1
   local rc=$?; log "bench capacity: rc $rc"; tail -25 "$R/capacity.out"; stop_server; return $rc
