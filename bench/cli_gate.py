@@ -202,6 +202,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
                                        force=force, budget_waves=budget_waves, observer=observer, log=log,
                                        views=VIEWS))
     _warn([f"--force: {d}" for d in outcome.differences])
+    _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves})
     write_text(out / "gate.json", doc)
     if as_json:
@@ -316,6 +317,17 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     code = overall_exit(verdicts)
     if code != EXIT_OK:
         raise SystemExit(code)
+
+
+def _drift_lines(baseline: Results, candidate: Results) -> list[str]:
+    """How far each run's server moved between its first and last overhead probes (docs/gate.md)."""
+    out = []
+    for name, r in (("baseline", baseline), ("candidate", candidate)):
+        d = r.run.drift or {}
+        if d.get("overhead_change_pct") is not None:
+            out.append(f"{name} drift: fixed overhead {d['overhead_ms_start']:.1f} -> {d['overhead_ms_end']:.1f} ms "
+                       f"({d['overhead_change_pct']:+.1f} %) during its run")
+    return out
 
 
 def _side_rows(a: Results, b: Results) -> Any:
