@@ -233,6 +233,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget_waves: int |
     for cid in uncovered_cells(st.baseline, st.results()):
         say(f"warning: cell {cid} is not in the baseline; no rule can check it")
     spent = await _remeasure(st, profile.gate_budget_waves if budget_waves is None else budget_waves, say)
+    await session.measure_drift()
     results = st.results(complete=True)
     verdicts = compare(st.baseline, results, st.rules, level=st.level, seed=st.seed)
     out.final(results)
@@ -292,6 +293,8 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
                 cb.append(sb.summarize(rb))
                 oa.progress(sa.results(ca))
                 ob.progress(sb.results(cb))
+            await sa.measure_drift()
+            await sb.measure_drift()
             a, b = sa.results(ca, complete=True), sb.results(cb, complete=True)
             oa.final(a)
             ob.final(b)
