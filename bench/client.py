@@ -28,7 +28,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import ConfigError, EndpointUnreachable, ServerError
-from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout
+from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_source_of
 from .records import Event, RequestRecord
 from .sse import SSEDecoder
 
@@ -92,6 +92,8 @@ class ClientSettings:
         fast_io: stream responses (``http://`` and ``https://``) through :mod:`bench.fastio`, which stamps each
             read the moment it arrives (in ``asyncio.Protocol.data_received``) instead of after httpx's stack
             processed it; every non-streaming call (``/models``, ``/tokenize``) stays on httpx.
+        stamps: fastio's stamp source: ``"auto"`` (kernel receive stamps where the OS gives them, bench.kstamp),
+            ``"kernel"`` (the same) or ``"user"`` (user-space stamps); each record says which it got.
     """
 
     api_key_env: str = "OPENAI_API_KEY"
@@ -99,6 +101,7 @@ class ClientSettings:
     read_timeout_s: float | None = None
     extra_headers: dict[str, str] = field(default_factory=dict)
     fast_io: bool = True
+    stamps: str = "auto"
 
     @property
     def api_key(self) -> str | None:
@@ -130,7 +133,7 @@ def make_http_client(settings: ClientSettings, concurrency: int = 1) -> httpx.As
     transport = _StaleRetryTransport(httpx.AsyncHTTPTransport(limits=limits, http2=False))
     client = _BenchClient(timeout=timeout, headers=settings.headers(), transport=transport)
     if settings.fast_io:
-        client.bench_fast_pool = FastPool()
+        client.bench_fast_pool = FastPool(stamps=settings.stamps)
     return client
 
 
@@ -329,10 +332,13 @@ async def stream_request(
     try:
         if tap is not None:
             tap.started = True
+        if fast is not None:
+            rec.stamp_source = fast.stamp_source
         rec.sent_ns = perf()
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
                                          connect_timeout=client.timeout.connect, read_timeout=client.timeout.read)
+            rec.stamp_source = stamp_source_of(response)
         else:
             response = await client.send(request, stream=True)
         rec.status = response.status_code
