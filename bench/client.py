@@ -21,6 +21,7 @@ import logging
 import os
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -43,6 +44,12 @@ __all__ = [
     "stream_request",
     "redact",
 ]
+
+_loads: Callable[[str], Any] = json.loads
+try:  # the ``fast`` extra: orjson parses events ~3x faster; json is the reference (same results, both tested)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    pass
 
 _ERR_BODY_LIMIT = 64 * 1024
 log = logging.getLogger("bench")
@@ -445,7 +452,7 @@ def _parse_events(rec: RequestRecord, raw: list[Any], secret: str | None) -> Non
             _set_error(rec, f"error event: {_one_line(data)}", "stream_error", secret)
             continue
         try:
-            obj = json.loads(data)
+            obj = _loads(data)
         except ValueError:
             _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json", secret)
             continue
