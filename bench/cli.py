@@ -140,14 +140,14 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Measure the cached case on purpose: requests share their prompt (no unique prefix).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Results folder "
               "(default bench-results/<time>-<profile>).")
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--workers", default="1", show_default=True, callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
-              "(see benchmarks/results/fidelity.md).")
+              "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
 @client_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, model: str | None,
+        prefix_cache: bool | None, out_dir: str | None, workers: int | str, as_json: bool, model: str | None,
         api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
@@ -191,8 +191,20 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     _print_results(results, out, as_json)
 
 
+def _workers_value(v: str) -> int | str:
+    if str(v).strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"{v!r} is not a count >= 1 or 'auto'")
+    return n
+
+
 def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
-                       workers: int = 1) -> Any:
+                       workers: int | str = 1) -> Any:
     from .report.console import stderr
     from .report.progress import QuietObserver, RichObserver
     from .runner import RunInterrupted, run_profile

@@ -38,13 +38,14 @@ import ssl
 import struct
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from .fastio import FastConnectError, _StampProtocol
 
 __all__ = ["ClockOffset", "KernelStampProtocol", "kernel_stamps_supported", "open_kernel_stamped", "CLOCK",
-           "clock_report", "SO_TIMESTAMPNS"]
+           "clock_report", "SO_TIMESTAMPNS", "READ_LAG_NS"]
 
 # Linux's generic socket option numbers (asm-generic/socket.h; x86, arm, riscv, ...). Python's socket module does
 # not export them. SCM_TIMESTAMPNS == SO_TIMESTAMPNS; the "old" variant returns a native struct timespec.
@@ -150,6 +151,8 @@ class ClockOffset:
 
 
 CLOCK = ClockOffset()  # one per process: every connection converts with it
+# bench's own lateness: user-space stamp - kernel stamp of each read (ns), the last 64k reads of this process
+READ_LAG_NS: deque[int] = deque(maxlen=65536)
 
 
 def clock_report() -> dict[str, Any]:
@@ -278,7 +281,9 @@ class KernelStampProtocol(_StampProtocol):
                 clock.maybe_refresh(t_user)
                 t = min(sec * 1_000_000_000 + nsec - clock.offset_ns, t_user)
                 kernel = True
-        if not kernel:
+        if kernel:
+            READ_LAG_NS.append(t_user - t)
+        else:
             self.user_reads += 1
             self.stamp_source = "user"
         data = bytes(self._view[:n])

@@ -32,6 +32,7 @@ import httpx
 from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import EndpointUnreachable, ServerError
+from .kstamp import clock_report
 from .metrics import request_metrics
 from .profile import Cell, Profile
 from .prompts import CalibratedTokenizer, HttpTokenizer, TokenizerError, build_prompt, unique_prefix
@@ -99,6 +100,8 @@ class Session:
         self.observer: Observer | None = None
         self.warnings: list[str] = []
         self.pool: Any = None  # bench.workers.WorkerPool when measured waves are spread over processes
+        self.workers_auto = False  # --workers auto: bench.autosize grows the pool from its measured lag
+        self.sizing: dict[str, Any] = {}  # cell id -> bench.autosize.WorkerChoice
         self.started = datetime.now(UTC)
         self._n = 0
 
@@ -113,12 +116,13 @@ class Session:
         model: str | None = None,
         out_dir: Path | None = None,
         observer: Observer | None = None,
-        workers: int = 1,
+        workers: int | str = 1,
     ) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
-        set-up, probes and warm-ups stay in this process.
+        set-up, probes and warm-ups stay in this process. ``workers="auto"``: the count is chosen per cell from
+        bench's own lag during the warm-up (:mod:`bench.autosize`).
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -134,7 +138,8 @@ class Session:
                 s.writer = RecordWriter(Path(out_dir) / "records.jsonl")
             await s._setup_tokenizer()
             await s._measure_overhead()
-            if workers > 1:
+            s.workers_auto = workers == "auto"
+            if isinstance(workers, int) and workers > 1:
                 from .workers import WorkerPool
 
                 s.pool = WorkerPool(base, model=s.model, settings=settings, workers=workers, concurrency=conc).start()
@@ -348,10 +353,8 @@ class Session:
         want = waves if fixed else self.planned_waves(cell)
         if self.observer is not None:
             self.observer.cell_started(cell, want * cell.streams)
-        if warmup:
-            for w in range(p.warmup):
-                prompts = await self._prompts(cell, cell.streams, 0, "warmup")
-                await self._wave(cell, prompts, WARMUP_MAX_TOKENS, "warmup", w)
+        if warmup and p.warmup:
+            await self._warmup_and_size(cell)
         if p.prefix_cache:
             # prime the cache: one request with the shared prompt, not measured
             prompts = await self._prompts(cell, 1, cell.depth, "prime")
@@ -389,6 +392,35 @@ class Session:
             self.observer.cell_done(cell, run.summary)
         return run
 
+    async def _warmup_and_size(self, cell: Cell) -> None:
+        """The warm-up waves (read by this process), measuring bench's lag meanwhile; then grow the worker pool
+        (``--workers auto``) or warn (fixed count) when one process cannot keep up (:mod:`bench.autosize`)."""
+        from . import autosize
+
+        recs: list[RequestRecord] = []
+        autosize.read_lag_mark()
+        async with autosize.LoopLag() as loop_lag:
+            for w in range(self.profile.warmup):
+                prompts = await self._prompts(cell, cell.streams, 0, "warmup")
+                recs += await self._wave(cell, prompts, WARMUP_MAX_TOKENS, "warmup", w)
+        choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+        self.sizing[cell.id] = choice
+        have = self.pool.workers if self.pool is not None else 1
+        if not self.workers_auto:
+            msg = autosize.advice(cell.id, choice, have)
+            if msg:
+                self._note(msg)
+        elif choice["workers"] > have:
+            from .workers import WorkerPool
+
+            conc = max((c.streams for c in self.profile.cells()), default=1)
+            pool = WorkerPool(self.base, model=self.model, settings=self.settings, workers=choice["workers"],
+                              concurrency=conc)
+            await asyncio.get_running_loop().run_in_executor(None, pool.start)
+            if self.pool is not None:
+                self.pool.close()
+            self.pool = pool
+
     def _ci_met(self, run: CellRun) -> bool:
         vals = [m.decode_tok_s for m in map(request_metrics, run.records) if m.ok and m.decode_tok_s]
         if len(vals) < 3:
@@ -422,6 +454,9 @@ class Session:
                 "template_cached_tokens": self.template_cached_tokens,
                 "forced_length": self.force_length,
                 "workers": self.pool.workers if self.pool is not None else 1,
+                "workers_auto": self.workers_auto,
+                "sizing": self.sizing,
+                "stamp_clock": clock_report(),
             },
             "cells": cells,
             "warnings": warnings,
@@ -452,7 +487,7 @@ async def run_profile(
     out_dir: Path | None,
     model: str | None = None,
     observer: Observer | None = None,
-    workers: int = 1,
+    workers: int | str = 1,
 ) -> dict[str, Any]:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
