@@ -143,12 +143,14 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--workers", default="1", show_default=True, callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
+@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves in --workers N Ray actors "
+              "on this cluster (as `ray start` prints it; needs pip install 'bench[ray]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
 @client_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int | str, as_json: bool, model: str | None,
-        api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+        prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
+        model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -168,6 +170,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
     from .profile import load_profile, parse_depths, parse_ints
 
+    if ray_address and workers == "auto":
+        raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     prof = load_profile(profile_name).with_overrides(
         streams=parse_ints(streams, "--streams") if streams else None,
@@ -187,7 +191,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .runner import default_out_dir
 
         out = Path(out_dir) if out_dir else default_out_dir(prof)
-        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers)
+        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
+                                     ray_address=ray_address)
     _print_results(results, out, as_json)
 
 
@@ -204,7 +209,7 @@ def _workers_value(v: str) -> int | str:
 
 
 def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
-                       workers: int | str = 1) -> Any:
+                       workers: int | str = 1, ray_address: str | None = None) -> Any:
     from .report.console import stderr
     from .report.progress import QuietObserver, RichObserver
     from .runner import RunInterrupted, run_profile
@@ -212,7 +217,7 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
     async def go() -> Any:
         if quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
-                                     observer=QuietObserver(stderr), workers=workers)
+                                     observer=QuietObserver(stderr), workers=workers, ray_address=ray_address)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -222,7 +227,7 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
             t = asyncio.create_task(ticker())
             try:
                 return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
-                                         workers=workers)
+                                         workers=workers, ray_address=ray_address)
             finally:
                 t.cancel()
 

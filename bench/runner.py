@@ -117,12 +117,14 @@ class Session:
         out_dir: Path | None = None,
         observer: Observer | None = None,
         workers: int | str = 1,
+        ray_address: str | None = None,
     ) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
         set-up, probes and warm-ups stay in this process. ``workers="auto"``: the count is chosen per cell from
-        bench's own lag during the warm-up (:mod:`bench.autosize`).
+        bench's own lag during the warm-up (:mod:`bench.autosize`). ``ray_address``: the measured waves run in
+        ``workers`` Ray actors on that cluster instead (:mod:`bench.raypool`).
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -139,7 +141,13 @@ class Session:
             await s._setup_tokenizer()
             await s._measure_overhead()
             s.workers_auto = workers == "auto"
-            if isinstance(workers, int) and workers > 1:
+            if ray_address is not None:
+                from .raypool import RayPool
+
+                n = workers if isinstance(workers, int) else 1
+                s.pool = RayPool(base, model=s.model, settings=settings, workers=n, address=ray_address,
+                                 concurrency=conc).start()
+            elif isinstance(workers, int) and workers > 1:
                 from .workers import WorkerPool
 
                 s.pool = WorkerPool(base, model=s.model, settings=settings, workers=workers, concurrency=conc).start()
@@ -457,10 +465,19 @@ class Session:
                 "workers_auto": self.workers_auto,
                 "sizing": self.sizing,
                 "stamp_clock": clock_report(),
+                **_ray_section(self.pool),
             },
             "cells": cells,
             "warnings": warnings,
         }
+
+
+def _ray_section(pool: Any) -> dict[str, Any]:
+    """``{"ray": {"address", "nodes"}}`` when the waves ran on Ray (bench.raypool), else ``{}``."""
+    report = getattr(pool, "nodes_report", None)
+    if report is None:
+        return {}
+    return {"ray": {"address": pool.address, "nodes": report()}}
 
 
 def machine_info() -> dict[str, Any]:
@@ -488,6 +505,7 @@ async def run_profile(
     model: str | None = None,
     observer: Observer | None = None,
     workers: int | str = 1,
+    ray_address: str | None = None,
 ) -> dict[str, Any]:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
@@ -499,7 +517,7 @@ async def run_profile(
     from .report.export import write_results
 
     session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                 workers=workers)
+                                 workers=workers, ray_address=ray_address)
     cells: list[dict[str, Any]] = []
     try:
         for cell in profile.cells():
