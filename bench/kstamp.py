@@ -37,6 +37,7 @@ import socket
 import ssl
 import struct
 import sys
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -56,6 +57,7 @@ _TIMESPEC = struct.Struct("@ll")  # time_t, long: native struct timespec
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 READ_SIZE = 256 * 1024  # as asyncio's selector transports
 _supported: bool | None = None
+_keeper: socket.socket | None = None
 
 
 def kernel_stamps_supported() -> bool:
@@ -65,10 +67,15 @@ def kernel_stamps_supported() -> bool:
     if _supported is None:
         _supported = False
         if sys.platform.startswith("linux") and platform.machine().lower() in _GENERIC_ARCHES and _ANC_SIZE:
+            global _keeper
             try:
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                    s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
-                    _supported = s.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                s.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                _supported = s.getsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS) == 1
+                # kept open: the kernel turns receive stamping on for the whole system lazily (a deferred work item
+                # after the first socket asks) and off when the last such socket closes; keeping one open from
+                # the probe on means the first reads of the first connection are stamped too
+                _keeper = s
             except OSError:
                 _supported = False
     return _supported
@@ -160,6 +167,19 @@ def clock_report() -> dict[str, Any]:
     return CLOCK.report()
 
 
+_local = threading.local()
+
+
+def _read_buffer() -> tuple[bytearray, memoryview]:
+    """This thread's receive buffer: one per event-loop thread, shared by its connections (a read is copied out
+    before the next runs), instead of 256 KiB per connection."""
+    b = getattr(_local, "buf", None)
+    if b is None:
+        buf = bytearray(READ_SIZE)
+        b = _local.buf = (buf, memoryview(buf))
+    return b
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the protocol
 # ---------------------------------------------------------------------------------------------------------------
@@ -182,8 +202,7 @@ class KernelStampProtocol(_StampProtocol):
         self._out = outgoing
         self._wbuf = bytearray()
         self._closing = False
-        self._buf = bytearray(READ_SIZE)
-        self._view = memoryview(self._buf)
+        self._buf, self._view = _read_buffer()
         self.clock = clock or CLOCK
         self.stamp_source = "kernel"
         self.user_reads = 0  # reads that came without a kernel stamp
