@@ -465,7 +465,8 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
     out = [
         "# bench client timestamp fidelity",
         "",
-        f"Written by `python benchmarks/fidelity.py` ({started.strftime('%Y-%m-%d %H:%M UTC')}, {a.seconds:g} s "
+        f"Written by `python benchmarks/fidelity.py {' '.join(sys.argv[1:])}` "
+        f"({started.strftime('%Y-%m-%d %H:%M UTC')}, {a.seconds:g} s "
         f"waves). Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['os']}; load average at start "
         f"{m['load']} (a shared box: other processes ran meanwhile). The sim runs in its own process on the same "
         "cores.",
