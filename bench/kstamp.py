@@ -46,7 +46,7 @@ from typing import Any
 from .fastio import FastConnectError, _StampProtocol
 
 __all__ = ["ClockOffset", "KernelStampProtocol", "kernel_stamps_supported", "open_kernel_stamped", "CLOCK",
-           "clock_report", "SO_TIMESTAMPNS", "READ_LAG_NS"]
+           "clock_report", "SO_TIMESTAMPNS", "READ_LAG_NS", "PAIRS"]
 
 # Linux's generic socket option numbers (asm-generic/socket.h; x86, arm, riscv, ...). Python's socket module does
 # not export them. SCM_TIMESTAMPNS == SO_TIMESTAMPNS; the "old" variant returns a native struct timespec.
@@ -160,6 +160,9 @@ class ClockOffset:
 CLOCK = ClockOffset()  # one per process: every connection converts with it
 # bench's own lateness: user-space stamp - kernel stamp of each read (ns), the last 64k reads of this process
 READ_LAG_NS: deque[int] = deque(maxlen=65536)
+# for benchmarks: set to a dict and every kernel-stamped read adds {kernel stamp: user stamp} (the same reads
+# stamped both ways, so the two sources compare on one wave); None (default) costs one check per read
+PAIRS: dict[int, int] | None = None
 
 
 def clock_report() -> dict[str, Any]:
@@ -302,6 +305,8 @@ class KernelStampProtocol(_StampProtocol):
                 kernel = True
         if kernel:
             READ_LAG_NS.append(t_user - t)
+            if PAIRS is not None:
+                PAIRS[t] = t_user
         else:
             self.user_reads += 1
             self.stamp_source = "user"

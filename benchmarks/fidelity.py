@@ -50,6 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import kstamp  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
 from bench.metrics import request_metrics  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
@@ -90,6 +91,8 @@ class Trial:
     late_p50: float = float("nan")
     late_p99: float = float("nan")
     decode_err_pct: float = float("nan")
+    paired_user_p50: float = float("nan")  # the same wave's reads with their user-space stamps (kernel trials)
+    paired_user_p99: float = float("nan")
     stamp_source: str = "?"
     events_per_s: float = float("nan")
     client_cpu_pct: float = float("nan")
@@ -137,7 +140,8 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
 def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float) -> Trial:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
-    errs, late, arrivals, rates = [], [], [], []
+    errs, late, arrivals, rates, paired = [], [], [], [], []
+    pairs = kstamp.PAIRS or {}
     t.stamp_source = ",".join(sorted({r.stamp_source for r in recs})) or "?"
     for r in recs:
         if not r.ok:
@@ -151,9 +155,13 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
                 continue
             a = r.sent_ns + e.t_ns
             errs.append((a - e.write_ns) / 1e6)
+            if a in pairs:
+                paired.append((pairs[a] - e.write_ns) / 1e6)
             late.append((e.write_ns - e.sched_ns) / 1e6)
             arrivals.append(a)
     t.events = len(errs)
+    if paired:
+        t.paired_user_p50, t.paired_user_p99 = (float(v) for v in np.percentile(np.asarray(paired), [50, 99]))
     if rates:  # the sim's truth: one token per event, one event per step
         t.decode_err_pct = 100.0 * (float(np.median(rates)) / (1000.0 / t.step_ms) - 1.0)
     if errs:
@@ -184,8 +192,13 @@ def run_trial(streams: int, step_ms: float, seconds: float, client: str) -> Tria
             if parts[0] == "httpx":
                 settings = dataclasses.replace(settings, fast_io=False)
             s0 = sim.cpu_s()
-            recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
-            s1 = sim.cpu_s()
+            kstamp.PAIRS = {}
+            try:
+                recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
+                s1 = sim.cpu_s()
+                return analyse(t, recs, cpu, s1 - s0, wall)
+            finally:
+                kstamp.PAIRS = None
         else:
             recs, cpu, wall, s0, s1 = _pooled(parts[0], int(parts[1]), sim, settings, streams, warm, specs)
     return analyse(t, recs, cpu, s1 - s0, wall)
@@ -310,8 +323,9 @@ def search_rate(client: str, streams: int, seconds: float, log: Any, start: floa
 # output
 # ---------------------------------------------------------------------------------------------------------------
 HEAD = ("| streams | step ms | target ev/s | client | stamps | events | ingested ev/s | err p50 ms | err p99 ms "
-        "| err max ms | decode err % | client CPU % | sim CPU % | sim late p50/p99 ms | failed |")
-SEP = "|" + "---|" * 15
+        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err % | client CPU % | sim CPU % "
+        "| sim late p50/p99 ms | failed |")
+SEP = "|" + "---|" * 16
 
 
 def who(t: Trial) -> str:
@@ -330,7 +344,8 @@ def who(t: Trial) -> str:
 def row(t: Trial) -> str:
     note = " (retry)" if t.notes else ""
     return (f"| {t.streams} | {t.step_ms:.2f} | {t.target_rate:,.0f} | {who(t)}{note} | {t.stamp_source} | {t.events:,} "
-            f"| {t.events_per_s:,.0f} | {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} | {t.decode_err_pct:+.2f} "
+            f"| {t.events_per_s:,.0f} | {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} "
+            f"| {t.paired_user_p50:.2f} / {t.paired_user_p99:.2f} | {t.decode_err_pct:+.2f} "
             f"| {t.client_cpu_pct:.0f} "
             f"| {t.sim_cpu_pct:.0f} | {t.late_p50:.2f} / {t.late_p99:.2f} | {t.failed} |")
 
@@ -474,7 +489,9 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
         "Columns: *stamps* = the records' `stamp_source` (`kernel`: the kernel's receive time of each read, "
         "bench.kstamp; `user`: `perf_counter_ns()` when Python got the read); "
         "*err* = bench's arrival stamp - the sim's `write_ns` of that event (one clock), over every token "
-        "event of the measured wave; *decode err %* = median per-stream decode tok/s against the sim's truth "
+        "event of the measured wave; *same reads, user stamps* = for a kernel-stamped wave in this process, the "
+        "error the user-space stamps of the very same reads would have had (`perf_counter_ns()` in the read callback; "
+        "one wave, so the box's noise is the same for both); *decode err %* = median per-stream decode tok/s against the sim's truth "
         "(1000 / step ms); *client CPU %* = the client's CPU time over the wave's wall time "
         "(first send -> last byte), % of one core (summed over workers; more than 100 % = the client needed more than one core, only possible with "
         "workers); *sim late* = `write_ns - sched_ns` (the sim behind its own schedule; not part of *err*). A "
