@@ -140,7 +140,7 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Measure the cached case on purpose: requests share their prompt (no unique prefix).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Results folder "
               "(default bench-results/<time>-<profile>).")
-@click.option("--workers", default="1", show_default=True, callback=lambda c, p, v: _workers_value(v),
+@click.option("--workers", default="1", show_default=True, metavar="N|auto", callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
 @click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves in --workers N Ray actors "
