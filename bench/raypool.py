@@ -1,7 +1,7 @@
 """Load from many hosts: bench's measured waves read by Ray actors (``bench run URL --ray ADDRESS --workers N``).
 
 When one host cannot generate the load (thousands of streams, a cluster of replicas behind a router),
-:class:`RayPool` runs N actors spread over the nodes of a Ray cluster (``SPREAD`` scheduling), each with its own
+:class:`RayPool` runs N actors spread over the nodes of a Ray cluster (round-robin over the live nodes), each with its own
 event loop and bench client (:func:`bench.client.make_http_client` + :func:`bench.client.stream_request`, exactly
 as :mod:`bench.workers`), and gives each a share of every wave (:func:`bench.workers.split_specs`). It has the
 interface of :class:`bench.workers.WorkerPool`: ``start()``, ``await arun(specs) -> list[RequestRecord]``,
@@ -135,7 +135,7 @@ class RayPool:
         base: normalized base URL (reachable from every node).
         model: model name sent with every request.
         settings: client settings (the API key variable is read on each node).
-        workers: actors (>= 1), spread over the nodes.
+        workers: actors (>= 1), placed round-robin over the live nodes (``workers = k x nodes`` gives k per node).
         address: the Ray cluster (``ray start`` prints it, e.g. ``10.0.0.1:6379``); ``None``: ``RAY_ADDRESS`` or
             a local Ray.
         concurrency: the most streams one wave may have (sizes each actor's connection pool).
@@ -174,8 +174,9 @@ class RayPool:
             self._inited = True
         per = -(-self.concurrency // self.workers) + 4
         cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=max(64, per * 2))(BenchActor)
-        self.actors = [cls.options(scheduling_strategy="SPREAD").remote(self.base, self.model, self.settings, per)
-                       for _ in range(self.workers)]
+        nodes = _alive_nodes(ray)
+        self.actors = [cls.options(scheduling_strategy=_on_node(ray, nodes, k)).remote(
+            self.base, self.model, self.settings, per) for k in range(self.workers)]
         try:
             self.info = [dict(x, alive=True) for x in ray.get([a.hello.remote() for a in self.actors], timeout=120)]
         except Exception as e:  # noqa: BLE001
@@ -285,6 +286,21 @@ class RayPool:
                 if s.request_id in pos:
                     out[pos.pop(s.request_id)] = _lost_record(s, self.model, info["node_id"], why)
         return cpu
+
+
+def _alive_nodes(ray: Any) -> list[str]:
+    """Ids of the cluster's live nodes, in a stable order."""
+    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+
+
+def _on_node(ray: Any, nodes: list[str], k: int) -> Any:
+    """Actor k's placement: round-robin over the live nodes (pinned, so N actors on M nodes split evenly);
+    Ray's SPREAD when the node list is unknown."""
+    if not nodes:
+        return "SPREAD"
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return NodeAffinitySchedulingStrategy(node_id=nodes[k % len(nodes)], soft=False)
 
 
 def _import_ray(address: str | None) -> Any:

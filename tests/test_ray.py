@@ -113,7 +113,7 @@ def test_wave_on_two_nodes_like_local_workers(cluster: Any, sim: str) -> None:
         pool.start()
         listeners = _ray_listeners()
         assert listeners and all(_loopback(ip) for ip, _, _ in listeners), listeners
-        assert len({x["node_id"] for x in pool.info}) == 2  # SPREAD: one actor per node
+        assert len({x["node_id"] for x in pool.info}) == 2  # round-robin: one actor per node
         recs = asyncio.run(pool.arun(specs(6, "two")))
     finally:
         pool.close()
