@@ -82,6 +82,12 @@ def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
         (choice,) = run["sizing"].values()
         assert choice["workers"] == run["workers"] and choice["budget_ms"] == pytest.approx(10.0, rel=0.3)
         assert run["stamp_clock"]["measurements"] >= 1 and run["stamp_clock"]["uncertainty_ns"] >= 0
+        from bench.kstamp import kernel_stamps_supported
+        from bench.records import read_records
+
+        measured = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.meta.get("phase") == "measure"]
+        want = "kernel" if kernel_stamps_supported() else "user"
+        assert measured and {r.stamp_source for r in measured} == {want}  # the default on Linux over TCP
         # a process that lags 15 ms behind its reads, with 10 ms of budget, needs two readers
         monkeypatch.setattr(autosize, "read_lag_since", lambda _m=0: [15.0] * 50)
         monkeypatch.setattr(autosize.os, "cpu_count", lambda: 4)
