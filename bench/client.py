@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import ConfigError, EndpointUnreachable, ServerError
-from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_source_of
+from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
 from .records import Event, RequestRecord
 from .sse import SSEDecoder
 
@@ -336,6 +336,7 @@ async def stream_request(
     perf = time.perf_counter_ns
     response: Any = None  # httpx.Response or fastio.FastResponse
     fast: FastPool | None = getattr(client, "bench_fast_pool", None)
+    src: Any = None  # where the reads' stamps come from (bench.fastio.stamp_tracker)
     try:
         if tap is not None:
             tap.started = True
@@ -345,7 +346,8 @@ async def stream_request(
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
                                          connect_timeout=client.timeout.connect, read_timeout=client.timeout.read)
-            rec.stamp_source = stamp_source_of(response)
+            src = stamp_tracker(response)  # read again after the body: a read without a kernel stamp shows
+            rec.stamp_source = src.stamp_source
         else:
             response = await client.send(request, stream=True)
         rec.status = response.status_code
@@ -407,6 +409,8 @@ async def stream_request(
             tap.finished = True
         if response is not None:
             await response.aclose()
+        if src is not None:
+            rec.stamp_source = src.stamp_source
         if rec.end_ns is None and rec.sent_ns:
             rec.end_ns = perf() - rec.sent_ns
     _parse_events(rec, raw, secret)

@@ -35,7 +35,8 @@ from urllib.parse import urlsplit
 
 import h11
 
-__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "stamp_source_of"]
+__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "stamp_source_of",
+           "stamp_tracker"]
 
 STAMP_CHOICES = ("auto", "kernel", "user")
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
@@ -483,9 +484,15 @@ class FastPool:
 def stamp_source_of(response: Any) -> str:
     """``"kernel"`` when every read of ``response``'s connection so far carried a kernel receive stamp
     (:mod:`bench.kstamp`), else ``"user"``. Call it while the response is open (before its body is read)."""
+    return stamp_tracker(response).stamp_source
+
+
+def stamp_tracker(response: Any) -> Any:
+    """An object whose ``stamp_source`` says, whenever read, where the stamps of ``response``'s connection came
+    from so far (its protocol; take it while the response is open, read it after the body)."""
     conn = getattr(response, "_conn", None)
     proto = getattr(conn, "proto", None)
-    return getattr(proto, "stamp_source", "user")
+    return proto if proto is not None else _StampProtocol
 
 
 def is_fast_url(url: Any) -> bool:

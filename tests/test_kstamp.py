@@ -276,3 +276,36 @@ def test_user_protocol_has_the_same_seam() -> None:
     for name in ("drain", "next_chunk", "chunks", "closed", "exc", "transport", "stamp_source"):
         assert hasattr(KernelStampProtocol, name) and hasattr(_StampProtocol, name)
     assert _StampProtocol.stamp_source == "user"
+
+
+@needs_kernel
+def test_a_body_read_without_kernel_stamp_makes_the_record_user(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The record's stamp_source is read after the body: one unstamped read there turns it to "user"."""
+    events = [_chunk("a"), _chunk("b"), _chunk("c", "stop")]
+    orig = KernelStampProtocol._on_readable
+    calls = {"n": 0}
+
+    def on_readable(self: KernelStampProtocol) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # from the second read on (the body), no ancillary stamp is recognised
+            monkeypatch.setattr(kstamp, "SCM_TIMESTAMPNS", -1)
+        orig(self)
+
+    monkeypatch.setattr(KernelStampProtocol, "_on_readable", on_readable)
+
+    async def main() -> RequestRecord:
+        import tests.test_fastio as tf
+
+        async with Server(_sse_handler(events, gap_s=0.02)) as srv:
+            tf.srv = srv
+            srv.writes = []  # type: ignore[attr-defined]
+            c = make_http_client(ClientSettings(), 1)
+            try:
+                return await stream_request(c, srv.url + "/v1", RequestSpec("u", "chat", {"messages": []}),
+                                            model="m")
+            finally:
+                await c.aclose()
+
+    rec = asyncio.run(main())
+    assert rec.ok, rec.error
+    assert calls["n"] >= 3 and rec.stamp_source == "user"
