@@ -150,9 +150,11 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Measure the cached case on purpose: requests share their prompt (no unique prefix).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Results folder "
               "(default bench-results/<time>-<profile>).")
-@click.option("--workers", type=click.IntRange(1), default=1, show_default=True,
+@click.option("--workers", default="1", show_default=True, metavar="N|auto", callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
-              "(see benchmarks/results/fidelity.md).")
+              "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
+@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves in --workers N Ray actors "
+              "on this cluster (as `ray start` prints it; needs pip install 'bench[ray]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (same profile, endpoint and "
               "model): finished cells are kept, the rest measured.")
@@ -163,8 +165,8 @@ def replay(case_file: str, as_json: bool) -> None:
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, resume: bool, overwrite: bool,
-        make_report: bool,
+        prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
+        resume: bool, overwrite: bool, make_report: bool,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
         **roofline_kw: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
@@ -186,6 +188,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     from .profile import load_profile, parse_depths, parse_ints, parse_kinds
     from .roofline import RooflineAnnotator
 
+    if ray_address and workers == "auto":
+        raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     roof = roofline_spec_from_options(**roofline_kw)
     if make_report:
@@ -213,8 +217,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     ctx = max(8192, max_streams * (max_depth + max(c.max_tokens for c in cells) + 512))
     with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx) as base:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
-        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
-                                     annotators=annotators, resume=previous)
+        results = _run_with_progress(base, prof, settings, out, as_json, model=model, workers=workers,
+                                     annotators=annotators, resume=previous, ray_address=ray_address)
     report_path = None
     if make_report:
         from .report.html import write_report
@@ -226,9 +230,21 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         raise ServerError(f"no request succeeded in cell(s) {', '.join(failed)} (errors: see {out}/records.jsonl)")
 
 
-def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, model: str | None,
-                       quiet: bool, workers: int = 1, annotators: list[Any] | None = None,
-                       resume: Results | None = None) -> Results:
+def _workers_value(v: str) -> int | str:
+    if str(v).strip().lower() == "auto":
+        return "auto"
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise click.BadParameter(f"{v!r} is not a count >= 1 or 'auto'")
+    return n
+
+
+def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, quiet: bool,
+                       **loop_kw: Any) -> Results:
+    """:func:`bench.runloop.run_profile` with live progress on a terminal; ``loop_kw`` go to it as they are."""
     from .errors import RunInterrupted
     from .report.console import stderr
     from .report.export import VIEWS
@@ -237,9 +253,8 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
 
     async def go() -> Results:
         if quiet or not stderr.is_terminal:
-            return await run_profile(base, prof, settings, out_dir=out, model=model,
-                                     observer=QuietObserver(stderr), workers=workers, views=VIEWS,
-                                     annotators=annotators, resume=resume)
+            return await run_profile(base, prof, settings, out_dir=out, observer=QuietObserver(stderr), views=VIEWS,
+                                     **loop_kw)
         with RichObserver(stderr, len(prof.cells())) as obs:
             async def ticker() -> None:
                 while True:
@@ -248,9 +263,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
 
             t = asyncio.create_task(ticker())
             try:
-                return await run_profile(base, prof, settings, out_dir=out, model=model, observer=obs,
-                                         workers=workers, views=VIEWS, annotators=annotators,
-                                         resume=resume)
+                return await run_profile(base, prof, settings, out_dir=out, observer=obs, views=VIEWS, **loop_kw)
             finally:
                 t.cancel()
 

@@ -37,7 +37,7 @@ import time
 import weakref
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -45,7 +45,7 @@ from urllib.parse import urlsplit
 import httpx
 
 from .errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
-from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout
+from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
 from .records import Event, RequestRecord
 from .redaction import LOG_FILTER, add_secret, redact
 from .sse import SSEDecoder, SSEEvent
@@ -66,6 +66,12 @@ __all__ = [
     "PARSE_SLICE",
     "PARSE_BUDGET_S",
 ]
+
+_loads: Callable[[str], Any] = json.loads
+try:  # the ``fast`` extra: orjson parses events ~3x faster; json is the reference (same results, both tested)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - exercised where orjson is absent
+    pass
 
 _ERR_BODY_LIMIT = 64 * 1024
 DONE_GRACE_S = 0.02  # after [DONE]: how long the rest of the body (chunked terminator) may take to be reusable
@@ -117,6 +123,8 @@ class ClientSettings:
         ca_bundle: PEM file of the CA certificates to trust for ``https://`` (instead of the default store;
             ``SSL_CERT_FILE`` is the environment's way to say the same), both read paths.
         insecure: do not verify the server's TLS certificate at all (the CLI warns).
+        stamps: fastio's stamp source: ``"auto"`` (kernel receive stamps where the OS gives them, bench.kstamp),
+            ``"kernel"`` (the same) or ``"user"`` (user-space stamps); each record says which it got.
     """
 
     api_key_env: str = "OPENAI_API_KEY"
@@ -127,6 +135,7 @@ class ClientSettings:
     fast_io: bool = True
     ca_bundle: str | None = None
     insecure: bool = False
+    stamps: str = "auto"
 
     @property
     def api_key(self) -> str | None:
@@ -187,7 +196,7 @@ def make_http_client(settings: ClientSettings, concurrency: int = 1) -> httpx.As
         connect=settings.connect_timeout_s, read=settings.read_timeout_s, write=60.0, pool=None
     )
     if settings.fast_io:
-        client.bench_fast_pool = FastPool(ssl_context=ctx)
+        client.bench_fast_pool = FastPool(ssl_context=ctx, stamps=settings.stamps)
     return client
 
 
@@ -420,19 +429,25 @@ async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, mod
                                    headers={"Content-Type": "application/json"}, timeout=timeout)
     fast: FastPool | None = getattr(client, "bench_fast_pool", None)
     response: Any = None  # httpx.Response or fastio.FastResponse
+    src: Any = None  # where the reads' stamps come from (bench.fastio.stamp_tracker)
     if tap is not None:
         tap.started = True
     try:
+        if fast is not None:
+            rec.stamp_source = fast.stamp_source
         rec.sent_ns = time.perf_counter_ns()
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
                                          connect_timeout=timeout.connect, read_timeout=timeout.read)
+            src = stamp_tracker(response)  # read again after the body: a read without a kernel stamp shows
         else:
             response = await client.send(request, stream=True)
         rec.status = response.status_code
         _log_response(spec, request, len(payload), response)
         await _read_response(response, fast is not None, rec, raw, tap)
     finally:
+        if src is not None:
+            rec.stamp_source = src.stamp_source
         if response is not None:
             await response.aclose()
 
@@ -690,7 +705,7 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
             rec.done = True
             continue
         try:
-            obj = json.loads(data)
+            obj = _loads(data)
         except (ValueError, RecursionError):
             _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
             continue

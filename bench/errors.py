@@ -4,6 +4,7 @@ Error tree (every class is raised by bench code only, never leaked from a librar
 
     BenchError                  base; ``exit_code`` says how the CLI exits
     ├── ConfigError             bad profile, flag, or file (exit 3)
+    ├── RayClusterError         ``--ray``: ray missing, the cluster cannot be joined, its actors do not start (exit 3)
     ├── EndpointUnreachable     the URL does not answer: DNS, refused, connect timeout (exit 4)
     ├── ServerError             the server answered, but every request failed (exit 5)
     │   └── TokenizerError      the server's ``/tokenize`` failed (bad status, malformed reply, timeout); the run
@@ -62,6 +63,12 @@ class BenchError(Exception):
 
 class ConfigError(BenchError):
     """A profile, command-line option, or input file is invalid; the message names the key or flag."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class RayClusterError(BenchError):
+    """``--ray``: ray is not installed, the cluster cannot be joined, or bench's actors did not start."""
 
     exit_code = EXIT_BAD_INPUT
 

@@ -7,6 +7,11 @@ k-th stream's stamp taken after that stack is late by about k x 200 µs. Here th
 task runs; it only stamps, queues ``(t_ns, bytes)`` and wakes the waiting reader. HTTP parsing (``h11``) happens
 later, in the reading task, and every body piece keeps the stamp of the read that completed it.
 
+Kernel stamps: on Linux (``FastPool(stamps="auto")``, the default) connections are opened by :mod:`bench.kstamp`
+instead, whose protocol has the same seam but stamps each read with the kernel's receive time (``SO_TIMESTAMPNS``),
+so a busy event loop no longer makes stamps late; TLS is then done by bench.kstamp over the raw socket. Each
+response's connection says which it got (:func:`stamp_source_of`: ``"kernel"`` or ``"user"``).
+
 Scope: ``http://`` and ``https://`` (TLS through asyncio's SSL transport, verified like httpx: its default context,
 certifi's CA bundle and ``SSL_CERT_FILE``; ``data_received`` then gets decrypted bytes, stamped as they come out of
 the TLS layer), HTTP/1.1, one request per connection at a time, a keep-alive pool per ``(scheme, host, port)`` with
@@ -34,8 +39,10 @@ from urllib.parse import urlsplit
 
 import h11
 
-__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse"]
+__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "stamp_source_of",
+           "stamp_tracker"]
 
+STAMP_CHOICES = ("auto", "kernel", "user")
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
 WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
 
@@ -57,9 +64,11 @@ class _StaleConnection(FastIOError):
 
 
 class _StampProtocol(asyncio.Protocol):
-    """Queues every read as ``(perf_counter_ns at arrival, bytes)``; parses nothing."""
+    """Queues every read as ``(perf_counter_ns at arrival, bytes)``; parses nothing. Its reads carry user-space
+    stamps (``stamp_source = "user"``); :class:`bench.kstamp.KernelStampProtocol` is the kernel-stamped one."""
 
     __slots__ = ("transport", "chunks", "waiter", "closed", "exc", "_drain")
+    stamp_source = "user"
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -291,10 +300,18 @@ class FastPool:
 
     Args:
         keepalive_expiry: idle connections older than this (seconds) are closed instead of reused.
+        ssl_context: for ``https://``; None: httpx's default context, made on first use.
+        stamps: ``"auto"`` (default): kernel receive stamps (:mod:`bench.kstamp`) where the system gives them,
+            else user-space stamps; ``"kernel"``: the same, named explicitly (falls back like auto, the record
+            says which it got); ``"user"``: user-space stamps in ``data_received`` always.
     """
 
-    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S, ssl_context: Any = None) -> None:
+    def __init__(self, keepalive_expiry: float = KEEPALIVE_EXPIRY_S, ssl_context: Any = None,
+                 stamps: str = "auto") -> None:
+        if stamps not in STAMP_CHOICES:
+            raise ValueError(f"stamps must be one of {', '.join(STAMP_CHOICES)}, got {stamps!r}")
         self.keepalive_expiry = keepalive_expiry
+        self.stamps = stamps  # "auto": kernel receive stamps where bench.kstamp supports them, else "user"
         self.ssl_context = ssl_context  # for https://; None: httpx's default context, made on first use
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._closed = False
@@ -331,6 +348,15 @@ class FastPool:
                 pass  # the server closed the idle connection: nothing reached it, send again
         conn = await self._connect(key, connect_timeout)
         return await self._exchange(conn, method, target, items, body, read_timeout, reused=False)
+
+    @property
+    def stamp_source(self) -> str:
+        """The stamp source new connections get: ``"kernel"`` or ``"user"``."""
+        if self.stamps == "user":
+            return "user"
+        from .kstamp import kernel_stamps_supported
+
+        return "kernel" if kernel_stamps_supported() else "user"
 
     async def aclose(self) -> None:
         """Close every idle connection; connections in use close when their response does."""
@@ -378,16 +404,22 @@ class FastPool:
         conns.append(conn)
 
     async def _connect(self, key: tuple[str, str, int], timeout: float | None) -> _Conn:
+        scheme, host, port = key
+        if scheme == "https" and self.ssl_context is None:
+            import httpx
+
+            self.ssl_context = httpx.create_ssl_context()  # the same verification as the httpx path
+        if self.stamps != "user":
+            from . import kstamp
+
+            if kstamp.kernel_stamps_supported():
+                kp = await kstamp.open_kernel_stamped(host, port, timeout=timeout, server_hostname=host,
+                                                      ssl_context=self.ssl_context if scheme == "https" else None)
+                self.connects += 1
+                return _Conn(key, kp)
         loop = asyncio.get_running_loop()
         proto = _StampProtocol()
-        scheme, host, port = key
-        tls: dict[str, Any] = {}
-        if scheme == "https":
-            if self.ssl_context is None:
-                import httpx
-
-                self.ssl_context = httpx.create_ssl_context()  # the same verification as the httpx path
-            tls = {"ssl": self.ssl_context, "server_hostname": host}
+        tls: dict[str, Any] = {"ssl": self.ssl_context, "server_hostname": host} if scheme == "https" else {}
         try:
             await asyncio.wait_for(loop.create_connection(lambda: proto, host, port, **tls), timeout)
         except TimeoutError:
@@ -488,6 +520,20 @@ def _head_dict(headers: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
         v = value.decode("latin-1")
         hdrs[k] = f"{hdrs[k]}, {v}" if k in hdrs else v
     return hdrs
+
+
+def stamp_source_of(response: Any) -> str:
+    """``"kernel"`` when every read of ``response``'s connection so far carried a kernel receive stamp
+    (:mod:`bench.kstamp`), else ``"user"``. Call it while the response is open (before its body is read)."""
+    return stamp_tracker(response).stamp_source
+
+
+def stamp_tracker(response: Any) -> Any:
+    """An object whose ``stamp_source`` says, whenever read, where the stamps of ``response``'s connection came
+    from so far (its protocol; take it while the response is open, read it after the body)."""
+    conn = getattr(response, "_conn", None)
+    proto = getattr(conn, "proto", None)
+    return proto if proto is not None else _StampProtocol
 
 
 def is_fast_url(url: Any) -> bool:

@@ -66,8 +66,11 @@ class RequestRecord:
         timings: llama.cpp's ``timings`` object, or None.
         error: one-line description of the failure, or None. Never contains the API key (:meth:`redact`).
         error_kind: short class of failure: ``http_4xx``/``http_5xx``/``http_429``, ``stream_error``,
-            ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``.
+            ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``,
+            ``worker_lost`` (a Ray node running the request was lost, bench.raypool).
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
+        stamp_source: where the arrival stamps came from: ``"kernel"`` (the kernel's receive time of each read,
+            bench.kstamp) or ``"user"`` (``perf_counter_ns()`` when Python got the read).
     """
 
     request_id: str
@@ -85,6 +88,7 @@ class RequestRecord:
     error: str | None = None
     error_kind: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    stamp_source: str = "user"
 
     @property
     def ok(self) -> bool:

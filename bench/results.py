@@ -148,7 +148,9 @@ class RunInfo:
     workers: int = 1
     workers_auto: bool = False
     gate_extra_waves: dict[str, int] | None = None
-    nodes: list[dict[str, Any]] | None = None
+    sizing: dict[str, Any] | None = None
+    stamp_clock: dict[str, Any] | None = None
+    ray: dict[str, Any] | None = None
     drift: dict[str, Any] | None = None
     lag: dict[str, Any] | None = None
 

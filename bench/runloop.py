@@ -87,9 +87,10 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 
 
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
-                      model: str | None = None, observer: Observer | None = None, workers: int = 1,
+                      model: str | None = None, observer: Observer | None = None, workers: int | str = 1,
                       views: Views | None = None, pool: Any = None,
-                      annotators: list[CellAnnotator] | None = None, resume: Results | None = None) -> Results:
+                      annotators: list[CellAnnotator] | None = None, resume: Results | None = None,
+                      ray_address: str | None = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`); ``pool``: an
@@ -101,7 +102,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                     workers=workers, pool=pool, annotators=annotators)
+                                     workers=workers, pool=pool, annotators=annotators, ray_address=ray_address)
         cells: list[CellResult] = []
         try:
             done = _resumable(resume, session)

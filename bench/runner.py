@@ -32,6 +32,7 @@ import httpx
 from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
+from .kstamp import clock_report
 from .lag import LagMonitor, lag_warning
 from .metrics import request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
@@ -130,7 +131,8 @@ class Session:
         self.observer: Observer | None = None
         self.warnings: list[str] = []
         self.pool: Any = None  # a worker pool (bench.workers) when measured waves are spread over processes
-        self.workers_auto = False
+        self.workers_auto = False  # --workers auto: bench.autosize grows the pool from its measured lag
+        self.sizing: dict[str, Any] = {}  # cell id -> bench.autosize's choice
         self.annotators: list[CellAnnotator] = []
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server_metrics), when it has one
@@ -150,13 +152,16 @@ class Session:
     # ---- set-up -------------------------------------------------------------------------------------------------
     @classmethod
     async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
-                   out_dir: Path | None = None, observer: Observer | None = None, workers: int = 1,
-                   pool: Any = None, annotators: list[CellAnnotator] | None = None) -> Session:
+                   out_dir: Path | None = None, observer: Observer | None = None, workers: int | str = 1,
+                   pool: Any = None, annotators: list[CellAnnotator] | None = None,
+                   ray_address: str | None = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
-        ``pool`` is any object with the same ``start``/``arun``/``close`` (e.g. Ray actors). Set-up, probes and
-        warm-ups stay in this process.
+        ``workers="auto"``: the count is chosen per cell from bench's own lag during the warm-up
+        (:mod:`bench.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
+        (:mod:`bench.raypool`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up, probes
+        and warm-ups stay in this process.
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -175,7 +180,8 @@ class Session:
                 s.writer = RecordWriter(Path(out_dir) / "records.jsonl")
             await s._setup_tokenizer()
             await s._measure_overhead()
-            s.pool = pool if pool is not None else s._worker_pool(workers, conc)
+            s.workers_auto = workers == "auto"
+            s.pool = pool if pool is not None else s._worker_pool(workers, conc, ray_address)
             s.scraper = await detect_metrics(s.client, s.base)
             gc.collect()
             gc.freeze()  # what exists now (modules, the session) is never scanned again by the collector
@@ -184,8 +190,14 @@ class Session:
             raise
         return s
 
-    def _worker_pool(self, workers: int, conc: int) -> Any:
-        if workers <= 1:
+    def _worker_pool(self, workers: int | str, conc: int, ray_address: str | None) -> Any:
+        if ray_address is not None:
+            from .raypool import RayPool
+
+            n = workers if isinstance(workers, int) else 1
+            return RayPool(self.base, model=self.model, settings=self.settings, workers=n, address=ray_address,
+                           concurrency=conc).start()
+        if not isinstance(workers, int) or workers <= 1:
             return None
         from .workers import WorkerPool
 
@@ -407,13 +419,42 @@ class Session:
                 self.observer.request_done(cell, rec.ok)
         return recs
 
+    async def _warmup_and_size(self, cell: Cell) -> None:
+        """The warm-up waves (read by this process), measuring bench's lag meanwhile; then grow the worker pool
+        (``--workers auto``) or warn (fixed count) when one process cannot keep up (:mod:`bench.autosize`)."""
+        from . import autosize
+
+        recs: list[RequestRecord] = []
+        autosize.read_lag_mark()
+        async with autosize.LoopLag() as loop_lag:
+            for w in range(self.profile.warmup):
+                recs += await self._wave(cell, self.planner.wave(cell, "warmup", w, depth=0,
+                                                                 max_tokens=WARMUP_MAX_TOKENS))
+        choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+        self.sizing[cell.id] = choice
+        have = self.workers
+        if not self.workers_auto:
+            msg = autosize.advice(cell.id, choice, have)
+            if msg:
+                self.note(msg)
+        elif choice["workers"] > have:
+            from .workers import WorkerPool
+
+            conc = max((c.streams for c in self.profile.cells()), default=1)
+            pool = WorkerPool(self.base, model=self.model, settings=self.settings, workers=choice["workers"],
+                              concurrency=conc)
+            await asyncio.get_running_loop().run_in_executor(None, pool.start)
+            if self.pool is not None:
+                self.pool.close()
+            self.pool = pool
+
     def planned_waves(self, cell: Cell) -> int:
         """Waves a cell runs at least: enough for ``requests`` and ``min_waves``."""
         return planned_waves(self.profile, cell)
 
     async def _warm(self, cell: Cell) -> None:
-        for w in range(self.profile.warmup):
-            await self._wave(cell, self.planner.wave(cell, "warmup", w, depth=0, max_tokens=WARMUP_MAX_TOKENS))
+        if self.profile.warmup:
+            await self._warmup_and_size(cell)
         if self.profile.prefix_cache:  # prime the cache: one request with the shared prompt, not measured
             await self._wave(cell, self.planner.wave(cell, "prime", 0, n=1, max_tokens=WARMUP_MAX_TOKENS))
 
@@ -516,8 +557,8 @@ class Session:
             overhead_ms=self.overhead_ms, tokenizer=self.tokenizer_kind,
             template_overhead_tokens=self.template_overhead_tokens,
             template_cached_tokens=self.template_cached_tokens, forced_length=self.force_length,
-            workers=self.workers, workers_auto=self.workers_auto,
-            nodes=getattr(self.pool, "nodes", None), drift=self.drift,
+            workers=self.workers, workers_auto=self.workers_auto, sizing=self.sizing or None,
+            stamp_clock=clock_report(), ray=_ray_section(self.pool), drift=self.drift,
         )
         return Results(
             profile=ProfileInfo(p.name, p.source, settings),
@@ -526,6 +567,14 @@ class Session:
             bench_version=__version__, created=now.isoformat(timespec="seconds"),
             roofline_spec=self.extras.get("roofline_spec"),
         )
+
+
+def _ray_section(pool: Any) -> dict[str, Any] | None:
+    """``{"address", "nodes"}`` when the waves ran on Ray (bench.raypool), else None."""
+    report = getattr(pool, "nodes_report", None)
+    if report is None:
+        return None
+    return {"address": pool.address, "nodes": report()}
 
 
 def machine_info() -> dict[str, Any]:

@@ -89,6 +89,15 @@ class SSEDecoder:
             return []
         buf = self._buf + text if self._buf else text
         out: list[SSEEvent] = []
+        if "\r" not in buf:  # fast path: LF-only line ends (what servers send); same rules, fewer scans
+            lines = buf.split("\n")
+            self._buf = lines.pop()
+            line_of = self._line
+            for line in lines:
+                ev = line_of(line, t_ns)
+                if ev is not None:
+                    out.append(ev)
+            return out
         start = 0
         n = len(buf)
         while start < n:

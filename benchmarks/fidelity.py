@@ -50,7 +50,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import kstamp  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
+from bench.metrics import request_metrics  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
@@ -73,8 +75,10 @@ from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when r
 class Trial:
     """One measured wave. ``client``: ``"process"`` = bench's client in this process, as the runner uses it (one
     ``make_http_client`` for all streams, default ``ClientSettings``: ``http://`` streams read by bench.fastio);
-    ``"httpx"`` = the same with ``fast_io=False`` (every read through httpx/httpcore/anyio/h11, as before
-    bench.fastio and as ``https://`` still is); ``"workers:N"`` = ``bench.workers.WorkerPool`` with N processes."""
+    ``"httpx"`` = the same with ``fast_io=False`` (every read through httpx/httpcore/anyio/h11, user stamps);
+    ``"workers:N"`` = ``bench.workers.WorkerPool`` with N processes; ``"ray:N"`` = ``bench.raypool.RayPool`` with N
+    actors. A ``":user"`` suffix (``"process:user"``, ``"workers:4:user"``) forces user-space stamps; without it
+    fastio uses kernel receive stamps where the OS gives them (bench.kstamp; the default)."""
 
     streams: int
     step_ms: float
@@ -86,6 +90,10 @@ class Trial:
     err_max: float = float("nan")
     late_p50: float = float("nan")
     late_p99: float = float("nan")
+    decode_err_pct: float = float("nan")
+    paired_user_p50: float = float("nan")  # the same wave's reads with their user-space stamps (kernel trials)
+    paired_user_p99: float = float("nan")
+    stamp_source: str = "?"
     events_per_s: float = float("nan")
     client_cpu_pct: float = float("nan")
     sim_cpu_pct: float = float("nan")
@@ -132,19 +140,30 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
 def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float) -> Trial:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
-    errs, late, arrivals = [], [], []
+    errs, late, arrivals, rates, paired = [], [], [], [], []
+    pairs = kstamp.PAIRS or {}
+    t.stamp_source = ",".join(sorted({r.stamp_source for r in recs})) or "?"
     for r in recs:
         if not r.ok:
             t.failed += 1
             continue
+        m = request_metrics(r)
+        if m.decode_tok_s:
+            rates.append(m.decode_tok_s)
         for e in r.events:
-            if e.write_ns is None:
+            if e.write_ns is None or e.sched_ns is None:
                 continue
             a = r.sent_ns + e.t_ns
             errs.append((a - e.write_ns) / 1e6)
+            if a in pairs:
+                paired.append((pairs[a] - e.write_ns) / 1e6)
             late.append((e.write_ns - e.sched_ns) / 1e6)
             arrivals.append(a)
     t.events = len(errs)
+    if paired:
+        t.paired_user_p50, t.paired_user_p99 = (float(v) for v in np.percentile(np.asarray(paired), [50, 99]))
+    if rates:  # the sim's truth: one token per event, one event per step
+        t.decode_err_pct = 100.0 * (float(np.median(rates)) / (1000.0 / t.step_ms) - 1.0)
     if errs:
         x = np.asarray(errs)
         t.err_p50, t.err_p99, t.err_max = (float(v) for v in np.percentile(x, [50, 99, 100]))
@@ -162,26 +181,54 @@ def run_trial(streams: int, step_ms: float, seconds: float, client: str) -> Tria
     """One measured wave of ``streams`` streams at ``1000 / step_ms`` events/s each, for about ``seconds``."""
     tokens = max(8, round(seconds * 1000.0 / step_ms))
     t = Trial(streams, step_ms, client)
+    parts = client.split(":")
+    stamps = "user" if parts[-1] == "user" else "auto"
+    settings = dataclasses.replace(ClientSettings(), stamps=stamps)
     with SimProcess(decode_step_ms=step_ms, max_running=max(4096, streams), prefill_tok_s=1e7,
                     tokens_per_event=1) as sim:
         warm = specs_for(streams, 1, "warm")
         specs = specs_for(streams, tokens, "measure")
-        if client in ("process", "httpx"):
-            settings = ClientSettings() if client == "process" else dataclasses.replace(ClientSettings(),
-                                                                                        fast_io=False)
+        if parts[0] in ("process", "httpx"):
+            if parts[0] == "httpx":
+                settings = dataclasses.replace(settings, fast_io=False)
             s0 = sim.cpu_s()
-            recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
-            s1 = sim.cpu_s()
+            kstamp.PAIRS = {}
+            try:
+                recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
+                s1 = sim.cpu_s()
+                return analyse(t, recs, cpu, s1 - s0, wall)
+            finally:
+                kstamp.PAIRS = None
         else:
-            workers = int(client.split(":")[1])
-            with WorkerPool(sim.base, model=MODEL, settings=ClientSettings(), workers=workers,
-                            concurrency=streams) as pool:
-                pool.run(warm)
-                s0, w0 = sim.cpu_s(), time.perf_counter()
-                recs = pool.run(specs)
-                s1, wall = sim.cpu_s(), time.perf_counter() - w0  # includes returning the records (~ms)
-                cpu = sum(pool.last_cpu_s)
+            recs, cpu, wall, s0, s1 = _pooled(parts[0], int(parts[1]), sim, settings, streams, warm, specs)
     return analyse(t, recs, cpu, s1 - s0, wall)
+
+
+def _pooled(kind: str, n: int, sim: Any, settings: ClientSettings, streams: int, warm: list[RequestSpec],
+            specs: list[RequestSpec]) -> tuple[list[RequestRecord], float, float, float, float]:
+    """A warm-up then the measured wave through N worker processes or N Ray actors."""
+    if kind == "ray":
+        from bench.raypool import RayPool
+
+        rp = RayPool(sim.base, model=MODEL, settings=settings, workers=n, address=RAY_ADDRESS[0],
+                     concurrency=streams).start()
+        try:
+            asyncio.run(rp.arun(warm))
+            s0, w0 = sim.cpu_s(), time.perf_counter()
+            recs = asyncio.run(rp.arun(specs))
+            s1, wall = sim.cpu_s(), time.perf_counter() - w0
+            return recs, sum(rp.last_cpu_s), wall, s0, s1
+        finally:
+            rp.close()
+    with WorkerPool(sim.base, model=MODEL, settings=settings, workers=n, concurrency=streams) as pool:
+        pool.run(warm)
+        s0, w0 = sim.cpu_s(), time.perf_counter()
+        recs = pool.run(specs)
+        s1, wall = sim.cpu_s(), time.perf_counter() - w0  # includes returning the records (~ms)
+        return recs, sum(pool.last_cpu_s), wall, s0, s1
+
+
+RAY_ADDRESS: list[str | None] = [None]  # --ray ADDRESS; None: a local Ray started by this script
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -237,6 +284,7 @@ def search_streams(client: str, seconds: float, log: Any, start: int, limit: int
             bad = n
             break
     for _ in range(bisect_steps if good is not None and bad is not None else 0):
+        assert good is not None and bad is not None
         mid = (good + bad) // 2
         if mid in (good, bad):
             break
@@ -262,6 +310,7 @@ def search_rate(client: str, streams: int, seconds: float, log: Any, start: floa
             bad = rate
             break
     for _ in range(bisect_steps if good is not None and bad is not None else 0):
+        assert good is not None and bad is not None
         mid = (good + bad) / 2
         t = tried(streams, streams * 1000.0 / mid, seconds, client, log, res.trials)
         good, bad = (mid, bad) if t.clean else (good, mid)
@@ -273,25 +322,38 @@ def search_rate(client: str, streams: int, seconds: float, log: Any, start: floa
 # ---------------------------------------------------------------------------------------------------------------
 # output
 # ---------------------------------------------------------------------------------------------------------------
-HEAD = ("| streams | step ms | target ev/s | client | events | ingested ev/s | err p50 ms | err p99 ms | err max ms "
-        "| client CPU % | sim CPU % | sim late p50/p99 ms | failed |")
-SEP = "|" + "---|" * 13
+HEAD = ("| streams | step ms | target ev/s | client | stamps | events | ingested ev/s | err p50 ms | err p99 ms "
+        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err % | client CPU % | sim CPU % "
+        "| sim late p50/p99 ms | failed |")
+SEP = "|" + "---|" * 16
 
 
 def who(t: Trial) -> str:
-    if t.client == "process":
-        return "1 process (bench's client)"
-    if t.client == "httpx":
+    parts = t.client.split(":")
+    user = ", user stamps" if parts[-1] == "user" else ""
+    if parts[0] == "process":
+        return f"1 process (bench's client){user}"
+    if parts[0] == "httpx":
         return "1 process, httpx reads (fast_io off)"
-    n = int(t.client.split(":")[1])
-    return f"{n} worker process{'es' if n > 1 else ''}"
+    n = int(parts[1])
+    if parts[0] == "ray":
+        return f"{n} Ray actor{'s' if n > 1 else ''}{user}"
+    return f"{n} worker process{'es' if n > 1 else ''}{user}"
 
 
 def row(t: Trial) -> str:
     note = " (retry)" if t.notes else ""
-    return (f"| {t.streams} | {t.step_ms:.2f} | {t.target_rate:,.0f} | {who(t)}{note} | {t.events:,} | {t.events_per_s:,.0f} "
-            f"| {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} | {t.client_cpu_pct:.0f} "
+    return (f"| {t.streams} | {t.step_ms:.2f} | {t.target_rate:,.0f} | {who(t)}{note} | {t.stamp_source} | {t.events:,} "
+            f"| {t.events_per_s:,.0f} | {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} "
+            f"| {_pair(t)} | {t.decode_err_pct:+.2f} "
+            f"| {t.client_cpu_pct:.0f} "
             f"| {t.sim_cpu_pct:.0f} | {t.late_p50:.2f} / {t.late_p99:.2f} | {t.failed} |")
+
+
+def _pair(t: Trial) -> str:
+    if t.paired_user_p50 != t.paired_user_p50:  # NaN: not a kernel-stamped wave read in this process
+        return "-"
+    return f"{t.paired_user_p50:.2f} / {t.paired_user_p99:.2f}"
 
 
 def machine() -> dict[str, str]:
@@ -320,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bisect", type=int, default=2, help="bisection steps after each ladder")
     ap.add_argument("--workers", default="2", help="worker counts of part 3, comma list ('' = skip)")
     ap.add_argument("--no-httpx", action="store_true", help="skip the rows with fast_io off (httpx reads)")
+    ap.add_argument("--no-user", action="store_true", help="skip the user-stamp rows (kernel stamps only)")
+    ap.add_argument("--no-search", action="store_true", help="skip part 2 (the largest-clean-load searches)")
+    ap.add_argument("--scale-workers", default="1,2,4,8,16", help="worker counts of part 3 ('' = skip part 3)")
+    ap.add_argument("--scale-streams", type=int, default=512, help="streams (20 ev/s each) of part 3")
+    ap.add_argument("--ray", default="", help="Ray cluster ADDRESS for part 3's Ray column; 'local' = a Ray "
+                    "started here; '' = no Ray column")
     ap.add_argument("--quick", action="store_true", help="2.5 s waves, counts 1,64,512, one bisection step")
     ap.add_argument("--out", default=str(RESULTS), help="Markdown results file ('' = do not write)")
     a = ap.parse_args(argv)
@@ -327,7 +395,10 @@ def main(argv: list[str] | None = None) -> int:
         a.seconds, a.counts, a.bisect = 2.5, "1,64,512", 1
     counts = [int(x) for x in a.counts.split(",") if x.strip()]
     wlist = [int(x) for x in a.workers.split(",") if x.strip()]
-    clients1 = ["process"] + ([] if a.no_httpx else ["httpx"])
+    clients1 = ["process"] + ([] if a.no_user else ["process:user"]) + ([] if a.no_httpx else ["httpx"])
+    scale = [int(x) for x in a.scale_workers.split(",") if x.strip()]
+    if a.ray:
+        _start_ray(a.ray)
     m = machine()
     started = datetime.now(UTC)
 
@@ -343,16 +414,26 @@ def main(argv: list[str] | None = None) -> int:
     header("1. stream counts at 20 events/s per stream")
     p1 = part_counts(counts, a.seconds, clients1, log)
     searches: list[Search] = []
-    for c in ["process"] + [f"workers:{w}" for w in wlist]:
+    for c in [] if a.no_search else ["process"] + [f"workers:{w}" for w in wlist]:
         header(f"2. largest clean load ({who(Trial(0, 1, c))}): streams at 20 ev/s, then rate at "
                f"{a.rate_streams} streams")
         searches.append(search_streams(c, a.seconds, log, 8, 2048, a.bisect))
         searches.append(search_rate(c, a.rate_streams, a.seconds, log, 800.0, 400_000.0, a.bisect))
+    p3: list[Trial] = []
+    if scale:
+        header(f"3. worker counts at {a.scale_streams} streams x 20 events/s: kernel vs user stamps"
+               + (", Ray actors" if a.ray else ""))
+        for n in scale:
+            kinds = [f"workers:{n}"] + ([] if a.no_user else [f"workers:{n}:user"]) + ([f"ray:{n}"] if a.ray else [])
+            for c in kinds:
+                t = run_trial(a.scale_streams, 50.0, a.seconds, c)
+                log(row(t))
+                p3.append(t)
     print("\nsummary:")
     for line in summary_lines(searches):
         print(line)
     if a.out:
-        write_md(Path(a.out), m, started, a, p1, searches)
+        write_md(Path(a.out), m, started, a, p1, searches, p3)
         print(f"\nwrote {a.out}")
     return 0
 
@@ -366,26 +447,64 @@ def summary_lines(searches: list[Search]) -> list[str]:
     return out
 
 
+def _start_ray(address: str) -> None:
+    """Join (or start, for ``local``) the Ray cluster of part 3 once; the RayPools of the trials reuse it."""
+    host = address.rsplit(":", 1)[0]
+    if address == "local" or host in ("127.0.0.1", "localhost"):
+        os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")  # keep Ray on loopback
+    import ray
+
+    root = str(ROOT / "bench")
+    if address == "local":
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+                 runtime_env={"py_modules": [root]})
+    else:
+        ray.init(address=address, log_to_driver=False, runtime_env={"py_modules": [root]})
+        RAY_ADDRESS[0] = address
+
+
+def scale_table(p3: list[Trial]) -> list[str]:
+    """Part 3 as one line per worker count: err p50 / p99 (ms) and decode error (%) per column."""
+    cols = [("kernel", lambda c: c.startswith("workers:") and not c.endswith(":user")),
+            ("user", lambda c: c.startswith("workers:") and c.endswith(":user")),
+            ("Ray actors (kernel)", lambda c: c.startswith("ray:"))]
+    used = [(name, f) for name, f in cols if any(f(t.client) for t in p3)]
+    out = ["| workers | " + " | ".join(f"{n}: err p50 / p99 ms, decode err %" for n, _ in used) + " |",
+           "|---|" + "---|" * len(used)]
+    for n in sorted({int(t.client.split(":")[1]) for t in p3}):
+        cells = []
+        for _, f in used:
+            ts = [t for t in p3 if f(t.client) and int(t.client.split(":")[1]) == n]
+            cells.append(" ".join(f"{t.err_p50:.2f} / {t.err_p99:.2f}, {t.decode_err_pct:+.2f} %"
+                                  + (f" ({t.failed} failed)" if t.failed else "") for t in ts) or "-")
+        out.append(f"| {n} | " + " | ".join(cells) + " |")
+    return out
+
+
 def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Namespace, p1: list[Trial],
-             searches: list[Search]) -> None:
+             searches: list[Search], p3: list[Trial] | None = None) -> None:
     out = [
         "# bench client timestamp fidelity",
         "",
-        f"Written by `python benchmarks/fidelity.py` ({started.strftime('%Y-%m-%d %H:%M UTC')}, {a.seconds:g} s "
+        f"Written by `python benchmarks/fidelity.py {' '.join(sys.argv[1:])}` "
+        f"({started.strftime('%Y-%m-%d %H:%M UTC')}, {a.seconds:g} s "
         f"waves). Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, {m['os']}; load average at start "
         f"{m['load']} (a shared box: other processes ran meanwhile). The sim runs in its own process on the same "
         "cores.",
         "",
-        "Columns: *err* = bench's arrival stamp - the sim's `write_ns` of that event (one clock), over every token "
-        "event of the measured wave; *client CPU %* = the client's CPU time over the wave's wall time "
+        "Columns: *stamps* = the records' `stamp_source` (`kernel`: the kernel's receive time of each read, "
+        "bench.kstamp; `user`: `perf_counter_ns()` when Python got the read); "
+        "*err* = bench's arrival stamp - the sim's `write_ns` of that event (one clock), over every token "
+        "event of the measured wave; *same reads, user stamps* = for a kernel-stamped wave in this process, the "
+        "error the user-space stamps of the very same reads would have had (`perf_counter_ns()` in the read callback; "
+        "one wave, so the box's noise is the same for both); *decode err %* = median per-stream decode tok/s against the sim's truth "
+        "(1000 / step ms); *client CPU %* = the client's CPU time over the wave's wall time "
         "(first send -> last byte), % of one core (summed over workers; more than 100 % = the client needed more than one core, only possible with "
         "workers); *sim late* = `write_ns - sched_ns` (the sim behind its own schedule; not part of *err*). A "
         f"trial is clean when its p99 error is <= {P99_LIMIT_MS:g} ms and no request failed.",
         "",
-        f"## Largest clean load (p99 error <= {P99_LIMIT_MS:g} ms)",
-        "",
-        *summary_lines(searches),
-        "",
+        *([f"## Largest clean load (p99 error <= {P99_LIMIT_MS:g} ms)", "", *summary_lines(searches), ""]
+          if searches else []),
         "## 1. Stream counts at 20 events/s per stream",
         "",
         HEAD,
@@ -394,6 +513,9 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
     ]
     for s in searches:
         out += ["", f"## 2. {who(Trial(0, 1, s.client))}: {s.what}", "", HEAD, SEP, *[row(t) for t in s.trials]]
+    if p3:
+        out += ["", f"## 3. Worker counts at {a.scale_streams} streams x 20 events/s", "", *scale_table(p3), "",
+                HEAD, SEP, *[row(t) for t in p3]]
     out.append("")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(out), encoding="utf-8")

@@ -435,7 +435,8 @@ def test_error_rate_exact(tmp_path: Path, kind: str, bench_kind: str) -> None:
         "max_tokens": 32, "requests": 8, "warmup": 0, "overhead_probes": 2,
         "sweep": [{"depths": [0], "streams": [4]}],
     }, tmp_path)
-    before = [r for r in records if r.meta.get("phase") != "measure"]
+    first = min(r.sent_ns for r in records if r.meta.get("phase") == "measure")
+    before = [r for r in records if r.meta.get("phase") != "measure" and r.sent_ns < first]  # not the drift probes
     assert len(before) == 3 and all(r.ok for r in before)
     n_fail = expected_error_count(cfg, 3 + 8) - expected_error_count(cfg, 3)
     assert n_fail == sum(fails(cfg, n) for n in range(4, 12)) == 2

@@ -279,7 +279,7 @@ pack() {  # everything so far into one tar.gz (records.jsonl included); the smal
     log "pack: $(stat -c %s "$OUT/h200-$tag.tar.gz") bytes; records.jsonl go into their own archive"
     tar czf "$OUT/h200-$tag.tar.gz" -C "$WORK" --exclude='res/server-*.log' --exclude='res/cmake.log' \
       --exclude='res/batched.log' --exclude='*.tmp' --exclude='records.jsonl' res
-    (cd "$WORK" && find res -name records.jsonl -size -40M | tar cJf "$OUT/h200-$tag-records.tar.xz" -T -)
+    (cd "$WORK" && find res -name records.jsonl -size -40M | tar czf "$OUT/h200-$tag-records.tar.gz" -T -)
   fi
   for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
   ls -la "$OUT"

@@ -190,6 +190,16 @@ def cells(doc: dict[str, Any] | None) -> list[dict[str, Any]]:
     return [c for c in cs if isinstance(c, dict)] if isinstance(cs, list) else []
 
 
+def one_stream_by_depth(doc: dict[str, Any] | None) -> dict[int, dict[str, Any]]:
+    """The one-stream cells by depth (the prose cell where a depth has several prompt types)."""
+    out: dict[int, dict[str, Any]] = {}
+    for c in cells(doc):
+        d = int(c.get("depth") or 0)
+        if int(c.get("streams") or 1) == 1 and (d not in out or c.get("prompt") == "prose"):
+            out[d] = c
+    return out
+
+
 def table(head: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     return out + ["| " + " | ".join(r) + " |" for r in rows]
@@ -234,7 +244,7 @@ def header(res: Res, docs: list[dict[str, Any]], date: str) -> list[str]:
 def depth_rows(res: Res, doc: dict[str, Any] | None, spec: RooflineSpec | None) -> list[list[str]]:
     lbd = res.llama_bench("lb-depth.json")
     n_gen = next((int(t["n_gen"]) for t in lbd if num(t.get("n_gen"))), 128)
-    by_depth = {int(c.get("depth") or 0): c for c in cells(doc) if int(c.get("streams") or 1) == 1}
+    by_depth = one_stream_by_depth(doc)
     depths = sorted(set(by_depth) | {int(t.get("n_depth") or 0) for t in lbd if t.get("n_gen")})
     rows = []
     for d in depths:
@@ -268,7 +278,7 @@ def decode_depth(res: Res, doc: dict[str, Any] | None, spec: RooflineSpec | None
 def prefill_rows(res: Res, doc: dict[str, Any] | None, spec: RooflineSpec | None) -> list[list[str]]:
     lbd, lbp = res.llama_bench("lb-depth.json"), res.llama_bench("lb-pp.json")
     n_p = next((int(t["n_prompt"]) for t in lbd if num(t.get("n_prompt"))), 4096)
-    by_depth = {int(c.get("depth") or 0): c for c in cells(doc) if int(c.get("streams") or 1) == 1}
+    by_depth = one_stream_by_depth(doc)
     depths = sorted(set(by_depth) | {int(t.get("n_depth") or 0) for t in lbd if t.get("n_prompt")}
                     | {int(t["n_prompt"]) for t in lbp if num(t.get("n_prompt")) and not t.get("n_gen")})
     rows = []
@@ -354,7 +364,9 @@ def drafts(res: Res) -> list[str]:
             agg, limit = med(c, "aggregate_decode_tok_s"), roof(c, "decode_tok_s_limit")
             rows.append([name.removeprefix("drafts-"), str(c.get("streams", "-")), fnum(med(c, "decode_tok_s")),
                          fwith(agg, pct(agg, limit)), fnum(med(c, "server_decode_tok_s")),
-                         fnum(med(c, "tokens_per_event", "mean"), 2), fnum(num(sm.get("spec_acceptance_rate")), 3),
+                         fnum(med(c, "tokens_per_event", "mean"), 2),
+                         f"{fnum(num(sm.get('spec_draft_tokens')), 0)} / {fnum(num(sm.get('spec_accepted_tokens')), 0)}",
+                         fnum(num(sm.get("spec_acceptance_rate")), 3),
                          fnum(num(sm.get("spec_mean_accepted_length")), 2),
                          fnum(num(sm.get("kv_cache_usage_pct_max"))), fnum(num(sm.get("generation_tokens")), 0),
                          fnum(med(c, "output_tokens", "mean"), 0)])
@@ -365,7 +377,7 @@ def drafts(res: Res) -> list[str]:
             "Acceptance and mean accepted length: the cell's `server_metrics` (/metrics deltas over the measured "
             "waves); `-` where the server or bench did not say.", "",
             *table(["config", "streams", "bench per stream", "bench aggregate", "llama-server's own per stream",
-                    "tokens/event", "acceptance", "mean accepted length", "KV % max", "server generated tokens",
+                    "tokens/event", "drafted / accepted tokens", "acceptance", "mean accepted length", "KV % max", "server generated tokens",
                     "bench output tokens (mean)"], rows), ""]
 
 

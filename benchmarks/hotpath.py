@@ -1,0 +1,202 @@
+"""The per-event cost of bench's client: events/s ingested by one process at 16 streams against ``bench sim``.
+
+    python benchmarks/hotpath.py                       # 16 streams, 3 s waves, every stamp/loop variant
+    python benchmarks/hotpath.py --profile             # + a cProfile of the default variant (top 25 by tottime)
+    python benchmarks/hotpath.py --streams 16 --seconds 5 --step-ms 0.1 --variants kernel,user,kernel+uvloop
+
+Method. The sim runs in its own process (``benchmarks/simproc.py``) with a decode step far shorter than the client
+can follow (``--step-ms``, default 0.1 ms: 10,000 events/s per stream asked), so the client is the bottleneck:
+the sim writes as fast as its socket buffers drain and the client reads as fast as it can. The measured wave goes
+through bench's own path as the runner uses it (``make_http_client`` + ``stream_request``: read, stamp, HTTP
+framing, SSE decode, JSON parsing into the record), after a warm-up wave that opens the connections, with the
+garbage collector off as in the runner. Reported per variant:
+
+* *events/s*: token events recorded / wall time of the wave (send of the first request to the end of the last);
+* *events per CPU-s*: the same events / the client process's CPU seconds in the wave: what one core ingests,
+  the figure to compare across machines (it does not depend on how much CPU the sim took from the client).
+
+On a machine with spare cores the two are close; on a small shared one (2 cores, sim and client competing)
+*events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
+
+Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
+event loop), ``+chunked`` (an experiment: chunked bodies framed by ``bench.chunked`` instead of h11, not yet wired
+into bench.fastio), ``httpx`` (fast_io off).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import dataclasses
+import gc
+import io
+import platform
+import pstats
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+
+from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
+from bench.records import RequestRecord  # noqa: E402
+
+MODEL = "bench-sim"
+RESULTS = Path(__file__).resolve().parent / "results" / "hotpath.md"
+
+
+def specs(streams: int, tokens: int, tag: str) -> list[RequestSpec]:
+    return [RequestSpec(f"{tag}-{i:03d}", "chat", {"messages": [{"role": "user", "content": f"hot {tag} {i}"}],
+                                                   "max_tokens": tokens}, {"stream": i}) for i in range(streams)]
+
+
+async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
+                prof: cProfile.Profile | None) -> tuple[list[RequestRecord], float, float]:
+    client = make_http_client(settings, streams)
+    try:
+        await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in specs(streams, 2, "warm")))
+        gc.collect()
+        gc.disable()
+        sp = specs(streams, tokens, "hot")
+        cpu0, w0 = time.process_time(), time.perf_counter()
+        if prof is not None:
+            prof.enable()
+        try:
+            recs = await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in sp))
+        finally:
+            if prof is not None:
+                prof.disable()
+            gc.enable()
+        return list(recs), time.process_time() - cpu0, time.perf_counter() - w0
+    finally:
+        await client.aclose()
+
+
+def _use_chunked_decoder() -> Any:
+    """Experiment (``+chunked``): FastResponse reads chunked bodies with bench.chunked instead of h11 (connections
+    are closed after such a body, not reused). Returns the original method, to put back."""
+    from bench.chunked import ChunkedDecoder
+    from bench.fastio import FastIOError, FastResponse
+
+    orig = FastResponse.aiter_stamped
+
+    async def aiter_stamped(self: Any) -> Any:
+        conn = self._conn
+        if conn is None or self._done or "chunked" not in self.headers.get("transfer-encoding", "").lower():
+            async for x in orig(self):
+                yield x
+            return
+        dec, proto = ChunkedDecoder(), conn.proto
+        try:
+            body = dec.feed(bytes(conn.h11.trailing_data[0]))
+            if body:
+                yield self._t, body
+            while not dec.done:
+                item = await proto.next_chunk(self._read_timeout)
+                if item is None:
+                    raise FastIOError("peer closed connection without sending complete message body")
+                body = dec.feed(item[1])
+                if body:
+                    yield item[0], body
+        finally:
+            self._discard()
+
+    FastResponse.aiter_stamped = aiter_stamped  # type: ignore[method-assign]
+    return orig
+
+
+def run_variant(variant: str, base: str, streams: int, tokens: int, profile: bool) -> dict[str, Any]:
+    """One measured wave with ``variant`` (``kernel``, ``user``, ``httpx``, each optionally ``+uvloop``,
+    ``+chunked``)."""
+    parts = variant.split("+")
+    if "chunked" in parts:
+        from bench.fastio import FastResponse
+
+        orig = _use_chunked_decoder()
+        try:
+            return run_variant("+".join(p for p in parts if p != "chunked"), base, streams, tokens, profile)
+        finally:
+            FastResponse.aiter_stamped = orig  # type: ignore[method-assign]
+    stamps = "user" if parts[0] == "user" else "kernel"
+    settings = dataclasses.replace(ClientSettings(), stamps=stamps, fast_io=parts[0] != "httpx")
+    prof = cProfile.Profile() if profile else None
+    coro = _wave(base, settings, streams, tokens, prof)
+    if "uvloop" in parts:
+        import uvloop
+
+        recs, cpu, wall = uvloop.run(coro)
+    else:
+        recs, cpu, wall = asyncio.run(coro)
+    events = sum(1 for r in recs for e in r.events if e.has_text)
+    out = {"variant": variant, "streams": streams, "events": events, "failed": sum(not r.ok for r in recs),
+           "wall_s": wall, "cpu_s": cpu, "events_per_s": events / wall if wall > 0 else float("nan"),
+           "events_per_cpu_s": events / cpu if cpu > 0 else float("nan"),
+           "stamp_source": sorted({r.stamp_source for r in recs})}
+    if prof is not None:
+        s = io.StringIO()
+        pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
+        out["profile"] = s.getvalue()
+    return out
+
+
+def machine() -> str:
+    import os
+
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.node()}: {os.cpu_count()} cores {model}, Linux {platform.release()}, Python {platform.python_version()}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--streams", type=int, default=16)
+    ap.add_argument("--seconds", type=float, default=3.0, help="about how long each measured wave lasts")
+    ap.add_argument("--step-ms", type=float, default=0.1, help="the sim's decode step (shorter than the client)")
+    ap.add_argument("--rate", type=float, default=3000.0, help="expected events/s per stream, sizes max_tokens")
+    ap.add_argument("--variants", default="kernel,user,kernel+uvloop,httpx")
+    ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
+    ap.add_argument("--out", default=str(RESULTS), help="markdown table to write ('' = none)")
+    a = ap.parse_args(argv)
+    tokens = max(16, int(a.seconds * a.rate))
+    rows = []
+    with SimProcess(decode_step_ms=a.step_ms, max_running=max(64, a.streams), prefill_tok_s=1e8,
+                    tokens_per_event=1) as sim:
+        for i, v in enumerate(x.strip() for x in a.variants.split(",") if x.strip()):
+            r = run_variant(v, sim.base, a.streams, tokens, a.profile and i == 0)
+            rows.append(r)
+            print(f"{v:16s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
+                  f"{r['events_per_cpu_s']:9.0f} events per CPU-s  failed {r['failed']}  {r['stamp_source']}",
+                  flush=True)
+            if "profile" in r:
+                print(r["profile"])
+    if a.out:
+        write_md(Path(a.out), rows, a)
+    return 0
+
+
+def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
+    lines = [f"# Hot path: events ingested by one bench process ({a.streams} streams)", "",
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}.",
+             f"`python benchmarks/hotpath.py --streams {a.streams} --seconds {a.seconds} --step-ms {a.step_ms} "
+             f"--variants {a.variants}` (method: the script's docstring).", "",
+             "| variant | stamps | events | events/s | events per CPU-s | failed |", "|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['variant']} | {','.join(r['stamp_source'])} | {r['events']} | {r['events_per_s']:.0f} | "
+                     f"{r['events_per_cpu_s']:.0f} | {r['failed']} |")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,104 @@
+"""bench.autosize and ``bench run --workers auto``: bench's own lag picks the worker count; results say which."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import autosize
+from bench.autosize import advice, assess, choose_workers, lag_budget_ms, lag_summary
+from bench.cli import main
+from bench.records import Event, RequestRecord
+from bench.sim import SimConfig, running_sim
+
+
+def _rec(gaps_ms: list[float]) -> RequestRecord:
+    r = RequestRecord("r", "chat", "m")
+    t = 1_000_000
+    r.events.append(Event(t, content="a"))
+    for g in gaps_ms:
+        t += int(g * 1e6)
+        r.events.append(Event(t, content="a"))
+    return r
+
+
+def test_budget_is_half_the_median_gap_clipped() -> None:
+    assert lag_budget_ms([_rec([10, 10, 30])]) == pytest.approx(5.0)
+    assert lag_budget_ms([_rec([0.5, 0.5])]) == 1.0  # clipped at 1 ms
+    assert lag_budget_ms([_rec([500])]) == 20.0  # and at 20 ms
+    assert lag_budget_ms([]) == 20.0
+
+
+def test_choose_workers_scales_with_lag_and_caps() -> None:
+    assert choose_workers(0.3, 5.0, streams=64, cores=16)["workers"] == 1
+    c = choose_workers(23.0, 5.0, streams=64, cores=16)
+    assert c["workers"] == 5 and not c["capped"]
+    c = choose_workers(230.0, 5.0, streams=64, cores=16)
+    assert c["workers"] == 15 and c["capped"]  # the cores beside the main process
+    assert choose_workers(230.0, 5.0, streams=3, cores=16)["workers"] == 3  # never more than the streams
+    assert choose_workers(None, 5.0, streams=8, cores=16)["workers"] == 1  # nothing measured: one process
+
+
+def test_assess_prefers_read_lag_and_advice_names_the_count() -> None:
+    recs = [_rec([10, 10, 10])]
+    c = assess(recs, [1.0] * 98 + [12.0, 12.0], [50.0], streams=32, cores=16)
+    assert c["lag_source"] == "read" and c["lag_p99_ms"] == 12.0 and c["workers"] == 3
+    c2 = assess(recs, [], [0.2, 0.4, 11.0], streams=32, cores=16)
+    assert c2["lag_source"] == "loop" and c2["workers"] == 3
+    msg = advice("d0-s32", c, 1)
+    assert msg is not None and "--workers 3" in msg and "d0-s32" in msg
+    assert advice("d0-s32", c, 3) is None
+    assert lag_summary([])["p99_ms"] is None
+
+
+async def _loop_lag_samples() -> list[float]:
+    import asyncio
+
+    async with autosize.LoopLag(0.001) as lag:
+        await asyncio.sleep(0.03)
+    return lag.samples
+
+
+def test_loop_lag_ticks() -> None:
+    import asyncio
+
+    s = asyncio.run(_loop_lag_samples())
+    assert len(s) >= 3 and all(x >= 0 for x in s)
+
+
+def _run(url: str, out: str, capsys: pytest.CaptureFixture[str]) -> dict:
+    rc = main(["run", url, "--profile", "quick", "--depths", "0", "--streams", "4", "--repeats", "4",
+               "--max-tokens", "16", "--workers", "auto", "--out", out, "--json"])
+    assert rc == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
+    with running_sim(SimConfig(decode_step_ms=20.0, prefill_tok_s=50_000.0)) as url:
+        res = _run(url, str(tmp_path / "a"), capsys)
+        run = res["run"]
+        assert run["workers_auto"] is True and run["workers"] >= 1
+        (choice,) = run["sizing"].values()
+        assert choice["workers"] == run["workers"] and choice["budget_ms"] == pytest.approx(10.0, rel=0.3)
+        assert run["stamp_clock"]["measurements"] >= 1 and run["stamp_clock"]["uncertainty_ns"] >= 0
+        from bench.kstamp import kernel_stamps_supported
+        from bench.records import read_records
+
+        measured = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.meta.get("phase") == "measure"]
+        want = "kernel" if kernel_stamps_supported() else "user"
+        assert measured and {r.stamp_source for r in measured} == {want}  # the default on Linux over TCP
+        # a process that lags 15 ms behind its reads, with 10 ms of budget, needs two readers
+        monkeypatch.setattr(autosize, "read_lag_since", lambda _m=0: [15.0] * 50)
+        monkeypatch.setattr(autosize.os, "cpu_count", lambda: 4)
+        res = _run(url, str(tmp_path / "b"), capsys)
+    assert res["run"]["workers"] == 2 and res["run"]["workers_auto"] is True
+    cell = res["cells"][0]
+    assert cell["requests_ok"] == 4
+    assert cell["decode_tok_s"]["median"] == pytest.approx(50.0, rel=0.06)
+
+
+def test_bad_workers_value(capsys) -> None:
+    rc = main(["run", "http://127.0.0.1:9/v1", "--workers", "many"])
+    assert rc != 0
+    assert "auto" in capsys.readouterr().err
