@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from . import cli_check as _cli_check
-from .cli_common import client_options, endpoint
+from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
 from .cli_report import report, roofline_options, roofline_spec_from_options
@@ -185,8 +185,9 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
     """
-    from .profile import load_profile, parse_depths, parse_ints, parse_kinds
+    from .results import prepare_folder
     from .roofline import RooflineAnnotator
+    from .runner import default_out_dir
 
     if ray_address and workers == "auto":
         raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")
@@ -196,29 +197,34 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .report.html import require_plotly
 
         require_plotly()
-    prof = load_profile(profile_name).with_overrides(
-        streams=parse_ints(streams, "--streams") if streams is not None else None,
-        depths=parse_depths(depths) if depths is not None else None,
-        prompts=parse_kinds(prompt_kinds) if prompt_kinds is not None else None,
-        max_tokens=max_tokens,
-        requests=repeats,
-        endpoint=endpoint_kind,
-        thinking=None if thinking is None else thinking == "on",
-        prefix_cache=prefix_cache,
-    )
-    from .results import prepare_folder
-    from .runner import default_out_dir
-
+    prof = _overridden(profile_name, streams, depths, prompt_kinds, max_tokens=max_tokens, requests=repeats,
+                       endpoint=endpoint_kind, thinking=None if thinking is None else thinking == "on",
+                       prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
-    cells = prof.cells()
-    max_streams = max(c.streams for c in cells)
-    max_depth = max(c.depth for c in cells)
-    ctx = max(8192, max_streams * (max_depth + max(c.max_tokens for c in cells) + 512))
-    with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx) as base:
+    parallel, ctx = engine_size(prof)
+    with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
         results = _run_with_progress(base, prof, settings, out, as_json, model=model, workers=workers,
                                      annotators=annotators, resume=previous, ray_address=ray_address)
+    _finish_run(results, out, as_json, make_report)
+
+
+def _overridden(profile_name: str, streams: str | None, depths: str | None, prompt_kinds: str | None,
+                **overrides: Any) -> Profile:
+    """The profile with the command line's overrides (each parsed, bad values naming their flag)."""
+    from .profile import load_profile, parse_depths, parse_ints, parse_kinds
+
+    return load_profile(profile_name).with_overrides(
+        streams=parse_ints(streams, "--streams") if streams is not None else None,
+        depths=parse_depths(depths) if depths is not None else None,
+        prompts=parse_kinds(prompt_kinds) if prompt_kinds is not None else None,
+        **overrides,
+    )
+
+
+def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool) -> None:
+    """Report (optional), print, and exit 5 when a cell had no success."""
     report_path = None
     if make_report:
         from .report.html import write_report

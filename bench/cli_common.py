@@ -15,6 +15,14 @@ from .errors import ConfigError
 __all__ = ["endpoint", "client_options", "settings_from_options"]
 
 
+def engine_size(profile: Any) -> tuple[int, int]:
+    """Slots and context the embedded llama-server needs for ``profile``'s cells: ``(parallel, ctx_size)``."""
+    cells = profile.cells()
+    streams = max(c.streams for c in cells)
+    need = max(c.depth + c.max_tokens for c in cells) + 512
+    return max(4, streams), max(8192, max(4, streams) * need)
+
+
 _ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models")
 
 

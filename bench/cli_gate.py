@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from .cli_common import checked_url, client_options, endpoint
+from .cli_common import checked_url, client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .errors import EXIT_OK, BenchError, GateCouldNotRun
 from .gate import (
@@ -47,13 +47,6 @@ DEFAULT_GATE_PROFILE = "ci-gate"
 
 
 # --- helpers shared by the commands --------------------------------------------------------------------------------
-
-
-def _ctx_size(profile: Profile) -> tuple[int, int]:
-    cells = profile.cells()
-    streams = max(c.streams for c in cells)
-    depth = max(c.depth for c in cells)
-    return max(4, streams), max(8192, streams * (depth + max(c.max_tokens for c in cells) + 512))
 
 
 def _write_reports(verdicts: Sequence[Verdict], *, title: str, context: dict[str, Any], junit: str | None,
@@ -196,7 +189,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     settings = _settings(**client)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
-    parallel, ctx = _ctx_size(prof)
+    parallel, ctx = engine_size(prof)
     with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
                                        force=force, budget_waves=budget_waves, observer=observer, log=log,

@@ -126,6 +126,7 @@ class ErrorKind(StrEnum):
     PROTOCOL = "protocol"
     BAD_JSON = "bad_json"
     CANCELLED = "cancelled"
+    WORKER_LOST = "worker_lost"
 
 
 class UnreadableResponse(Exception):
@@ -135,3 +136,22 @@ class UnreadableResponse(Exception):
     def __init__(self, msg: str, kind: str = "protocol") -> None:
         super().__init__(redact(msg))
         self.kind = kind
+
+
+# --- the stamping transport (bench.fastio): internal, translated into records by bench.client ---------------
+
+
+class FastIOError(Exception):
+    """The connection broke or the peer did not speak valid HTTP/1.1."""
+
+
+class FastConnectError(FastIOError):
+    """The TCP connection could not be opened (refused, unreachable, DNS, connect timeout)."""
+
+
+class FastTimeout(FastIOError):
+    """No byte arrived within the read timeout (or the request could not be written in time)."""
+
+
+class StaleConnection(FastIOError):
+    """A reused keep-alive connection failed before any response byte: safe to send again on a fresh one."""

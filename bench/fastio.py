@@ -39,28 +39,14 @@ from urllib.parse import urlsplit
 
 import h11
 
+from .errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
+
 __all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "stamp_source_of",
            "stamp_tracker"]
 
 STAMP_CHOICES = ("auto", "kernel", "user")
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
 WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
-
-
-class FastIOError(Exception):
-    """The connection broke or the peer did not speak valid HTTP/1.1."""
-
-
-class FastConnectError(FastIOError):
-    """The TCP connection could not be opened (refused, unreachable, DNS, connect timeout)."""
-
-
-class FastTimeout(FastIOError):
-    """No byte arrived within the read timeout (or the request could not be written in time)."""
-
-
-class _StaleConnection(FastIOError):
-    """A reused keep-alive connection failed before any response byte: safe to send again on a fresh one."""
 
 
 class _StampProtocol(asyncio.Protocol):
@@ -344,7 +330,7 @@ class FastPool:
         if conn is not None:
             try:
                 return await self._exchange(conn, method, target, items, body, read_timeout, reused=True)
-            except _StaleConnection:
+            except StaleConnection:
                 pass  # the server closed the idle connection: nothing reached it, send again
         conn = await self._connect(key, connect_timeout)
         return await self._exchange(conn, method, target, items, body, read_timeout, reused=False)
@@ -438,7 +424,7 @@ class FastPool:
     async def _exchange(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]], body: bytes,
                         read_timeout: float | None, *, reused: bool) -> FastResponse:
         """Write the request on ``conn`` and read up to the response head. On a reused connection, a failure
-        before any response byte raises :class:`_StaleConnection`."""
+        before any response byte raises :class:`StaleConnection`."""
         ok = False
         try:
             await self._send_request(conn, method, target, headers, body, reused=reused)
@@ -452,7 +438,7 @@ class FastPool:
     async def _send_request(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]],
                             body: bytes, *, reused: bool) -> None:
         if reused and not conn.usable:
-            raise _StaleConnection("idle connection closed by the server")
+            raise StaleConnection("idle connection closed by the server")
         h = conn.h11
         try:
             out = h.send(h11.Request(method=method, target=target, headers=headers)) or b""
@@ -463,7 +449,7 @@ class FastPool:
             raise FastIOError(f"cannot send request: {e}") from None
         tr = conn.proto.transport
         if tr is None or tr.is_closing():
-            raise (_StaleConnection if reused else FastIOError)("connection closed before the request was sent")
+            raise (StaleConnection if reused else FastIOError)("connection closed before the request was sent")
         tr.write(out)
         await conn.proto.drain(WRITE_TIMEOUT_S)
 
@@ -476,7 +462,7 @@ class FastPool:
                 ev = h.next_event()
             except h11.RemoteProtocolError as e:
                 if reused and not conn.got_bytes:
-                    raise _StaleConnection(str(e)) from None
+                    raise StaleConnection(str(e)) from None
                 raise FastIOError(_h11_text(e, conn.proto)) from None
             if ev is h11.NEED_DATA:
                 t = await self._feed_head(conn, read_timeout, reused=reused) or t
@@ -499,7 +485,7 @@ class FastPool:
         try:
             if item is None:
                 if reused and not conn.got_bytes:
-                    raise _StaleConnection("server closed the connection without sending a response")
+                    raise StaleConnection("server closed the connection without sending a response")
                 if not conn.got_bytes:
                     raise FastIOError("server disconnected without sending a response"
                                       + (f" ({_exc_text(proto.exc)})" if proto.exc else ""))

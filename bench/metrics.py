@@ -146,6 +146,15 @@ def _prefill(timings: dict[str, Any], prompt_tokens: int | None, cached: int,
     return None, None
 
 
+def _decode_rate(text_events: list[Event], output_tokens: int, first_tokens: float) -> float | None:
+    """Tokens decoded inside the first -> last window over its length: all but those the first event carried (1
+    without speculative decoding, where this is (output_tokens - 1); k when the first event carries k tokens)."""
+    if len(text_events) < 2 or output_tokens <= first_tokens:
+        return None
+    span = (text_events[-1].t_ns - text_events[0].t_ns) / 1e9
+    return (output_tokens - first_tokens) / span if span > 0 else None
+
+
 def _upload_ms(rec: RequestRecord) -> float | None:
     """Sent -> the server had the body read, parsed and tokenized, where the server says when (``bench sim``'s
     role chunk carries it as ``sched_ns``); the part of TTFT spent before the engine saw the request."""
@@ -172,14 +181,8 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     ttft_ms = text_events[0].t_ns / 1e6 if text_events else None
     ttfc_ms = next((e.t_ns / 1e6 for e in text_events if e.content), None)
     e2e_ms = rec.end_ns / 1e6 if rec.end_ns is not None else None
-    # tokens decoded inside the first -> last window: all but those the first event carried (1 without
-    # speculative decoding, where this is (output_tokens - 1); k when the first event carries k tokens)
     first_tokens = max(1.0, per_event[0]) if per_event else 1.0
-    decode = None
-    if chunks >= 2 and output_tokens > first_tokens:
-        span = (text_events[-1].t_ns - text_events[0].t_ns) / 1e9
-        if span > 0:
-            decode = (output_tokens - first_tokens) / span
+    decode = _decode_rate(text_events, output_tokens, first_tokens)
     itl = _itl(text_events, per_event)
     tpot = None
     if ttft_ms is not None and e2e_ms is not None and output_tokens >= 2:
