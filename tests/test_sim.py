@@ -72,7 +72,7 @@ def stream(client: httpx.Client, path: str, body: dict) -> tuple[int, list[tuple
 
 
 def token_chunks(chunks: list[tuple[int, object]]) -> list[tuple[int, dict]]:
-    return [(t, c) for t, c in chunks if isinstance(c, dict) and "sim" in c]
+    return [(t, c) for t, c in chunks if isinstance(c, dict) and "sim" in c and c["sim"].get("tokens")]
 
 
 def final_chunk(chunks: list[tuple[int, object]]) -> dict:
@@ -188,8 +188,12 @@ def test_stream_chat_timing() -> None:
     # role chunk, 20 token chunks, finish chunk, usage chunk, [DONE]
     assert len(objs) == 24 and objs[-1] == "[DONE]"
     role = objs[0]
-    assert role["object"] == "chat.completion.chunk" and set(role) == {"id", "object", "created", "model", "choices"}
+    assert role["object"] == "chat.completion.chunk"
+    assert set(role) == {"id", "object", "created", "model", "choices", "sim"}
     assert role["choices"] == [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]
+    # the role chunk says when the body was in, parsed and tokenized (before the engine saw it), and carries no token
+    assert role["sim"]["tokens"] == 0 and role["sim"]["sched_ns"] <= role["sim"]["write_ns"]
+    assert t_send < role["sim"]["sched_ns"]
     toks = token_chunks(chunks)
     assert len(toks) == 20
     assert all(o["choices"][0]["delta"]["content"].startswith(" ") and o["sim"]["tokens"] == 1 for _, o in toks)

@@ -269,71 +269,74 @@ class Engine:
 
     async def _end_step(self, t: int) -> None:
         """Emit every batch member's event for the step that ends at ``t``; retire finished sequences."""
-        stats = self.stats
         choices = self._choices
-        fixed = choices[0]
         finished = False
         for seq in self.step_batch:
             if seq.state != "decode":  # aborted meanwhile
                 if seq.state == "aborting":
-                    stats.success["abort"] += 1
+                    self.stats.success["abort"] += 1
                     _finish(seq, "aborted")
                 finished = True
                 continue
-            remaining = seq.out_len - seq.emitted
-            k = fixed if seq.tpe_rng is None else seq.tpe_rng.choice(choices)
-            sink = seq.sink
+            k = choices[0] if seq.tpe_rng is None else seq.tpe_rng.choice(choices)
             if seq.error_after is not None and seq.emitted >= seq.error_after:
-                ok = True
-                if sink is not None:
-                    try:
-                        ok = await sink.error(seq, t)
-                    except Exception:  # noqa: BLE001 - a broken client must not stop the loop
-                        ok = False
-                stats.errors["stream"] = stats.errors.get("stream", 0) + 1
-                seq.last_sched_ns = t
-                _finish(seq, "error" if ok else "aborted")
+                await self._stream_error(seq, t)
                 finished = True
                 continue
-            if seq.error_after is not None:
-                remaining = seq.error_after - seq.emitted
-            if k > remaining:
-                k = remaining
-            start = seq.emitted
-            seq.emitted += k
-            final = seq.emitted >= seq.out_len
-            seq.events += 1
-            if seq.first_sched_ns is None:
-                seq.first_sched_ns = t
-            prev = seq.last_sched_ns
-            seq.last_sched_ns = t
-            ok = True
-            if sink is not None:
-                try:
-                    ok = await sink.event(seq, t, start, k, final)
-                except Exception:  # noqa: BLE001
-                    log.exception("sim: writing an event failed")
-                    ok = False
-            now = perf_counter_ns()
-            if prev is None:
-                if seq.first_write_ns is None:  # a sink records the exact write time itself
-                    seq.first_write_ns = now if sink is not None else t
-                stats.ttft.observe((seq.first_write_ns - seq.arrival_ns) / 1e9)
-            else:
-                stats.itl.observe((t - prev) / 1e9)
-            stats.generation_tokens += k
-            if not ok:
-                stats.success["abort"] += 1
-                _finish(seq, "aborted")
-                finished = True
-            elif final:
-                stats.success[seq.finish_reason] += 1
-                stats.e2e.observe(((now if sink is not None else t) - seq.arrival_ns) / 1e9)
-                _finish(seq, "finished")
-                finished = True
+            finished = await self._emit(seq, t, k) or finished
         if finished or any(s.state != "decode" for s in self.decoding):
             self.decoding = [s for s in self.decoding if s.state == "decode"]
         self._admit_waiting(t)
+
+    async def _stream_error(self, seq: Seq, t: int) -> None:
+        """The simulated in-stream error of ``seq`` at ``t``."""
+        ok = True
+        if seq.sink is not None:
+            try:
+                ok = await seq.sink.error(seq, t)
+            except Exception:  # noqa: BLE001 - a broken client must not stop the loop
+                ok = False
+        self.stats.errors["stream"] = self.stats.errors.get("stream", 0) + 1
+        seq.last_sched_ns = t
+        _finish(seq, "error" if ok else "aborted")
+
+    async def _emit(self, seq: Seq, t: int, k: int) -> bool:
+        """One event of ``k`` tokens (fewer at the end) for ``seq`` at ``t``; True when ``seq`` is done."""
+        stats, sink = self.stats, seq.sink
+        limit = seq.out_len if seq.error_after is None else seq.error_after
+        k = min(k, limit - seq.emitted)
+        start = seq.emitted
+        seq.emitted += k
+        final = seq.emitted >= seq.out_len
+        seq.events += 1
+        if seq.first_sched_ns is None:
+            seq.first_sched_ns = t
+        prev, seq.last_sched_ns = seq.last_sched_ns, t
+        ok = True
+        if sink is not None:
+            try:
+                ok = await sink.event(seq, t, start, k, final)
+            except Exception:  # noqa: BLE001
+                log.exception("sim: writing an event failed")
+                ok = False
+        now = perf_counter_ns()
+        if prev is None:
+            if seq.first_write_ns is None:  # a sink records the exact write time itself
+                seq.first_write_ns = now if sink is not None else t
+            stats.ttft.observe((seq.first_write_ns - seq.arrival_ns) / 1e9)
+        else:
+            stats.itl.observe((t - prev) / 1e9)
+        stats.generation_tokens += k
+        if not ok:
+            stats.success["abort"] += 1
+            _finish(seq, "aborted")
+            return True
+        if final:
+            stats.success[seq.finish_reason] += 1
+            stats.e2e.observe(((now if sink is not None else t) - seq.arrival_ns) / 1e9)
+            _finish(seq, "finished")
+            return True
+        return False
 
     async def _wait_until(self, deadline: int, interruptible: bool) -> bool:
         """Sleep until ``deadline`` (perf_counter_ns). Returns True if woken early by a new arrival."""
