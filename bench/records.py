@@ -65,6 +65,9 @@ class RequestRecord:
         error_kind: short class of failure: ``http_4xx``/``http_5xx``/``http_429``, ``stream_error``,
             ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``.
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
+        scheduled_ns: open-loop modes (``rate``, ``trace``, ``sessions``): when the schedule said to send it
+            (absolute ns, the clock of ``queued_ns``/``sent_ns``); None in concurrency mode. ``sent_ns -
+            scheduled_ns`` is the send lag (docs/load.md).
     """
 
     request_id: str
@@ -82,6 +85,7 @@ class RequestRecord:
     error: str | None = None
     error_kind: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    scheduled_ns: int | None = None
 
     @property
     def ok(self) -> bool:

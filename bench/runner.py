@@ -270,6 +270,10 @@ class Session:
         if self.writer is not None:
             self.writer.write(rec)
 
+    def write(self, rec: RequestRecord) -> None:
+        """Append a record to records.jsonl (public alias of ``_write``)."""
+        self._write(rec)
+
     # ---- cells --------------------------------------------------------------------------------------------------
     async def _prompts(self, cell: Cell, n: int, depth: int, tag: str) -> list[tuple[str, dict[str, Any]]]:
         out = []
