@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from . import __version__
+from .cli_capacity import capacity, load_options, load_settings, run_open_loop
 from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
@@ -144,11 +145,12 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
+@load_options
 @client_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
         prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, model: str | None,
-        api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+        api_key_env: str, connect_timeout: float, read_timeout: float | None, **load_kw: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -163,6 +165,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run http://gpu:8000/v1 -p decode            sparkDash-style decode bench
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
+      bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
+      bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
     from pathlib import Path
 
@@ -179,6 +183,13 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         thinking=None if thinking is None else thinking == "on",
         prefix_cache=prefix_cache,
     )
+    ls = load_settings(prof, load_kw)
+    if ls is not None:  # open loop (rate, trace): bench.load
+        from .runner import default_out_dir
+
+        out = Path(out_dir) if out_dir else default_out_dir(prof)
+        _print_results(run_open_loop(url, prof, ls, settings, out, model), out, as_json)
+        return
     cells = prof.cells()
     max_streams = max(c.streams for c in cells)
     max_depth = max(c.depth for c in cells)
@@ -293,7 +304,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab):
+for _cmd in (gate, compare, ab, capacity):
     cli.add_command(_cmd)
 
 

@@ -102,19 +102,15 @@ def arrival_times(kind: str, rate: float, *, duration_s: float | None = None, re
     assert duration_s is not None
     u_end = rate * (duration_s - ramp_s / 2.0) if duration_s >= ramp_s else rate * duration_s ** 2 / (2 * ramp_s)
     chunks: list[np.ndarray] = []
-    total, last = 0, 0.0
-    while True:  # draw in chunks until past the end (the stream is the same however it is chunked)
-        n = max(16, int(u_end - last) + 16)
+    total, used = 0, 0.0
+    while used < u_end:  # gaps drawn in chunks: the same stream however it is chunked
+        n = max(16, int(u_end - used) + 16)
         if total + n > MAX_REQUESTS:
             raise ConfigError(f"--rate x --duration asks for more than {MAX_REQUESTS} requests")
-        gaps = _unit_gaps(kind, n, burstiness, rng)
-        c = last + np.concatenate(([0.0], np.cumsum(gaps[:-1]))) if not chunks else last + np.cumsum(gaps)
-        chunks.append(c)
+        chunks.append(_unit_gaps(kind, n, burstiness, rng))
         total += n
-        last = float(c[-1])
-        if last >= u_end:
-            break
-    u = np.concatenate(chunks)
+        used += float(chunks[-1].sum())
+    u = np.concatenate(([0.0], np.cumsum(np.concatenate(chunks))))
     u = u[u < u_end]
     return _from_operational(u, rate, ramp_s)
 

@@ -103,10 +103,12 @@ async def _dispatch(plan: Sequence[Planned], t0: int, start: Callable[[int, int]
 async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
                    max_concurrency: int | None = None, drain_s: float = 60.0,
                    on_done: Callable[[RequestRecord], None] | None = None,
-                   counters: Any = None) -> PointRun:
+                   counters: Any = None, closed: bool = False) -> PointRun:
     """Send ``plan`` (prompt ``texts[k]`` for request k) open loop; write each record as it finishes.
 
-    ``counters`` (optional) gets ``sent``/``done``/``ok`` updated live, for a progress display."""
+    ``counters`` (optional) gets ``sent``/``done``/``ok`` updated live, for a progress display. ``closed``: a
+    concurrency point (every request due at once, ``max_concurrency`` in flight): records keep
+    ``scheduled_ns = None``, as in concurrency mode."""
     sem = asyncio.Semaphore(max_concurrency) if max_concurrency else None
     records: list[RequestRecord | None] = [None] * len(plan)
     c = counters if counters is not None else _Counters()
@@ -126,7 +128,7 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
         except asyncio.CancelledError:
             rec = _cut_record(session, k, p, sched, drain_s, meta)
             cut[0] += 1
-        rec.scheduled_ns = sched
+        rec.scheduled_ns = None if closed else sched
         records[k] = rec
         session.write(rec)
         c.done += 1

@@ -1,0 +1,330 @@
+"""One open-loop point, end to end: settings -> plan -> prompts -> :func:`~bench.load.openloop.run_plan` ->
+the point's summary (a results cell), and :func:`run_load` for ``bench run --rate/--trace``.
+
+The summary of a point is the cell dict of :func:`bench.summary.summarize_cell` over the steady-state window's
+requests, plus the open-loop keys documented in docs/load.md: ``load``, ``schedule`` (planned vs achieved,
+dispatch and send lag), ``counts`` (finished / failed / cut), ``window``, ``throughput``, ``latency`` (from send
+and from schedule), ``trend`` / ``steady``, and with an SLO ``goodput``, ``slo`` and ``slo_met``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ServerError
+from ..metrics import request_metrics
+from ..profile import Cell
+from ..prompts import TokenizerError, build_prompt, unique_prefix
+from ..summary import summarize_cell
+from .arrivals import arrival_times, rng_for
+from .openloop import BEHIND_P99_MS, Planned, PointRun, lag_summary, latency_summaries, point_window, run_plan, trend
+from .sizes import dataset_order, load_dataset, parse_size
+from .slo import SLO, parse_slo, point_slo
+from .traces import load_trace
+
+__all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "MODES"]
+
+MODES = ("concurrency", "rate", "trace")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """Open-loop settings (profile keys and flags: docs/profiles.md, docs/load.md)."""
+
+    mode: str = "rate"
+    rate: float | None = None
+    duration_s: float | None = None
+    requests: int | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    ramp_s: float = 0.0
+    max_concurrency: int | None = None
+    input_tokens: str = "128"
+    output_tokens: str | None = None
+    dataset: str | None = None
+    trace: str | None = None
+    block_tokens: int = 512
+    speed: float = 1.0
+    seed: int = 0
+    warmup_s: float | None = None
+    cooldown_s: float | None = None
+    drain_s: float = 60.0
+    slo: str | None = None
+    prompt: str = "prose"
+
+    def check(self) -> None:
+        """Raise ConfigError naming the flag of the first bad value."""
+        if self.mode not in MODES[1:]:
+            raise ConfigError(f"mode: {self.mode!r} is not an open-loop mode (rate, trace)")
+        if self.mode == "trace" and not self.trace:
+            raise ConfigError("--trace FILE is needed in trace mode")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        for name in ("warmup_s", "cooldown_s"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"{name} must be >= 0 s, got {v}")
+        if not self.drain_s >= 0:
+            raise ConfigError(f"--drain-s must be >= 0, got {self.drain_s}")
+        if self.slo:
+            parse_slo(self.slo)
+        parse_size(self.input_tokens, "--input-tokens")
+        if self.output_tokens is not None:
+            parse_size(self.output_tokens, "--output-tokens")
+
+    def at(self, load: float, *, by: str = "rate", seed: int | None = None) -> LoadSettings:
+        """A copy at another load (``by="rate"``: requests/s; ``"concurrency"``: the cap, at an unbounded rate)."""
+        if by == "rate":
+            return replace(self, rate=load, seed=self.seed if seed is None else seed)
+        return replace(self, max_concurrency=int(load), seed=self.seed if seed is None else seed)
+
+
+def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
+    """The schedule with sizes (pure; seeded by ``ls.seed``)."""
+    ls.check()
+    if ls.mode == "trace":
+        assert ls.trace is not None
+        plan = load_trace(ls.trace, block_tokens=ls.block_tokens, speed=ls.speed)
+        for p in plan:
+            p.meta["block_tokens"] = ls.block_tokens
+        return plan
+    if ls.rate is None:
+        raise ConfigError("--rate R is needed in rate mode (requests/s)")
+    times = arrival_times(ls.arrival, ls.rate, duration_s=ls.duration_s, requests=ls.requests,
+                          burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed)
+    n = len(times)
+    ins = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "input"), n)
+    outs = (parse_size(ls.output_tokens, "--output-tokens").draw(rng_for(ls.seed, "output"), n)
+            if ls.output_tokens is not None else np.full(n, default_max_tokens))
+    plan = [Planned(float(t), int(i), int(o)) for t, i, o in zip(times, ins, outs)]
+    if ls.dataset:
+        data = load_dataset(ls.dataset)
+        for p, j in zip(plan, dataset_order(len(data), n, rng_for(ls.seed, "dataset"))):
+            p.text = data[j].text
+            p.output_tokens = data[j].output_tokens or p.output_tokens
+            p.meta["dataset_line"] = j + 1
+    return plan
+
+
+async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool) -> Any:
+    try:
+        return await build_prompt(kind, n, seed=seed, prefix=prefix, instruction=instruction,
+                                  tokenizer=session.tokenizer, overhead_tokens=session.template_overhead_tokens)
+    except TokenizerError as e:
+        raise ServerError(f"building a {n}-token prompt: {e}") from None
+
+
+async def build_texts(session: Any, plan: list[Planned], kind: str, first_index: int) -> list[str]:
+    """Prompt text of each planned request, built before the point starts.
+
+    Plain requests: one exact-length prompt per distinct size, each request with its own unique prefix swapped in
+    (``unique_prefix(run_id, first_index + k)``: equal length in characters, and in tokens on word tokenizers).
+    Blocks (traces): block ``h`` of n tokens is the prose stream seeded ``h`` behind a run-wide tag, the same text
+    in every request that has it; the request's tail past its blocks is unique. Dataset prompts: prefix + text."""
+    sized: dict[int, tuple[str, str]] = {}
+    blocks: dict[tuple[int, int], str] = {}
+    out = []
+    for k, p in enumerate(plan):
+        prefix = unique_prefix(session.run_id, first_index + k)
+        if p.text is not None:
+            out.append(prefix + p.text)
+        elif p.blocks:
+            out.append(await _block_text(session, p, prefix, blocks, kind))
+        else:
+            if p.input_tokens not in sized:
+                pr = await _sized(session, kind, p.input_tokens, first_index + k, prefix, True)
+                sized[p.input_tokens] = (prefix, pr.text[len(prefix):])
+            out.append(prefix + sized[p.input_tokens][1])
+    return out
+
+
+async def _block_text(session: Any, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
+    bt = p.meta.get("block_tokens") or 512
+    parts, left = [], p.input_tokens
+    for h in p.blocks:
+        n = min(bt, left)
+        if n <= 0:
+            break
+        if (h, n) not in cache:
+            cache[(h, n)] = (await _sized(session, kind, n, h, f"[blk {session.run_id}-{h}] ", False)).text
+        parts.append(cache[(h, n)])
+        left -= n
+    if left > 0:
+        parts.append((await _sized(session, kind, left, abs(hash(prefix)) % 1_000_000, prefix, True)).text)
+    return " ".join(parts)
+
+
+def _window_records(run: PointRun, lo: float, hi: float) -> list[Any]:
+    return [r for r in run.records if r.scheduled_ns is not None and lo <= (r.scheduled_ns - run.t0_ns) / 1e9 <= hi]
+
+
+def _closed_window(run: PointRun, cap: int) -> tuple[list[Any], float, float]:
+    """Concurrency point: drop the first and last ``cap`` requests by send time (the ramp up and the drain);
+    the window runs from the first kept send to the last kept end, in s from the start."""
+    recs = sorted((r for r in run.records if r.sent_ns), key=lambda r: r.sent_ns)
+    keep = recs[cap:-cap] if len(recs) > 4 * cap else recs
+    if not keep:
+        return [], 0.0, 0.0
+    lo = (keep[0].sent_ns - run.t0_ns) / 1e9
+    hi = max((r.sent_ns + (r.end_ns or 0) - run.t0_ns) / 1e9 for r in keep)
+    return keep, lo, hi
+
+
+def _schedule_figures(run: PointRun, plan: list[Planned]) -> dict[str, Any]:
+    sent = sorted(r.sent_ns for r in run.records if r.sent_ns)
+    planned_rate = (len(plan) - 1) / run.span_s if run.span_s > 0 else None
+    achieved = (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9) if len(sent) > 1 and sent[-1] > sent[0] else None
+    send_lag = [r.sent_ns - r.scheduled_ns for r in run.records if r.sent_ns and r.scheduled_ns is not None]
+    return {"planned_requests": len(plan), "planned_rps": None if planned_rate is None else round(planned_rate, 4),
+            "achieved_rps": None if achieved is None else round(achieved, 4), "span_s": round(run.span_s, 3),
+            "dispatch_lag_ms": lag_summary(run.dispatch_lag_ns), "send_lag_ms": lag_summary(send_lag)}
+
+
+def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi: float) -> dict[str, Any]:
+    """TTFT-from-schedule and in-flight trends over the window (saturation signal: docs/load.md)."""
+    xs, ys = [], []
+    for r, m in zip(recs, ms):
+        if m.ok and m.ttft_ms is not None:
+            start = r.scheduled_ns if r.scheduled_ns is not None else r.sent_ns
+            xs.append((start - run.t0_ns) / 1e9)
+            ys.append(m.ttft_ms + (r.sent_ns - start) / 1e6)
+    inf_x = [(t - run.t0_ns) / 1e9 for t, _ in run.inflight]
+    sel = [i for i, x in enumerate(inf_x) if lo <= x <= hi]
+    tt = trend(xs, ys, hi - lo)
+    it = trend([inf_x[i] for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
+    it["rising"] = it["rising"] and (it["rise"] or 0) >= 2  # two more requests in flight at least
+    return {"ttft_from_schedule_ms": tt, "in_flight": it}
+
+
+def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO | None, *, cell: Cell,
+                  load: dict[str, Any]) -> dict[str, Any]:
+    """The point's cell dict (module docstring). Pure given the run."""
+    if run.span_s == 0 and ls.max_concurrency:
+        recs, lo, hi = _closed_window(run, ls.max_concurrency)
+    else:
+        w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
+        w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
+        lo, hi = point_window(run, w0, w1)
+        recs = _window_records(run, lo, hi)
+    ms = [request_metrics(r) for r in recs]
+    # the run's fixed overhead is in results["run"]; a point's TTFT holds queueing, so no overhead-share flag here
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, depth_target_tokens=None,
+                       expected_cached_tokens=None)
+    span = hi - lo
+    ok = [m for m in ms if m.ok]
+    s.update({
+        "id": load["id"], "mode": ls.mode, "load": load, "schedule": _schedule_figures(run, plan),
+        "counts": {"planned": len(plan), "finished": sum(1 for r in run.records if r.ok),
+                   "failed": sum(1 for r in run.records if not r.ok) - run.cut, "cut": run.cut},
+        "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": len(recs)},
+        "throughput": {"completed_rps": round(len(ok) / span, 4) if span > 0 else None,
+                       "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
+        "latency": latency_summaries(recs, ms),
+        "trend": _trend_figures(run, recs, ms, lo, hi),
+    })
+    s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
+    if slo is not None:
+        s.update(point_slo(recs, slo, span))
+        s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
+    _point_warnings(s, ls)
+    return s
+
+
+def _point_warnings(s: dict[str, Any], ls: LoadSettings) -> None:
+    lag = s["schedule"]["dispatch_lag_ms"]
+    if lag["p99"] is not None and lag["p99"] > BEHIND_P99_MS:
+        s["warnings"].append(
+            f"{s['id']}: bench fell behind its schedule (dispatch lag p99 {lag['p99']:.1f} ms, achieved "
+            f"{s['schedule']['achieved_rps']} of {s['schedule']['planned_rps']} req/s planned): the client is the "
+            "bottleneck; spread the sending over processes with --workers 2 (or more), or lower --rate")
+    if s["counts"]["cut"]:
+        s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
+                             "the last send and were cut (counted as failures); raise --drain-s to wait for them")
+    if not s["steady"] and ls.mode == "rate":
+        s["warnings"].append(f"{s['id']}: not in a steady state: TTFT or requests in flight kept rising over the "
+                             "window (the server is saturated at this load); lower --rate")
+
+
+async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
+                    first_index: int, load: dict[str, Any], counters: Any = None,
+                    on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
+    """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
+    texts = await build_texts(session, plan, ls.prompt, first_index)
+    for p in plan:
+        p.meta.setdefault("point", load["id"])
+    closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
+    run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency, drain_s=ls.drain_s,
+                         counters=counters, on_done=on_done, closed=closed)
+    depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
+    out = int(np.median([p.output_tokens for p in plan])) if plan else 0
+    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
+    summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
+    return run, summary
+
+
+def load_id(ls: LoadSettings) -> str:
+    """A point's id: ``rate-10``, ``rate-10-c8``, ``trace-NAME-x2``."""
+    if ls.mode == "trace":
+        return f"trace-{Path(ls.trace or '').stem}" + (f"-x{ls.speed:g}" if ls.speed != 1 else "")
+    base = f"rate-{ls.rate:g}"
+    return base + (f"-c{ls.max_concurrency}" if ls.max_concurrency else "")
+
+
+def load_dict(ls: LoadSettings) -> dict[str, Any]:
+    """The ``load`` key of a point: what was asked."""
+    d: dict[str, Any] = {"id": load_id(ls), "mode": ls.mode, "max_concurrency": ls.max_concurrency,
+                         "seed": ls.seed}
+    if ls.mode == "rate":
+        d.update({"rate": ls.rate, "arrival": ls.arrival, "burstiness": ls.burstiness, "ramp_s": ls.ramp_s,
+                  "duration_s": ls.duration_s, "requests": ls.requests, "input_tokens": ls.input_tokens,
+                  "output_tokens": ls.output_tokens, "dataset": ls.dataset})
+    else:
+        d.update({"trace": ls.trace, "speed": ls.speed, "block_tokens": ls.block_tokens})
+    return d
+
+
+async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, out_dir: Path | None,
+                   model: str | None = None, observer: Any = None) -> dict[str, Any]:
+    """``bench run`` in an open-loop mode: one point; returns the results document (records.jsonl and
+    results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`)."""
+    from ..report.export import write_results
+    from ..runner import Session
+
+    ls.check()
+    slo = parse_slo(ls.slo) if ls.slo else None
+    plan = make_plan(ls, profile.max_tokens)
+    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+    try:
+        _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0, load=load_dict(ls))
+        results = session.results([summary])
+        results["load"] = load_dict(ls)
+        if out_dir is not None:
+            write_results(results, out_dir)
+        return results
+    except asyncio.CancelledError:
+        if out_dir is not None:
+            write_results(session.results([], interrupted=True), out_dir)
+        raise
+    finally:
+        await session.close()
+
+
+def describe_point(s: dict[str, Any]) -> list[str]:
+    """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
+    sc, c, w = s["schedule"], s["counts"], s["window"]
+    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {sc['planned_rps']} req/s, achieved "
+             f"{sc['achieved_rps']} req/s; send lag p50/p99/max {sc['send_lag_ms']['p50']} / "
+             f"{sc['send_lag_ms']['p99']} / {sc['send_lag_ms']['max']} ms",
+             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {w['from_s']}-{w['to_s']} s "
+             f"({w['requests']} requests), steady: {'yes' if s['steady'] else 'no (saturated)'}"]
+    if "goodput" in s:
+        g = s["goodput"]
+        lines.append(f"  goodput {g['rps']} req/s, {g['tok_s']} tok/s, SLO met by {g['met_fraction']} of requests")
+        for k, v in s["slo"].items():
+            lines.append(f"  {k}: {v['value']} ms (limit {v['limit_ms']:g}) {'held' if v['held'] else 'MISSED'}")
+    return lines
