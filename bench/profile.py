@@ -258,7 +258,9 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
         if k in ("sweep", "gate", "requests_by_depth", "name", "load"):
             continue
         f = _TOP[k]
-        want = {"int": int, "float": (int, float), "bool": bool, "str": str}[str(f.type).split(" ")[0]]
+        assert f is not None
+        kinds: dict[str, type | tuple[type, ...]] = {"int": int, "float": (int, float), "bool": bool, "str": str}
+        want = kinds[str(f.type).split(" ")[0]]
         _type_check(where, k, v, want)
         kw[k] = float(v) if want == (int, float) else v
     if "name" in data:

@@ -7,16 +7,20 @@ Method (docs/load.md, "Capacity"):
    the best of the lower loads, +2 %): then escalation stops.
 2. Bisect (geometric mid-points; whole numbers for concurrency) between the highest passing and the lowest
    failing load until ``hi / lo <= 1 + resolution``.
-3. Confirm: run ``trials - 1`` more trials (other seeds) at both ends. An end whose trials disagree is moved out
-   by one resolution step and confirmed again (at most ``max_moves`` times each way).
+3. Confirm: the bracket is ``lo`` = the highest tested load at and below which every trial met the SLO and
+   ``hi`` = the lowest tested load at and above which every trial missed it; more trials (other seeds) run at
+   each end until both have ``trials``; a trial that disagrees makes that end mixed, and the bracket moves to the
+   next tested load outside it (which is then confirmed in turn).
 
 A point "meets the SLO" when every objective held in its steady-state window and the window was steady (a load
 whose queue grows cannot meet any latency objective for long, however short the point). The result is the
-bracket ``interval = [lo, hi]``: every trial at ``lo`` met the SLO and every trial at ``hi`` missed it;
-``boundary = lo``. Confidence (binomial): if the chance to pass at ``lo`` were <= 1/2, ``k`` passes in ``k``
-independent trials would have probability <= 2^-k, likewise for failures at ``hi``; so the bracket holds the
-load where the pass chance crosses 1/2 with probability >= 1 - 2 * 2^-k (75 % for k = 3, 94 % for k = 5), and
-within it the boundary is known to ``hi / lo - 1`` (<= ``resolution`` unless an end moved).
+bracket ``interval = [lo, hi]``: every trial at ``lo`` met the SLO and every trial at ``hi`` missed it (loads
+with mixed results lie inside). ``boundary`` is the bracket's geometric middle for ``--by rate`` (``lo`` for
+concurrency) and ``safe = lo`` the highest load shown to hold in every trial.
+
+Confidence (binomial): if the chance to pass at ``lo`` were <= 1/2, ``k`` passes in ``k`` independent trials would
+have probability <= 2^-k, likewise for failures at ``hi``; so the bracket holds the load where the pass chance
+crosses 1/2 with probability >= 1 - 2 * 2^-k (75 % for k = 3, 94 % for k = 5).
 """
 
 from __future__ import annotations
@@ -134,26 +138,34 @@ class _Search:
                 hi = mid
         return lo, hi
 
-    async def all_trials(self, load: float, want: bool) -> bool:
-        """Run trials at ``load`` up to ``trials``; True when every one (earlier ones too) gave ``want``."""
-        done = [p for p in self.points if p.load == load]
-        for t in range(len(done), self.ss.trials):
-            done.append(await self.trial(load, t))
-            if done[-1].slo_met != want:
-                return False
-        return all(p.slo_met == want for p in done)
-
-    async def confirm(self, lo: float, hi: float) -> tuple[float, float]:
-        step = 1 + self.ss.resolution
-        for _ in range(self.ss.max_moves + 1):
-            if await self.all_trials(lo, True):
+    def bracket(self) -> tuple[float | None, float | None]:
+        """``lo``: the highest tested load at and below which every trial met the SLO; ``hi``: the lowest tested
+        load at and above which every trial missed it (mixed loads lie between)."""
+        loads = sorted({p.load for p in self.points})
+        res = {x: [p.slo_met for p in self.points if p.load == x] for x in loads}
+        lo = hi = None
+        for x in loads:
+            if not all(res[x]):
                 break
-            lo, hi = self._norm(lo / step) if self.ss.by == "rate" else max(1.0, lo - 1), lo
-        for _ in range(self.ss.max_moves + 1):
-            if await self.all_trials(hi, False):
+            lo = x
+        for x in reversed(loads):
+            if any(res[x]):
                 break
-            lo, hi = hi, self._norm(hi * step) if self.ss.by == "rate" else hi + 1
+            hi = x
         return lo, hi
+
+    async def confirm(self) -> tuple[float | None, float | None]:
+        """Bring both ends of the bracket to ``trials`` trials each; an end that turns mixed moves outwards."""
+        for _ in range(2 * (self.ss.trials + self.ss.max_moves)):
+            lo, hi = self.bracket()
+            if lo is None or hi is None:
+                return lo, hi
+            short = [x for x in (lo, hi) if sum(1 for p in self.points if p.load == x) < self.ss.trials]
+            if not short:
+                return lo, hi
+            x = short[0]
+            await self.trial(x, sum(1 for p in self.points if p.load == x))
+        return self.bracket()
 
 
 class _Budget(Exception):
@@ -171,18 +183,22 @@ async def search(ss: SearchSettings, run_point: RunPoint) -> dict[str, Any]:
     try:
         lo, hi = await s.escalate()
         if lo is not None and hi is not None:
-            lo, hi = await s.bisect(lo, hi)
-            lo, hi = await s.confirm(lo, hi)
+            await s.bisect(lo, hi)
+            lo, hi = await s.confirm()
     except _Budget:
         note = f"stopped after --max-points {ss.max_points} points; the interval is what was bracketed by then"
     if lo is None:
         note = note or f"the SLO was missed at the first load ({ss.start:g}); lower --start"
     elif hi is None:
         note = note or f"the SLO held up to --max-load {ss.max_load:g}; raise it"
+    boundary = lo
+    if lo is not None and hi is not None and ss.by == "rate":
+        boundary = round(math.sqrt(lo * hi), 6)
     return {
         "by": ss.by,
-        "boundary": lo,
+        "boundary": boundary,
         "interval": [lo, hi],
+        "safe": lo,
         "saturated_at": s.saturated_at,
         "method": {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated trials",
                    "factor": ss.factor, "resolution": ss.resolution, "trials": ss.trials,

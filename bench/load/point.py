@@ -111,10 +111,33 @@ def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     return plan
 
 
-async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool) -> Any:
+FILLER = " the"
+EXACT_TRIES = 4
+
+
+async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool,
+                 overhead: int | None = None) -> str:
+    """A prompt of ``n`` tokens (``overhead``: template tokens to leave out, default the session's). The builder
+    lands within its tolerance; with an exact tokenizer, words are then added or dropped at the end until the
+    count is exact (a few counts, once per distinct size or block), so shared blocks align token for token."""
+    ov = session.template_overhead_tokens if overhead is None else overhead
+    tok = session.tokenizer
     try:
-        return await build_prompt(kind, n, seed=seed, prefix=prefix, instruction=instruction,
-                                  tokenizer=session.tokenizer, overhead_tokens=session.template_overhead_tokens)
+        pr = await build_prompt(kind, n, seed=seed, prefix=prefix, instruction=instruction, tokenizer=tok,
+                                overhead_tokens=ov)
+        text, want = pr.text, n - ov
+        if tok is None or not getattr(tok, "exact", True) or pr.counted_tokens is None:
+            return text
+        have = pr.counted_tokens
+        for _ in range(EXACT_TRIES):
+            if have == want:
+                break
+            if have < want:
+                text += FILLER * (want - have)
+            else:
+                text = text.rsplit(None, have - want)[0] if text.split() else text
+            have = await tok.count(text)
+        return text
     except TokenizerError as e:
         raise ServerError(f"building a {n}-token prompt: {e}") from None
 
@@ -137,8 +160,8 @@ async def build_texts(session: Any, plan: list[Planned], kind: str, first_index:
             out.append(await _block_text(session, p, prefix, blocks, kind))
         else:
             if p.input_tokens not in sized:
-                pr = await _sized(session, kind, p.input_tokens, first_index + k, prefix, True)
-                sized[p.input_tokens] = (prefix, pr.text[len(prefix):])
+                text = await _sized(session, kind, p.input_tokens, first_index + k, prefix, True)
+                sized[p.input_tokens] = (prefix, text[len(prefix):])
             out.append(prefix + sized[p.input_tokens][1])
     return out
 
@@ -150,12 +173,12 @@ async def _block_text(session: Any, p: Planned, prefix: str, cache: dict[tuple[i
         n = min(bt, left)
         if n <= 0:
             break
-        if (h, n) not in cache:
-            cache[(h, n)] = (await _sized(session, kind, n, h, f"[blk {session.run_id}-{h}] ", False)).text
+        if (h, n) not in cache:  # template tokens come off the request's own tail, not off a shared block
+            cache[(h, n)] = await _sized(session, kind, n, h, f"[blk {session.run_id}-{h}] ", False, overhead=0)
         parts.append(cache[(h, n)])
         left -= n
     if left > 0:
-        parts.append((await _sized(session, kind, left, abs(hash(prefix)) % 1_000_000, prefix, True)).text)
+        parts.append(await _sized(session, kind, left, p.input_tokens, prefix, True))
     return " ".join(parts)
 
 
@@ -271,7 +294,7 @@ def load_id(ls: LoadSettings) -> str:
     """A point's id: ``rate-10``, ``rate-10-c8``, ``trace-NAME-x2``."""
     if ls.mode == "trace":
         return f"trace-{Path(ls.trace or '').stem}" + (f"-x{ls.speed:g}" if ls.speed != 1 else "")
-    base = f"rate-{ls.rate:g}"
+    base = f"rate-{ls.rate:g}" if ls.rate is not None else "concurrency"
     return base + (f"-c{ls.max_concurrency}" if ls.max_concurrency else "")
 
 
