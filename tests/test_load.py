@@ -211,3 +211,97 @@ def test_percentile_slo_values_without_failures() -> None:
     # per request every threshold applies: TTFT <= 185 and E2E (TTFT + 40) <= 200, so TTFT 100..160 meet: 7 of 10
     assert out["goodput"]["met_fraction"] == pytest.approx(0.7)
     assert out["goodput"]["rps"] == pytest.approx(3.5)
+
+
+# ---- capacity search on a synthetic oracle -------------------------------------------------------------------
+def _oracle(boundary: float, flaky_above: float | None = None):
+    """Passes up to ``boundary``; above ``flaky_above`` only the first trial at a load passes."""
+    calls: list[tuple[float, int]] = []
+
+    async def run_point(load: float, trial: int) -> dict:
+        calls.append((load, trial))
+        ok = load <= boundary and not (flaky_above is not None and load > flaky_above and trial > 0)
+        return {"slo_met": ok, "steady": ok, "throughput": {"completed_rps": min(load, boundary)},
+                "goodput": {"rps": min(load, boundary), "tok_s": 0.0, "met_fraction": 1.0 if ok else 0.0}}
+
+    return run_point, calls
+
+
+@pytest.mark.parametrize("boundary", [3.3, 22.87, 140.0])
+def test_search_brackets_the_boundary(boundary: float) -> None:
+    run_point, calls = _oracle(boundary)
+    doc = asyncio.run(search(SearchSettings(start=1.0, resolution=0.02, trials=3), run_point))
+    lo, hi = doc["interval"]
+    assert lo <= boundary < hi and hi / lo <= 1.02 + 1e-9
+    assert doc["boundary"] == pytest.approx(boundary, rel=0.02)
+    assert doc["safe"] == lo
+    assert doc["saturated_at"] is not None and doc["saturated_at"] > boundary
+    assert sum(1 for x, _ in calls if x == lo) == 3 and sum(1 for x, _ in calls if x == hi) == 3
+    assert doc["method"]["confidence"] == pytest.approx(confidence(3)) == pytest.approx(0.75)
+    assert all(set(p) >= {"load", "slo_met", "goodput"} for p in doc["points"])
+
+
+def test_search_moves_an_end_that_turns_mixed() -> None:
+    # between 16.2 and 16.5 the first trial passes and the second fails: the load bisection ends on turns mixed
+    # when confirmed, and the bracket's low end must move down to a load whose every trial passed
+    run_point, calls = _oracle(16.5, flaky_above=16.2)
+    doc = asyncio.run(search(SearchSettings(start=1.0, factor=2.0, resolution=0.02, trials=2), run_point))
+    lo, hi = doc["interval"]
+    assert lo <= 16.2 < 16.5 < hi
+    assert sum(1 for x, _ in calls if x == lo) == 2
+    assert lo <= doc["boundary"] <= hi
+
+
+def test_concurrency_search_uses_whole_numbers() -> None:
+    run_point, calls = _oracle(11.0)
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1, trials=2), run_point))
+    assert doc["interval"] == [11.0, 12.0] and doc["boundary"] == 11.0
+    assert all(x == int(x) for x, _ in calls)
+
+
+def test_search_reports_when_the_first_load_fails() -> None:
+    run_point, _ = _oracle(0.5)
+    doc = asyncio.run(search(SearchSettings(start=1.0), run_point))
+    assert doc["boundary"] is None and "lower --start" in doc["note"]
+
+
+# ---- traces and sim truth ----------------------------------------------------------------------------------------
+def test_sample_traces_are_reproducible(tmp_path: Path) -> None:
+    make_samples(tmp_path)
+    for name in ("mooncake-sample.jsonl", "azure-sample.csv"):
+        assert (tmp_path / name).read_text() == (TRACES / name).read_text()
+
+
+def test_trace_parsing_and_speed() -> None:
+    plan = load_trace(TRACES / "mooncake-sample.jsonl", block_tokens=64, speed=2.0)
+    assert plan[0].at_s == 0.0 and plan[1].at_s == pytest.approx(0.085)
+    assert plan[1].blocks == (4000, 4001, 4002, 100001) and plan[1].input_tokens == 244
+    az = load_trace(TRACES / "azure-sample.csv")
+    assert az[1].at_s == pytest.approx(0.169983, abs=1e-6) and (az[1].input_tokens, az[1].output_tokens) == (139, 16)
+
+
+def test_bad_traces_name_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1}\n')
+    with pytest.raises(ConfigError, match="t.jsonl:2.*input_length"):
+        load_trace(bad)
+    csvf = tmp_path / "t.csv"
+    csvf.write_text("TIMESTAMP,ContextTokens\n1,2\n")
+    with pytest.raises(ConfigError, match="GeneratedTokens"):
+        load_trace(csvf)
+    with pytest.raises(ConfigError, match="--trace"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_sim_truth_queueing_and_batch_steps() -> None:
+    cfg = SimConfig(decode_step_ms=10, decode_step_ms_per_seq=2, max_running=1, prefill_tok_s=1e12)
+    # two requests at once, one slot: the second waits for the first's 3 steps of t(1) = 12 ms
+    sim = T.simulate_load(cfg, [0, 0], 8, 3)
+    assert sim["first_ns"] == [12_000_000, 48_000_000] and sim["admit_ns"] == [0, 36_000_000]
+    cfg2 = cfg.replace(max_running=2)
+    sim2 = T.simulate_load(cfg2, [0, 0], 8, 3)  # batched: steps of t(2) = 14 ms
+    assert sim2["first_ns"] == [14_000_000, 14_000_000] and sim2["last_ns"] == [42_000_000, 42_000_000]
+    cfg3 = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
+    assert T.saturation_rps(cfg3, 32, 8) == pytest.approx(20.8333, rel=1e-4)
+    assert T.ttft_slo_boundary_rps(cfg3, 300, 32, 8) == pytest.approx(20.8333, rel=0.005)
+    assert T.ttft_quantile_ms(cfg3, 15.0, 32, 8) < 60 < T.ttft_quantile_ms(cfg3, 22.0, 32, 8)

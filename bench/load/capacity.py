@@ -15,8 +15,10 @@ Method (docs/load.md, "Capacity"):
 A point "meets the SLO" when every objective held in its steady-state window and the window was steady (a load
 whose queue grows cannot meet any latency objective for long, however short the point). The result is the
 bracket ``interval = [lo, hi]``: every trial at ``lo`` met the SLO and every trial at ``hi`` missed it (loads
-with mixed results lie inside). ``boundary`` is the bracket's geometric middle for ``--by rate`` (``lo`` for
-concurrency) and ``safe = lo`` the highest load shown to hold in every trial.
+with mixed results lie inside). ``boundary`` (``--by rate``; ``lo`` for concurrency) is the load inside the
+bracket where the pass fraction crosses 1/2 (:func:`crossing`: isotonic fractions, interpolated in log load; the
+bracket's geometric middle when nothing lies between), and ``safe = lo`` the highest load shown to hold in every
+trial.
 
 Confidence (binomial): if the chance to pass at ``lo`` were <= 1/2, ``k`` passes in ``k`` independent trials would
 have probability <= 2^-k, likewise for failures at ``hi``; so the bracket holds the load where the pass chance
@@ -32,7 +34,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["SearchSettings", "Point", "search", "confidence", "curve_rows"]
+__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,6 +170,29 @@ class _Search:
         return self.bracket()
 
 
+def crossing(points: list[Point], lo: float, hi: float) -> float:
+    """The load where the pass fraction crosses 1/2: pass fractions per tested load in ``[lo, hi]`` made
+    non-increasing (pool-adjacent-violators, weighted by trials), then interpolated linearly in log load; the
+    geometric middle of ``[lo, hi]`` when no tested load lies between with a fraction of 1/2 or a crossing."""
+    loads = sorted({p.load for p in points if lo <= p.load <= hi})
+    blocks: list[list[float]] = []  # [passes, trials, first load index, last load index]
+    for i, x in enumerate(loads):
+        res = [p.slo_met for p in points if p.load == x]
+        blocks.append([float(sum(res)), float(len(res)), i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            b = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + b[0], blocks[-1][1] + b[1], blocks[-1][2], b[3]]
+    frac = [0.0] * len(loads)
+    for b in blocks:
+        for i in range(int(b[2]), int(b[3]) + 1):
+            frac[i] = b[0] / b[1]
+    for i in range(1, len(loads)):
+        if frac[i - 1] >= 0.5 > frac[i]:
+            t = (frac[i - 1] - 0.5) / (frac[i - 1] - frac[i])
+            return math.exp(math.log(loads[i - 1]) + t * (math.log(loads[i]) - math.log(loads[i - 1])))
+    return math.sqrt(lo * hi)
+
+
 class _Budget(Exception):
     """Internal: the point budget (``max_points``) ran out."""
 
@@ -193,7 +218,7 @@ async def search(ss: SearchSettings, run_point: RunPoint) -> dict[str, Any]:
         note = note or f"the SLO held up to --max-load {ss.max_load:g}; raise it"
     boundary = lo
     if lo is not None and hi is not None and ss.by == "rate":
-        boundary = round(math.sqrt(lo * hi), 6)
+        boundary = round(crossing(s.points, lo, hi), 6)
     return {
         "by": ss.by,
         "boundary": boundary,

@@ -40,7 +40,7 @@ START_DELAY_S = 0.2
 BEHIND_P99_MS = 10.0
 SPIN_S = 0.001
 TREND_SIGMAS = 3.0
-TREND_MIN_SHARE = 0.25
+TREND_MIN_SHARE = 0.10
 TREND_MIN_MS = 2.0
 
 
@@ -180,30 +180,28 @@ def lag_summary(ns: Sequence[int]) -> dict[str, float | None]:
             "max": round(float(xs.max()), 4)}
 
 
-def _slope(t: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope of y on t and its standard error."""
-    n = t.size
-    tc = t - t.mean()
-    sxx = float((tc * tc).sum())
-    if n < 3 or sxx <= 0:
-        return 0.0, math.inf
-    b = float((tc * (y - y.mean())).sum()) / sxx
-    resid = y - y.mean() - b * tc
-    se = math.sqrt(float((resid * resid).sum()) / (n - 2) / sxx)
-    return b, se
-
-
 def trend(xs_s: Sequence[float], ys: Sequence[float], span_s: float) -> dict[str, Any]:
-    """Rise of ``ys`` over the window, fitted: ``{"rise", "se", "rising"}``. Rising when the fitted rise over
-    ``span_s`` exceeds ``TREND_SIGMAS`` standard errors, ``TREND_MIN_SHARE`` of the median and ``TREND_MIN_MS``."""
+    """Rise of ``ys`` over a window of ``span_s`` seconds (``xs_s``: sample times from the window's start), robust
+    to outliers: the median of the last third of the window minus the median of the first third, times 1.5 (a
+    straight line rises 2/3 of its full rise between the two thirds' middles). Its standard error comes from the
+    samples' MAD around their thirds' medians (normal approximation of a median's error, 1.2533 sigma / sqrt(n)).
+    Returns ``{"rise", "se", "rising"}``: rising when the rise exceeds ``TREND_SIGMAS`` standard errors,
+    ``TREND_MIN_SHARE`` of the median and ``TREND_MIN_MS``."""
     t, y = np.asarray(xs_s, dtype=float), np.asarray(ys, dtype=float)
-    if t.size < 3:
+    if t.size < 9 or span_s <= 0:
         return {"rise": None, "se": None, "rising": False}
-    b, se = _slope(t, y)
-    rise, rse = b * span_s, se * span_s
+    third = np.clip((t / span_s * 3).astype(int), 0, 2)
+    parts = [y[third == k] for k in range(3)]
+    if any(p.size < 3 for p in parts):
+        return {"rise": None, "se": None, "rising": False}
+    meds = [float(np.median(p)) for p in parts]
+    resid = np.concatenate([p - m for p, m in zip(parts, meds)])
+    sigma = 1.4826 * float(np.median(np.abs(resid)))
+    rise = 1.5 * (meds[2] - meds[0])
+    se = 1.5 * 1.2533 * sigma * math.sqrt(1.0 / parts[0].size + 1.0 / parts[2].size)
     med = float(np.median(y))
-    rising = rise > TREND_SIGMAS * rse and rise > TREND_MIN_SHARE * abs(med) and rise > TREND_MIN_MS
-    return {"rise": round(rise, 3), "se": None if math.isinf(rse) else round(rse, 3), "rising": bool(rising)}
+    rising = rise > TREND_SIGMAS * se and rise > TREND_MIN_SHARE * abs(med) and rise > TREND_MIN_MS
+    return {"rise": round(rise, 3), "se": round(se, 3), "rising": bool(rising)}
 
 
 def latency_summaries(recs: Sequence[RequestRecord], ms: Sequence[Any]) -> dict[str, Any]:

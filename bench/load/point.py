@@ -218,8 +218,8 @@ def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi:
             ys.append(m.ttft_ms + (r.sent_ns - start) / 1e6)
     inf_x = [(t - run.t0_ns) / 1e9 for t, _ in run.inflight]
     sel = [i for i, x in enumerate(inf_x) if lo <= x <= hi]
-    tt = trend(xs, ys, hi - lo)
-    it = trend([inf_x[i] for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
+    tt = trend([x - lo for x in xs], ys, hi - lo)
+    it = trend([inf_x[i] - lo for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
     it["rising"] = it["rising"] and (it["rise"] or 0) >= 2  # two more requests in flight at least
     return {"ttft_from_schedule_ms": tt, "in_flight": it}
 

@@ -192,7 +192,7 @@ def simulate_load(cfg: SimConfig, arrivals_ns: list[int], prompt_tokens: int, ou
     while i < n or head < len(waiting) or prefilling or decoding:
         nxt = arrivals_ns[i] if i < n else None
         event_t = step_end if step_end is not None else (prefilling[0][0] if prefilling else None)
-        if nxt is not None and (event_t is None or nxt < event_t):
+        if nxt is not None and (event_t is None or nxt <= event_t):  # ties: the arrival first
             if head == len(waiting) and len(prefilling) + len(decoding) < mr:
                 admit_one(i, nxt)
             else:
