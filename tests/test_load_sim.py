@@ -183,8 +183,8 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
         s = await Session.open(sim.base, ClientSettings(), Profile(name="cap", max_tokens=8, warmup=0,
                                                                    overhead_probes=2), out_dir=tmp_path)
         try:
-            ls = LoadSettings(duration_s=4.0, arrival="constant", input_tokens="32", slo="ttft_p90=300ms")
-            return await run_capacity(s, ls, SearchSettings(start=12, factor=1.5, resolution=0.02, trials=2),
+            ls = LoadSettings(duration_s=5.0, arrival="constant", input_tokens="32", slo="ttft_p90=300ms")
+            return await run_capacity(s, ls, SearchSettings(start=12, factor=1.5, resolution=0.02, trials=3),
                                       out_dir=tmp_path)
         finally:
             await s.close()
@@ -195,7 +195,9 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
         sim.proc.terminate()
         sim.proc.wait()
     lo, hi = doc["interval"]
-    seen = [(round(p["load"], 2), p["trial"], p["slo_met"], p["steady"], p["ttft_p90_ms"]) for p in doc["points"]]
+    seen = [(round(p["load"], 2), p["trial"], p["slo_met"], p["ttft_p90_ms"],
+             json.loads((Path(p["dir"]) / "point.json").read_text())["trend"]["ttft_from_schedule_ms"]["rise"])
+            for p in doc["points"]]
     assert doc["boundary"] == pytest.approx(truth, rel=0.02), seen
     assert lo <= truth <= hi, seen
     assert doc["saturated_at"] is not None and doc["saturated_at"] > lo

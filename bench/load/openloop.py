@@ -180,13 +180,13 @@ def lag_summary(ns: Sequence[int]) -> dict[str, float | None]:
             "max": round(float(xs.max()), 4)}
 
 
-def trend(xs_s: Sequence[float], ys: Sequence[float], span_s: float) -> dict[str, Any]:
+def trend(xs_s: Sequence[float], ys: Sequence[float], span_s: float, min_rise: float = 0.0) -> dict[str, Any]:
     """Rise of ``ys`` over a window of ``span_s`` seconds (``xs_s``: sample times from the window's start), robust
     to outliers: the median of the last third of the window minus the median of the first third, times 1.5 (a
     straight line rises 2/3 of its full rise between the two thirds' middles). Its standard error comes from the
     samples' MAD around their thirds' medians (normal approximation of a median's error, 1.2533 sigma / sqrt(n)).
     Returns ``{"rise", "se", "rising"}``: rising when the rise exceeds ``TREND_SIGMAS`` standard errors,
-    ``TREND_MIN_SHARE`` of the median and ``TREND_MIN_MS``."""
+    ``TREND_MIN_SHARE`` of the median, ``TREND_MIN_MS`` and ``min_rise``."""
     t, y = np.asarray(xs_s, dtype=float), np.asarray(ys, dtype=float)
     if t.size < 9 or span_s <= 0:
         return {"rise": None, "se": None, "rising": False}
@@ -200,7 +200,8 @@ def trend(xs_s: Sequence[float], ys: Sequence[float], span_s: float) -> dict[str
     rise = 1.5 * (meds[2] - meds[0])
     se = 1.5 * 1.2533 * sigma * math.sqrt(1.0 / parts[0].size + 1.0 / parts[2].size)
     med = float(np.median(y))
-    rising = rise > TREND_SIGMAS * se and rise > TREND_MIN_SHARE * abs(med) and rise > TREND_MIN_MS
+    rising = (rise > TREND_SIGMAS * se and rise > TREND_MIN_SHARE * abs(med) and rise > TREND_MIN_MS
+              and rise > min_rise)
     return {"rise": round(rise, 3), "se": round(se, 3), "rising": bool(rising)}
 
 

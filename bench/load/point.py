@@ -208,8 +208,14 @@ def _schedule_figures(run: PointRun, plan: list[Planned]) -> dict[str, Any]:
             "dispatch_lag_ms": lag_summary(run.dispatch_lag_ns), "send_lag_ms": lag_summary(send_lag)}
 
 
-def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi: float) -> dict[str, Any]:
-    """TTFT-from-schedule and in-flight trends over the window (saturation signal: docs/load.md)."""
+SLO_RISE_SHARE = 0.05
+
+
+def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi: float,
+                   slo: SLO | None) -> dict[str, Any]:
+    """TTFT-from-schedule and in-flight trends over the window (saturation signal: docs/load.md). With a TTFT
+    objective, a TTFT rise under ``SLO_RISE_SHARE`` of its limit does not count (a queue settling near full load
+    rises that much and stops)."""
     xs, ys = [], []
     for r, m in zip(recs, ms):
         if m.ok and m.ttft_ms is not None:
@@ -218,7 +224,8 @@ def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi:
             ys.append(m.ttft_ms + (r.sent_ns - start) / 1e6)
     inf_x = [(t - run.t0_ns) / 1e9 for t, _ in run.inflight]
     sel = [i for i, x in enumerate(inf_x) if lo <= x <= hi]
-    tt = trend([x - lo for x in xs], ys, hi - lo)
+    limits = [o.limit_ms for o in (slo.objectives if slo else ()) if o.metric == "ttft"]
+    tt = trend([x - lo for x in xs], ys, hi - lo, SLO_RISE_SHARE * min(limits) if limits else 0.0)
     it = trend([inf_x[i] - lo for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
     it["rising"] = it["rising"] and (it["rise"] or 0) >= 2  # two more requests in flight at least
     return {"ttft_from_schedule_ms": tt, "in_flight": it}
@@ -248,7 +255,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
         "throughput": {"completed_rps": round(len(ok) / span, 4) if span > 0 else None,
                        "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
         "latency": latency_summaries(recs, ms),
-        "trend": _trend_figures(run, recs, ms, lo, hi),
+        "trend": _trend_figures(run, recs, ms, lo, hi, slo),
     })
     s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
     if slo is not None:
