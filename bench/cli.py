@@ -188,7 +188,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .runner import default_out_dir
 
         out = Path(out_dir) if out_dir else default_out_dir(prof)
-        _print_results(run_open_loop(url, prof, ls, settings, out, model), out, as_json)
+        _print_results(run_open_loop(url, prof, ls, settings, out, model, workers), out, as_json)
         return
     cells = prof.cells()
     max_streams = max(c.streams for c in cells)

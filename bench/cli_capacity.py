@@ -90,16 +90,15 @@ def kw_names(given: dict[str, Any]) -> list[str]:
     return [back.get(k, k).replace("_", "-") for k in given]
 
 
-def run_open_loop(url: str | None, prof: Any, ls: Any, settings: Any, out: Path, model: str | None) -> Any:
+def run_open_loop(url: str | None, prof: Any, ls: Any, settings: Any, out: Path, model: str | None,
+                  workers: int = 1) -> Any:
     """``bench run`` in rate/trace mode: run the point, return the results document (files written to ``out``)."""
-    from .load.point import run_load
+    from .load.point import describe_point, run_load
     from .report.console import stderr
-
-    from .load.point import describe_point
 
     with endpoint(url, parallel=max(4, ls.max_concurrency or 16)) as base:
         try:
-            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model))
+            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers))
         except KeyboardInterrupt:
             stderr.print(f"interrupted: finished records kept in {out}/records.jsonl", highlight=False)
             raise SystemExit(EXIT_INTERRUPTED) from None

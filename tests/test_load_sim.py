@@ -206,3 +206,18 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
     for p in saved["points"]:
         assert set(p["goodput"]) == {"rps", "tok_s", "met_fraction"}
         assert (Path(p["dir"]) / "records.jsonl").is_file() and (Path(p["dir"]) / "point.json").is_file()
+
+
+def test_workers_keep_the_schedule(fast_sim: SimProcess, tmp_path: Path) -> None:
+    ls = LoadSettings(rate=50.0, duration_s=2.0, arrival="poisson", seed=1, input_tokens="16")
+    plan = make_plan(ls, 4)
+    res = asyncio.run(run_load(fast_sim.base, PROFILE, ClientSettings(), ls, out_dir=tmp_path, workers=2))
+    c = res["cells"][0]
+    assert res["run"]["workers"] == 2
+    assert c["counts"] == {"planned": len(plan), "finished": len(plan), "failed": 0, "cut": 0}
+    assert c["schedule"]["achieved_rps"] == pytest.approx(c["schedule"]["planned_rps"], rel=0.01)
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    t0 = min(r.scheduled_ns for r in recs if r.scheduled_ns is not None)
+    got = sorted((r.scheduled_ns - t0) / 1e9 for r in recs if r.scheduled_ns is not None)
+    assert got == pytest.approx([p.at_s for p in plan], abs=1e-6)
+    assert c["schedule"]["dispatch_lag_ms"]["p50"] is not None

@@ -21,6 +21,7 @@ the trend test for saturation (:func:`trend`).
 from __future__ import annotations
 
 import asyncio
+import bisect
 import gc
 import math
 import time
@@ -30,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
+from ..client import RequestSpec
 from ..records import RequestRecord
 from ..stats import summarize
 
-__all__ = ["Planned", "PointRun", "run_plan", "point_window", "trend", "lag_summary", "BEHIND_P99_MS",
+__all__ = ["Planned", "PointRun", "run_plan", "run_plan_pool", "point_window", "trend", "lag_summary", "BEHIND_P99_MS",
            "START_DELAY_S"]
 
 START_DELAY_S = 0.2
@@ -160,6 +162,36 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
     done = [r for r in records if r is not None]
     span = max((p.at_s for p in plan), default=0.0)
     return PointRun(done, t0, span, lags, inflight, cut[0])
+
+
+def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
+    """Requests in flight at each request's scheduled time, from the records (sent, not yet ended)."""
+    starts = sorted(r.sent_ns for r in records if r.sent_ns)
+    ends = sorted(r.sent_ns + (r.end_ns or 0) for r in records if r.sent_ns)
+    out = []
+    for r in sorted(records, key=lambda r: r.scheduled_ns or 0):
+        t = r.scheduled_ns or r.sent_ns
+        out.append((t, bisect.bisect_right(starts, t) - bisect.bisect_right(ends, t)))
+    return out
+
+
+async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
+    """:func:`run_plan` through the session's worker processes (``--workers N``): the plan is dealt round-robin,
+    each worker keeps its share's schedule on the shared clock. No concurrency cap, no live counters, no cut (the
+    workers wait for every request); dispatch lags come back in each record's meta."""
+    specs = []
+    for k, (p, text) in enumerate(zip(plan, texts)):
+        meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
+        specs.append(RequestSpec(f"{session.run_id}-{tag}-w{k:06d}", session.profile.endpoint,
+                                 session.body(text, p.output_tokens), meta))
+    offsets = [round(p.at_s * 1e9) for p in plan]
+    recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)
+    for r in recs:
+        session.write(r)
+    t0 = min((r.scheduled_ns for r in recs if r.scheduled_ns is not None), default=0)
+    lags = [int(r.meta.pop("dispatch_lag_ns", 0)) for r in recs]
+    span = max((p.at_s for p in plan), default=0.0)
+    return PointRun(list(recs), t0, span, lags, _inflight(recs), 0)
 
 
 def point_window(run: PointRun, warmup_s: float, cooldown_s: float) -> tuple[float, float]:

@@ -22,7 +22,17 @@ from ..profile import Cell
 from ..prompts import TokenizerError, build_prompt, unique_prefix
 from ..summary import summarize_cell
 from .arrivals import arrival_times, rng_for
-from .openloop import BEHIND_P99_MS, Planned, PointRun, lag_summary, latency_summaries, point_window, run_plan, trend
+from .openloop import (
+    BEHIND_P99_MS,
+    Planned,
+    PointRun,
+    lag_summary,
+    latency_summaries,
+    point_window,
+    run_plan,
+    run_plan_pool,
+    trend,
+)
 from .sizes import dataset_order, load_dataset, parse_size
 from .slo import SLO, parse_slo, point_slo
 from .traces import load_trace
@@ -271,7 +281,7 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings) -> None:
         s["warnings"].append(
             f"{s['id']}: bench fell behind its schedule (dispatch lag p99 {lag['p99']:.1f} ms, achieved "
             f"{s['schedule']['achieved_rps']} of {s['schedule']['planned_rps']} req/s planned): the client is the "
-            "bottleneck; spread the sending over processes with --workers 2 (or more), or lower --rate")
+            "bottleneck; send from more processes with --workers N (e.g. --workers 2), or lower --rate")
     if s["counts"]["cut"]:
         s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
                              "the last send and were cut (counted as failures); raise --drain-s to wait for them")
@@ -288,8 +298,13 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     for p in plan:
         p.meta.setdefault("point", load["id"])
     closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
-    run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency, drain_s=ls.drain_s,
-                         counters=counters, on_done=on_done, closed=closed)
+    if getattr(session, "pool", None) is not None and not closed:
+        if ls.max_concurrency:
+            raise ConfigError("--max-concurrency is not available with --workers > 1 in open-loop runs")
+        run = await run_plan_pool(session, plan, texts, tag=tag)
+    else:
+        run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
+                             drain_s=ls.drain_s, counters=counters, on_done=on_done, closed=closed)
     depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
     out = int(np.median([p.output_tokens for p in plan])) if plan else 0
     cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
@@ -319,16 +334,18 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
 
 
 async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, out_dir: Path | None,
-                   model: str | None = None, observer: Any = None) -> dict[str, Any]:
+                   model: str | None = None, observer: Any = None, workers: int = 1) -> dict[str, Any]:
     """``bench run`` in an open-loop mode: one point; returns the results document (records.jsonl and
-    results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`)."""
+    results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`). ``workers > 1``
+    sends the schedule from that many processes (:func:`bench.load.openloop.run_plan_pool`)."""
     from ..report.export import write_results
     from ..runner import Session
 
     ls.check()
     slo = parse_slo(ls.slo) if ls.slo else None
     plan = make_plan(ls, profile.max_tokens)
-    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                 workers=workers)
     try:
         _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0, load=load_dict(ls))
         results = session.results([summary])
