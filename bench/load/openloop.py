@@ -81,7 +81,7 @@ class _Counters:
 def _cut_record(session: Any, k: int, p: Planned, sched: int, drain_s: float, meta: dict[str, Any]) -> RequestRecord:
     rec = RequestRecord(f"{session.run_id}-cut-{k:06d}", session.profile.endpoint, session.model,
                         queued_ns=sched, meta=meta, scheduled_ns=sched)
-    rec.error = f"cut: still in flight {drain_s:g} s after the last send (raise --drain-s to wait longer)"
+    rec.error = f"cut: still in flight {drain_s:g} s after the last send (raise --drain to wait longer)"
     rec.error_kind = "cancelled"
     return rec
 
