@@ -34,9 +34,11 @@ class Progress:
         self.stream, self.slo, self.tty, self.every = stream, slo, tty, plain_every_s
         self.sent = self.done = self.ok = self.met = 0
         self.label, self.point_no, self.t_start, self.t_end = "", 0, 0.0, 0.0
+        self.cap: int | None = None
         self._last = 0.0
 
-    def begin(self, label: str, span_s: float) -> None:
+    def begin(self, label: str, span_s: float, cap: int | None = None) -> None:
+        self.cap = cap
         self.sent = self.done = self.ok = self.met = 0
         self.point_no += 1
         self.label, self.t_start = label, time.monotonic()
@@ -48,7 +50,8 @@ class Progress:
     def line(self) -> str:
         left = max(0.0, self.t_end - time.monotonic())
         att = f"{100.0 * self.met / self.done:.0f} %" if self.done else "-"
-        return (f"point {self.point_no} {self.label}: in flight {self.sent - self.done}, sent {self.sent}, done "
+        busy = self.sent - self.done if self.cap is None else min(self.cap, self.sent - self.done)
+        return (f"point {self.point_no} {self.label}: in flight {busy}, sent {self.sent}, done "
                 f"{self.done}, SLO met so far {att}, schedule left {left:.0f} s")
 
     def tick(self) -> None:
@@ -103,7 +106,7 @@ async def run_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, ou
         folder = out_dir / "points" / f"{len(first):02d}-{ld['id']}-t{trial}"
         old, session.writer = session.writer, RecordWriter(folder / "records.jsonl")
         if progress is not None:
-            progress.begin(ld["id"], max((p.at_s for p in plan), default=0.0))
+            progress.begin(ld["id"], max((p.at_s for p in plan), default=0.0), pls.max_concurrency)
         tick = asyncio.create_task(_ticker(progress)) if progress is not None else None
         try:
             _, s = await run_point(session, pls, plan, slo=slo, tag="measure", first_index=first[0], load=ld,

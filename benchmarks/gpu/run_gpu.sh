@@ -13,6 +13,9 @@
 #        depthnc    llama-server -np 1 --cache-ram 0; bench's depth profile at 16K, 32K (the prompt cache's cost)
 #        long       llama-server -np 1 -c 132000 --cache-ram 0; bench's prefill profile at 64K, 128K (optional)
 #        longlb     llama-bench pp65536, pp131072 from scratch (optional)
+#        capacity   llama-server -np 64; bench capacity (open loop, issue 14) for CAP_SLO at CAP_IN/CAP_OUT tokens
+#                   (optional; compare with the batched step's aggregate decode)
+#        schedacc   benchmarks/schedule_accuracy.py on this machine's cores: send lag at 10..5000 req/s (optional)
 #        decodekvu, decodebs, decodenc: the 32- and 64-stream decode cells again with llama-server -kvu,
 #                   --backend-sampling, --cache-ram 0 (optional; what the server's gap to batched-bench is made of)
 #
@@ -189,11 +192,32 @@ step_decodekvu() { step_decodevar decodekvu -kvu; }          # one KV buffer sha
 step_decodebs() { step_decodevar decodebs --backend-sampling; }  # sampling on the GPU, not per slot on the CPU
 step_decodenc() { step_decodevar decodenc --cache-ram 0; }      # no host-RAM prompt cache
 
+CAP_SLO=${CAP_SLO:-ttft_p90=2s,tpot_p90=60ms}; CAP_IN=${CAP_IN:-512}; CAP_OUT=${CAP_OUT:-128}
+CAP_DUR=${CAP_DUR:-20}; CAP_START=${CAP_START:-1}
+step_capacity() {  # the highest Poisson rate at which CAP_SLO holds, with its interval (docs/load.md)
+  want capacity 420 "$R/capacity/capacity.json" || return 0
+  start_server capacity -np 64 -c $((64 * (CAP_IN + CAP_OUT + 512))) || return 1
+  $PY -m bench capacity "$URL" --slo "$CAP_SLO" --input-tokens "$CAP_IN" --max-tokens "$CAP_OUT" \
+    --duration "$CAP_DUR" --start "$CAP_START" --trials 3 --max-points 24 --out "$R/capacity" \
+    > "$R/capacity.out" 2>&1
+  log "bench capacity: rc $?"; tail -30 "$R/capacity.out"
+  stop_server
+}
+
+step_schedacc() {  # bench's own schedule keeping on this machine's cores (bench sim, no GPU)
+  want schedacc 90 "$R/schedacc" || return 0
+  $PY "$REPO/benchmarks/schedule_accuracy.py" --out "$R/schedacc" --duration 3 > "$R/schedacc.out" 2>&1
+  log "schedule_accuracy: rc $?"; cat "$R"/schedacc/*.md
+}
+
 pack() {
   for f in "$R"/server-*.log; do tail -400 "$f" > "${f%.log}.tail"; done
   tar czf "$OUT/gpu-results.tar.gz" -C "$WORK" --exclude='res/server-*.log' --exclude='res/cmake.log' res
   cp "$R/run.log" "$OUT/" 2>/dev/null
-  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
+  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl capacity/capacity.json; do
+    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
+  done
+  cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
 
