@@ -22,7 +22,7 @@ __all__ = ["capacity", "load_options", "load_settings", "run_open_loop", "LOAD_O
 
 LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "ramp", "max_concurrency",
                      "input_tokens", "output_tokens", "dataset", "seed", "slo", "trace", "block_tokens", "speed",
-                     "drain", "warmup", "cooldown")
+                     "drain", "warmup", "cooldown", "users", "turns", "think")
 
 
 def load_options(f: Any) -> Any:
@@ -49,6 +49,9 @@ def load_options(f: Any) -> Any:
         click.option("--warmup", type=float, help="Seconds at the start of a point left out of its statistics "
                      "(default 20 %% of the span, at most 30)."),
         click.option("--cooldown", type=float, help="Seconds at the end of a point left out (default 10 %%, at most 10)."),
+        click.option("--sessions", "users", type=click.IntRange(1), help="Multi-turn mode: this many conversations."),
+        click.option("--turns", type=click.IntRange(1), help="Turns per conversation (default 3)."),
+        click.option("--think", type=float, help="Seconds between an answer and the next turn (default 1)."),
     ]
     for o in reversed(opts):
         f = o(f)
@@ -56,7 +59,7 @@ def load_options(f: Any) -> Any:
 
 
 _FLAG_TO_FIELD = {"duration": "duration_s", "ramp": "ramp_s", "drain": "drain_s", "warmup": "warmup_s",
-                  "cooldown": "cooldown_s"}
+                  "cooldown": "cooldown_s", "think": "think_s"}
 
 
 def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
@@ -69,6 +72,8 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
     mode = profile.mode
     if "trace" in given:
         mode = "trace"
+    elif "users" in given:
+        mode = "sessions"
     elif "rate" in given:
         mode = "rate"
     if mode == "concurrency":
@@ -86,7 +91,7 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
 
 def kw_names(given: dict[str, Any]) -> list[str]:
     """Flag names (``max-concurrency``) of the given load settings."""
-    back = {v: k for k, v in _FLAG_TO_FIELD.items()}
+    back = {v: k for k, v in _FLAG_TO_FIELD.items()} | {"users": "sessions"}
     return [back.get(k, k).replace("_", "-") for k in given]
 
 

@@ -33,7 +33,7 @@ def test_rate_run_real_engine(llama_server: str, tmp_path: Path, capsys: pytest.
 
 def test_capacity_real_engine(llama_server: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rc = main(["capacity", llama_server, "--slo", "ttft_p90=2s", "--input-tokens", "32", "--max-tokens", "8",
-               "--duration", "3", "--start", "0.5", "--factor", "2", "--resolution", "0.5", "--trials", "1",
+               "--duration", "4", "--start", "1", "--factor", "2", "--resolution", "0.5", "--trials", "1",
                "--max-points", "5", "--drain", "60", "--out", str(tmp_path), "--json"])
     out, err = capsys.readouterr()
     assert rc == 0, err
@@ -44,5 +44,5 @@ def test_capacity_real_engine(llama_server: str, tmp_path: Path, capsys: pytest.
     if lo is not None and hi is not None:
         assert lo < hi and lo <= doc["boundary"] <= hi
     for p in doc["points"]:
-        assert p["achieved_rps"] > 0 and p["completed_rps"] >= 0
+        assert (p["achieved_rps"] is None or p["achieved_rps"] > 0) and p["completed_rps"] >= 0
         assert (Path(p["dir"]) / "records.jsonl").is_file()

@@ -221,3 +221,33 @@ def test_workers_keep_the_schedule(fast_sim: SimProcess, tmp_path: Path) -> None
     got = sorted((r.scheduled_ns - t0) / 1e9 for r in recs if r.scheduled_ns is not None)
     assert got == pytest.approx([p.at_s for p in plan], abs=1e-6)
     assert c["schedule"]["dispatch_lag_ms"]["p50"] is not None
+
+
+def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
+    conf = tmp_path / "sim.toml"
+    conf.write_text("prefix_cache = true\nprefix_block_tokens = 16\ndecode_step_ms = 2.0\nprefill_tok_s = 1e6\n")
+    sim = SimProcess(config=conf)
+    try:
+        ls = LoadSettings(mode="sessions", users=3, turns=3, think_s=0.05, stagger_s=0.05, input_tokens="40")
+        c = _run(sim.base, ls, tmp_path / "out", Profile(name="t", max_tokens=12, warmup=0, overhead_probes=1))
+        c = c["cells"][0]
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    assert c["counts"] == {"planned": 9, "finished": 9, "failed": 0, "cut": 0}
+    recs = [r for r in read_records(tmp_path / "out" / "records.jsonl") if r.meta.get("phase") == "measure"]
+    by = {(r.meta["user"], r.meta["turn"]): r for r in recs}
+    for u in range(3):
+        prev = None
+        for t in range(3):
+            r = by[(u, t)]
+            assert r.scheduled_ns is not None and r.sent_ns >= r.scheduled_ns
+            p = r.usage["prompt_tokens"]
+            cached = r.usage["prompt_tokens_details"]["cached_tokens"]
+            # the sim caches the whole blocks of every earlier prompt: the previous turn's prompt is this one's prefix
+            assert cached == (0 if prev is None else (prev // 16) * 16), (u, t)
+            if prev is not None:
+                assert p > prev + 12  # history: the previous prompt, its 12-token answer, a new 40-token message
+            prev = p
+    assert [t["turn"] for t in c["turns"]] == [0, 1, 2]
+    assert c["turns"][0]["cached_share"] == 0 and c["turns"][2]["cached_share"] > 0.5

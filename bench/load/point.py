@@ -39,7 +39,7 @@ from .traces import load_trace
 
 __all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "MODES"]
 
-MODES = ("concurrency", "rate", "trace")
+MODES = ("concurrency", "rate", "trace", "sessions")
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,11 +66,18 @@ class LoadSettings:
     drain_s: float = 60.0
     slo: str | None = None
     prompt: str = "prose"
+    users: int = 4
+    turns: int = 3
+    think_s: float = 1.0
+    stagger_s: float = 0.5
 
     def check(self) -> None:
         """Raise ConfigError naming the flag of the first bad value."""
         if self.mode not in MODES[1:]:
-            raise ConfigError(f"mode: {self.mode!r} is not an open-loop mode (rate, trace)")
+            raise ConfigError(f"mode: {self.mode!r} is not an open-loop mode (rate, trace, sessions)")
+        if self.mode == "sessions" and not (self.users >= 1 and self.turns >= 1 and self.think_s >= 0
+                                            and self.stagger_s >= 0):
+            raise ConfigError("--sessions and --turns must be >= 1, --think and stagger_s >= 0")
         if self.mode == "trace" and not self.trace:
             raise ConfigError("--trace FILE is needed in trace mode")
         if self.max_concurrency is not None and self.max_concurrency < 1:
@@ -323,8 +330,35 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     return run, summary
 
 
+async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
+    """The ``sessions`` mode as one cell: user messages built first, then the conversations
+    (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
+    from .sessions import run_sessions, turn_summary
+
+    sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
+    msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
+             for t in range(ls.turns)] for u in range(ls.users)]
+    recs = await run_sessions(session, msgs, max_tokens=max_tokens, think_s=ls.think_s, stagger_s=ls.stagger_s,
+                              tag="measure")
+    cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, len(recs))
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None)
+    sent = [r.sent_ns for r in recs if r.sent_ns]
+    ends = [r.sent_ns + (r.end_ns or 0) for r in recs if r.sent_ns]
+    span = (max(ends) - min(sent)) / 1e9 if sent else 0.0
+    s.update({"id": load_id(ls), "mode": "sessions", "load": load_dict(ls), "turns": turn_summary(recs),
+              "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
+                         "failed": sum(not r.ok for r in recs), "cut": 0},
+              "latency": latency_summaries(recs, [request_metrics(r) for r in recs])})
+    if slo is not None and span > 0:
+        s.update(point_slo(recs, slo, span))
+        s["slo_met"] = all(v["held"] for v in s["slo"].values())
+    return s
+
+
 def load_id(ls: LoadSettings) -> str:
-    """A point's id: ``rate-10``, ``rate-10-c8``, ``trace-NAME-x2``."""
+    """A point's id: ``rate-10``, ``rate-10-c8``, ``trace-NAME-x2``, ``sessions-4x3``."""
+    if ls.mode == "sessions":
+        return f"sessions-{ls.users}x{ls.turns}"
     if ls.mode == "trace":
         return f"trace-{Path(ls.trace or '').stem}" + (f"-x{ls.speed:g}" if ls.speed != 1 else "")
     base = f"rate-{ls.rate:g}" if ls.rate is not None else "concurrency"
@@ -335,7 +369,10 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
     """The ``load`` key of a point: what was asked."""
     d: dict[str, Any] = {"id": load_id(ls), "mode": ls.mode, "max_concurrency": ls.max_concurrency,
                          "seed": ls.seed}
-    if ls.mode == "rate":
+    if ls.mode == "sessions":
+        d.update({"users": ls.users, "turns": ls.turns, "think_s": ls.think_s, "stagger_s": ls.stagger_s,
+                  "input_tokens": ls.input_tokens})
+    elif ls.mode == "rate":
         d.update({"rate": ls.rate, "arrival": ls.arrival, "burstiness": ls.burstiness, "ramp_s": ls.ramp_s,
                   "duration_s": ls.duration_s, "requests": ls.requests, "input_tokens": ls.input_tokens,
                   "output_tokens": ls.output_tokens, "dataset": ls.dataset})
@@ -354,11 +391,15 @@ async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, 
 
     ls.check()
     slo = parse_slo(ls.slo) if ls.slo else None
-    plan = make_plan(ls, profile.max_tokens)
+    plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else []
     session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
                                  workers=workers)
     try:
-        _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0, load=load_dict(ls))
+        if ls.mode == "sessions":
+            summary = await sessions_point(session, ls, slo, profile.max_tokens)
+        else:
+            _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0,
+                                         load=load_dict(ls))
         results = session.results([summary])
         results["load"] = load_dict(ls)
         if out_dir is not None:
@@ -374,6 +415,10 @@ async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, 
 
 def describe_point(s: dict[str, Any]) -> list[str]:
     """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
+    if s.get("mode") == "sessions":
+        return [f"{s['id']}: turn {t['turn']}: {t['requests']} requests, prompt {t['prompt_tokens_p50']} tokens, "
+                f"cached {t['cached_tokens_p50']} ({t['cached_share']}), TTFT p50 {t['ttft_ms_p50']} ms"
+                for t in s["turns"]]
     sc, c, w = s["schedule"], s["counts"], s["window"]
     lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {sc['planned_rps']} req/s, achieved "
              f"{sc['achieved_rps']} req/s; send lag p50/p99/max {sc['send_lag_ms']['p50']} / "
