@@ -1,7 +1,7 @@
 """Schedule accuracy of bench's open-loop generator: how late does bench send each request of a schedule?
 
     python benchmarks/schedule_accuracy.py                       # 10, 100, 1000, 5000 req/s
-    python benchmarks/schedule_accuracy.py --rates 10,100 --duration 3
+    python benchmarks/schedule_accuracy.py --rates 10,100 --duration 3 --workers 1,2
 
 Method. ``bench sim`` runs in its own process (no prefill, 1 ms steps, 1 output token, 100k slots: the server
 side stays cheap). For each rate, bench runs one open-loop point exactly as ``bench run URL --rate R --duration D
@@ -9,11 +9,11 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
 
 * dispatch lag: when bench's dispatcher started the request - its scheduled time (bench's own lateness);
 * send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
-* achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point) and the
-  sim's CPU (/proc).
+* achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point; the
+  worker processes' CPU is not in it) and the sim's CPU (/proc).
 
-One process only: open-loop sending in worker processes is not built yet (``bench run --workers`` applies to
-concurrency waves), so the "workers" column of issue 14 is not measured. Results go to
+``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
+Results go to
 ``benchmarks/results/schedule_accuracy-<UTC date>-<host>.json`` and ``.md``.
 """
 
@@ -41,17 +41,17 @@ from bench.load.point import LoadSettings, run_load  # noqa: E402
 from bench.profile import Profile  # noqa: E402
 
 
-def one_rate(sim: SimProcess, rate: float, duration: float) -> dict[str, Any]:
-    """Run one point at ``rate`` and return its schedule figures."""
+def one_rate(sim: SimProcess, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:
+    """Run one point at ``rate`` (sent from ``workers`` processes) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
                       cooldown_s=0.0, drain_s=30.0)
     c0, s0, t0 = time.process_time(), sim.cpu_s(), time.perf_counter()
-    res = asyncio.run(run_load(sim.base, prof, ClientSettings(), ls, out_dir=None))
+    res = asyncio.run(run_load(sim.base, prof, ClientSettings(), ls, out_dir=None, workers=workers))
     wall = time.perf_counter() - t0
     cell = res["cells"][0]
     sc = cell["schedule"]
-    return {"rate": rate, "duration_s": duration, "requests": sc["planned_requests"],
+    return {"rate": rate, "workers": workers, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"] + cell["counts"]["cut"],
             "client_cpu_pct": round(100 * (time.process_time() - c0) / wall, 1),
@@ -64,11 +64,11 @@ def to_markdown(doc: dict[str, Any]) -> str:
     out = [f"# Schedule accuracy ({doc['date']}, {m['host']}, {m['cpus']} CPUs)", "",
            f"One bench process, constant arrivals, {doc['duration_s']} s per rate, `bench sim` in its own process. "
            f"Command: `{doc['command']}`.", "",
-           "| rate req/s | requests | achieved req/s | dispatch lag p50 / p99 / max ms | send lag p50 / p99 / max ms "
-           "| failed | client CPU % | sim CPU % |", "|---|---|---|---|---|---|---|---|"]
+           "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms | send lag p50 / p99 / "
+           "max ms | failed | client CPU % | sim CPU % |", "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
-        out.append(f"| {r['rate']:g} | {r['requests']} | {r['achieved_rps']} | {d['p50']} / {d['p99']} / {d['max']} "
+        out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | {d['p50']} / {d['p99']} / {d['max']} "
                    f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} | {r['client_cpu_pct']} | "
                    f"{r['sim_cpu_pct']} |")
     if doc.get("note"):
@@ -80,15 +80,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
+    ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
     ap.add_argument("--note", default="", help="a line added under the table")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     sim = SimProcess(decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
     try:
         rows = []
-        for r in (float(x) for x in a.rates.split(",")):
-            rows.append(one_rate(sim, r, a.duration))
-            print(json.dumps(rows[-1]), flush=True)
+        for w in (int(x) for x in a.workers.split(",")):
+            for r in (float(x) for x in a.rates.split(",")):
+                rows.append(one_rate(sim, r, a.duration, w))
+                print(json.dumps(rows[-1]), flush=True)
     finally:
         sim.proc.terminate()
         sim.proc.wait()
