@@ -241,7 +241,8 @@ def _validate_numbers(p: Profile, where: str) -> None:
         ("temperature", p.temperature >= 0, ">= 0"),
         ("gate_budget_waves", p.gate_budget_waves >= 0, ">= 0"),
         ("endpoint", p.endpoint in ("chat", "completions"), "'chat' or 'completions'"),
-        ("mode", p.mode in ("concurrency", "rate", "trace", "sessions"), "'concurrency', 'rate', 'trace' or 'sessions'"),
+        ("mode", p.mode in ("concurrency", "rate", "trace", "sessions"),
+         "'concurrency', 'rate', 'trace' or 'sessions'"),
     ]
     for key, ok, want in checks:
         if not ok:

@@ -62,13 +62,16 @@ def to_markdown(doc: dict[str, Any]) -> str:
     """The results as a Markdown table."""
     m = doc["machine"]
     out = [f"# Schedule accuracy ({doc['date']}, {m['host']}, {m['cpus']} CPUs)", "",
-           f"One bench process, constant arrivals, {doc['duration_s']} s per rate, `bench sim` in its own process. "
+           f"bench run --rate (constant arrivals) from 1 or more processes, {doc['duration_s']} s per rate, "
+           "`bench sim` in its own process. "
            f"Command: `{doc['command']}`.", "",
-           "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms | send lag p50 / p99 / "
-           "max ms | failed | client CPU % | sim CPU % |", "|---|---|---|---|---|---|---|---|---|"]
+           "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms "
+           "| send lag p50 / p99 / max ms | failed | client CPU % | sim CPU % |",
+           "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
-        out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | {d['p50']} / {d['p99']} / {d['max']} "
+        out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | "
+                   f"{d['p50']} / {d['p99']} / {d['max']} "
                    f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} | {r['client_cpu_pct']} | "
                    f"{r['sim_cpu_pct']} |")
     if doc.get("note"):
@@ -97,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     date = datetime.now(UTC).strftime("%Y-%m-%d")
     host = socket.gethostname()
     doc = {"date": date, "machine": {"host": host, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
-           "duration_s": a.duration, "command": "python benchmarks/schedule_accuracy.py " + " ".join(argv or sys.argv[1:]),
+           "duration_s": a.duration,
+           "command": "python benchmarks/schedule_accuracy.py " + " ".join(argv or sys.argv[1:]),
            "rows": rows, "note": a.note}
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -161,7 +161,8 @@ def test_bad_slo_strings_raise_config_error_naming_the_flag(text: str) -> None:
         parse_slo(text)
 
 
-def _rec(i: int, ttft_ms: float, itl_ms: float, n_tokens: int, *, lag_ms: float = 0.0, ok: bool = True) -> RequestRecord:
+def _rec(i: int, ttft_ms: float, itl_ms: float, n_tokens: int, *, lag_ms: float = 0.0,
+         ok: bool = True) -> RequestRecord:
     sent = 10_000_000_000 + i * 1_000_000
     r = RequestRecord(f"r{i}", "chat", "m", queued_ns=sent, sent_ns=sent, scheduled_ns=sent - round(lag_ms * 1e6))
     t = ttft_ms * 1e6

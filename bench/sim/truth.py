@@ -147,7 +147,8 @@ def output_length(cfg: SimConfig, request_no: int, max_tokens: int) -> tuple[int
 
 # -- load: queueing at max_running, batch-dependent steps, and the rate at which an SLO breaks -------------------
 
-def _end_step_sim(t: int, batch: list[list[int]], tpe: int, first: list[int | None], last: list[int | None]) -> list[list[int]]:
+def _end_step_sim(t: int, batch: list[list[int]], tpe: int, first: list[int | None],
+                  last: list[int | None]) -> list[list[int]]:
     """Emit one event per batch member at ``t``; return those still decoding. A member is [no, remaining]."""
     alive = []
     for s in batch:
