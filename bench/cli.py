@@ -16,10 +16,11 @@ import click
 
 from . import __version__
 from . import cli_check as _cli_check
+from .cli_capacity import capacity, load_options, load_settings, run_open_loop
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
-from .cli_report import report, roofline_options, roofline_spec_from_options
+from .cli_report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 
 if TYPE_CHECKING:
@@ -161,6 +162,7 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
               "docs/report.md) into the results folder.")
+@load_options
 @client_options
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
@@ -168,7 +170,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
         resume: bool, overwrite: bool, make_report: bool,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
-        **roofline_kw: Any) -> None:
+        **extra: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -184,6 +186,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
+      bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
+      bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
     from .results import prepare_folder
     from .roofline import RooflineAnnotator
@@ -192,7 +196,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     if ray_address and workers == "auto":
         raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
-    roof = roofline_spec_from_options(**roofline_kw)
+    roof = roofline_spec_from_options(**{k: extra.pop(k) for k in ROOFLINE_KEYS if k in extra})
     if make_report:
         from .report.html import require_plotly
 
@@ -202,6 +206,12 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
                        prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+    ls = load_settings(prof, extra)
+    if ls is not None:  # open loop (rate, trace, sessions): bench.load
+        if not isinstance(workers, int):
+            raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
+        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers), out, as_json, make_report)
+        return
     parallel, ctx = engine_size(prof)
     with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
@@ -347,7 +357,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab, report):
+for _cmd in (gate, compare, ab, report, capacity):
     cli.add_command(_cmd)
 cli.add_command(_cli_check.check)
 cli.add_command(_cli_check.record)

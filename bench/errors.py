@@ -155,3 +155,7 @@ class FastTimeout(FastIOError):
 
 class StaleConnection(FastIOError):
     """A reused keep-alive connection failed before any response byte: safe to send again on a fresh one."""
+
+
+class PointBudgetSpent(Exception):
+    """Internal to ``bench capacity``'s search: the point budget (``max_points``) ran out."""

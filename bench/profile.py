@@ -121,6 +121,8 @@ class Profile:
         overhead_probes: tiny requests at the start whose median TTFT is the fixed overhead of a request.
         gate: the ``[[gate]]`` rules, parsed and checked against the cells when the profile is read
             (:func:`bench.gate.parse_rules`); empty: the gate's default rules.
+        mode: ``"concurrency"`` (waves of N streams: the sweeps) or an open-loop mode, ``"rate"`` / ``"trace"``
+            (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs).
     """
 
     name: str = "custom"
@@ -141,6 +143,8 @@ class Profile:
     sweeps: tuple[Sweep, ...] = (Sweep(),)
     gate: tuple[Rule, ...] = ()
     gate_budget_waves: int = 0
+    mode: str = "concurrency"
+    load: tuple[tuple[str, Any], ...] = ()
     source: str = ""
 
     def cells(self) -> list[Cell]:
@@ -255,6 +259,8 @@ def _validate_numbers(p: Profile, where: str) -> None:
         ("temperature", p.temperature >= 0, ">= 0"),
         ("gate_budget_waves", p.gate_budget_waves >= 0, ">= 0"),
         ("endpoint", p.endpoint in ("chat", "completions"), "'chat' or 'completions'"),
+        ("mode", p.mode in ("concurrency", "rate", "trace", "sessions"),
+         "'concurrency', 'rate', 'trace' or 'sessions'"),
     ]
     for key, ok, want in checks:
         if not ok:
@@ -268,7 +274,7 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
     for k, v in data.items():
         if k not in _TOP:
             raise ConfigError(f"{where}: unknown key {k!r} (see docs/profiles.md)")
-        if k in ("sweep", "gate", "requests_by_depth", "name"):
+        if k in ("sweep", "gate", "requests_by_depth", "name", "load"):
             continue
         f = _TOP[k]
         assert f is not None
@@ -304,12 +310,34 @@ def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
 
     rules = parse_rules(gate, where)  # a bad gate rule fails when the profile is read, not after the run
     kw["gate"] = tuple(rules)
+    kw["load"] = _parse_load(data.get("load", {}), kw.get("mode", "concurrency"), where)
     p = Profile(**kw)
     _validate_numbers(p, where)
     if not p.cells():
         raise ConfigError(f"{where}: the sweep has no cells (every sweep needs depths, streams and prompts)")
     check_rule_cells(rules, [c.id for c in p.cells()], where)
     return p
+
+
+def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
+    """The ``[load]`` table: keys of :class:`bench.load.point.LoadSettings` (docs/profiles.md), checked."""
+    from dataclasses import fields as dc_fields
+
+    from .load.point import MODES, LoadSettings
+
+    _type_check(where, "load", d, dict)
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    known = {f.name for f in dc_fields(LoadSettings)} - {"mode"}
+    for k in d:
+        if k not in known:
+            raise ConfigError(f"{where}: load: unknown key {k!r} (known: {', '.join(sorted(known))})")
+    if mode != "concurrency":
+        try:
+            LoadSettings(mode=mode, **d).check()
+        except (ConfigError, TypeError) as e:
+            raise ConfigError(f"{where}: load: {e}") from None
+    return tuple(sorted(d.items()))
 
 
 def load_profile(name_or_path: str) -> Profile:

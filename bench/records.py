@@ -71,6 +71,9 @@ class RequestRecord:
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
         stamp_source: where the arrival stamps came from: ``"kernel"`` (the kernel's receive time of each read,
             bench.kstamp) or ``"user"`` (``perf_counter_ns()`` when Python got the read).
+        scheduled_ns: open-loop modes (``rate``, ``trace``, ``sessions``): when the schedule said to send it
+            (absolute ns, the clock of ``queued_ns``/``sent_ns``); None in concurrency mode. ``sent_ns -
+            scheduled_ns`` is the send lag (docs/load.md).
     """
 
     request_id: str
@@ -89,6 +92,7 @@ class RequestRecord:
     error_kind: str | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     stamp_source: str = "user"
+    scheduled_ns: int | None = None
 
     @property
     def ok(self) -> bool:

@@ -35,6 +35,7 @@ from .redaction import redact
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
     "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
+    "cell_from_dict",
 ]
 
 SCHEMA_VERSION = 1
@@ -98,6 +99,16 @@ class CellResult:
     load: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None
     slo: dict[str, Any] | None = None
+    mode: str | None = None
+    schedule: dict[str, Any] | None = None
+    counts: dict[str, Any] | None = None
+    window: dict[str, Any] | None = None
+    throughput: dict[str, Any] | None = None
+    latency: dict[str, Any] | None = None
+    trend: dict[str, Any] | None = None
+    steady: bool | None = None
+    slo_met: bool | None = None
+    turns: list[dict[str, Any]] | None = None
     samples: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
@@ -174,6 +185,7 @@ class Results:
     bench_version: str = ""
     created: str = ""
     roofline_spec: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
 
     def cell(self, cell_id: str) -> CellResult | None:
         """The cell with this id, or None."""
@@ -187,6 +199,7 @@ class Results:
             "server": self.server, "machine": self.machine, "run": self.run.to_dict(),
             "cells": [c.to_dict() for c in self.cells], "warnings": list(self.warnings),
             **({"roofline_spec": self.roofline_spec} if self.roofline_spec is not None else {}),
+            **({"load": self.load} if self.load is not None else {}),
         }
 
 
@@ -267,7 +280,7 @@ def results_from_dict(data: Any, where: str = "results") -> Results:
     if not isinstance(data["cells"], list):
         raise ConfigError(f"{where}.cells: a list of cell summaries is expected")
     top = {k: data[k] for k in ("schema", "bench_version", "created", "server", "machine", "warnings",
-                                "roofline_spec") if k in data}
+                                "roofline_spec", "load") if k in data}
     probe = _build(_Top, top, where)
     return Results(
         profile=_build(ProfileInfo, data.get("profile", {"name": ""}), f"{where}.profile"),
@@ -275,7 +288,7 @@ def results_from_dict(data: Any, where: str = "results") -> Results:
         run=_build(RunInfo, _legacy_run(data.get("run", {"id": ""})), f"{where}.run"),
         cells=[_build(CellResult, c, f"{where}.cells[{i}]") for i, c in enumerate(data["cells"])],
         server=probe.server, machine=probe.machine, warnings=probe.warnings, schema=probe.schema,
-        bench_version=probe.bench_version, created=probe.created, roofline_spec=probe.roofline_spec,
+        bench_version=probe.bench_version, created=probe.created, roofline_spec=probe.roofline_spec, load=probe.load,
     )
 
 
@@ -295,6 +308,13 @@ class _Top:
     machine: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     roofline_spec: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+
+
+def cell_from_dict(data: Any, where: str = "cell") -> CellResult:
+    """A cell summary from its JSON form, types checked (ConfigError naming the key otherwise)."""
+    cell: CellResult = _build(CellResult, data, where)
+    return cell
 
 
 def load_results(path: str | os.PathLike[str]) -> Results:

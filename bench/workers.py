@@ -71,19 +71,44 @@ def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
 # the worker process
 # ---------------------------------------------------------------------------------------------------------------
 async def _wave(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None,
-                start_ns: int) -> list[RequestRecord]:
+                start_ns: int, offsets: list[int] | None = None) -> list[RequestRecord]:
+    if offsets is not None:
+        return await _scheduled(client, base, specs, model, secret, start_ns, offsets)
     delay = (start_ns - time.perf_counter_ns()) / 1e9
     if delay > 0:
         await asyncio.sleep(delay)
     return list(await asyncio.gather(*(stream_request(client, base, s, model=model, secret=secret) for s in specs)))
 
 
+async def _scheduled(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None,
+                     start_ns: int, offsets: list[int]) -> list[RequestRecord]:
+    """Open loop: spec i goes at ``start_ns + offsets[i]`` (sorted), as :mod:`bench.load.openloop` sends: sleep to
+    1 ms before, then yield until due. Each record gets ``scheduled_ns`` and ``meta["dispatch_lag_ns"]``."""
+    perf = time.perf_counter_ns
+    tasks = []
+    for spec, off in zip(specs, offsets):
+        sched = start_ns + off
+        wait = (sched - perf()) / 1e9
+        if wait > 0.001:
+            await asyncio.sleep(wait - 0.001)
+        while perf() < sched:
+            await asyncio.sleep(0)
+        spec.meta["dispatch_lag_ns"] = perf() - sched
+        tasks.append(asyncio.create_task(stream_request(client, base, spec, model=model, secret=secret,
+                                                        queued_ns=sched)))
+    recs = list(await asyncio.gather(*tasks))
+    for r, off in zip(recs, offsets):
+        r.scheduled_ns = start_ns + off
+    return recs
+
+
 def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
                  gc_quiet: bool) -> None:
     """Entry point of a worker: serve wave jobs from ``conn`` until told to stop (``None``) or the pipe closes.
 
-    Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns)`` is answered by
-    ``("done", job_id, [record dict], cpu_s)`` or ``("error", job_id, text)``.
+    Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns, offsets)`` (offsets:
+    None for a wave, else each spec's send time in ns after ``start_ns``) is answered by ``("done", job_id, [record
+    dict], cpu_s)`` or ``("error", job_id, text)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the pool stops
     loop = asyncio.new_event_loop()
@@ -103,12 +128,12 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
                 break
             if msg is None:
                 break
-            job_id, specs, start_ns = msg
+            job_id, specs, start_ns, offsets = msg
             cpu0 = time.process_time()
             try:
                 if gc_quiet:
                     gc.disable()
-                recs = loop.run_until_complete(_wave(client, base, specs, model, secret, start_ns))
+                recs = loop.run_until_complete(_wave(client, base, specs, model, secret, start_ns, offsets))
                 cpu = time.process_time() - cpu0
                 out = [r.to_dict() for r in recs]
                 del recs
@@ -185,12 +210,12 @@ class WorkerPool:
         if not shared_clock():
             raise RuntimeError("worker processes need a system-wide perf_counter clock (Linux CLOCK_MONOTONIC); "
                                f"this system has {time.get_clock_info('perf_counter').implementation}")
-        ctx = mp.get_context(self.start_method)
+        ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process
         per_worker = -(-self.concurrency // self.workers) + 4
         try:
             for _ in range(self.workers):
                 parent, child = ctx.Pipe(duplex=True)
-                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,  # type: ignore[attr-defined]
+                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,
                                 args=(child, self.base, self.model, self.settings, per_worker, self.gc_quiet))
                 p.start()
                 child.close()
@@ -234,9 +259,13 @@ class WorkerPool:
         self.close()
 
     # -- waves -------------------------------------------------------------------------------------------------
-    def run(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S) -> list[RequestRecord]:
+    def run(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
+            offsets: Sequence[int] | None = None) -> list[RequestRecord]:
         """Run one wave: every spec as one concurrent streaming request, spread round-robin over the workers, all
         sent at one start time ``start_delay_s`` from now. Returns the records in the order of ``specs``.
+
+        ``offsets`` (ns, sorted, one per spec) makes it an open-loop schedule instead: spec i is sent at the start
+        time + ``offsets[i]`` by the worker it is dealt to (records carry ``scheduled_ns``).
 
         Raises:
             RuntimeError: the pool is not started, or a worker died or failed.
@@ -254,7 +283,8 @@ class WorkerPool:
             used = list(zip(self._conns, self._procs, shares))
             for c, p, idx in used:
                 try:
-                    c.send((job, [specs[i] for i in idx], start_ns))
+                    c.send((job, [specs[i] for i in idx], start_ns,
+                            None if offsets is None else [int(offsets[i]) for i in idx]))
                 except (OSError, ValueError) as e:
                     raise RuntimeError(f"bench worker {p.pid} is gone: {e}") from None
             out: list[RequestRecord | None] = [None] * len(specs)
@@ -278,11 +308,11 @@ class WorkerPool:
         assert all(r is not None for r in out)
         return out  # type: ignore[return-value]
 
-    async def arun(self, specs: Sequence[RequestSpec], *,
-                   start_delay_s: float = DEFAULT_START_DELAY_S) -> list[RequestRecord]:
+    async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
+                   offsets: Sequence[int] | None = None) -> list[RequestRecord]:
         """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free."""
         return await asyncio.get_running_loop().run_in_executor(
-            None, lambda: self.run(specs, start_delay_s=start_delay_s))
+            None, lambda: self.run(specs, start_delay_s=start_delay_s, offsets=offsets))
 
 
 def run_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,

@@ -8,6 +8,7 @@ All ``*_ms`` results are floats in milliseconds; ``*_ns`` results are the intege
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 
@@ -29,6 +30,11 @@ __all__ = [
     "expected_error_count",
     "fails",
     "output_length",
+    "simulate_load",
+    "load_arrivals_ns",
+    "ttft_quantile_ms",
+    "ttft_slo_boundary_rps",
+    "saturation_rps",
 ]
 
 
@@ -137,3 +143,116 @@ def output_length(cfg: SimConfig, request_no: int, max_tokens: int) -> tuple[int
     if n <= max_tokens:
         return n, "stop"
     return max_tokens, "length"
+
+
+# -- load: queueing at max_running, batch-dependent steps, and the rate at which an SLO breaks -------------------
+
+def _end_step_sim(t: int, batch: list[list[int]], tpe: int, first: list[int | None],
+                  last: list[int | None]) -> list[list[int]]:
+    """Emit one event per batch member at ``t``; return those still decoding. A member is [no, remaining]."""
+    alive = []
+    for s in batch:
+        if first[s[0]] is None:
+            first[s[0]] = t
+        s[1] -= min(tpe, s[1])
+        last[s[0]] = t
+        if s[1] > 0:
+            alive.append(s)
+    return alive
+
+
+def simulate_load(cfg: SimConfig, arrivals_ns: list[int], prompt_tokens: int, output_tokens: int) -> dict[str, list]:
+    """Deterministic replay of the engine's scheduler (engine.py: FIFO admission up to ``max_running``, prefill on
+    admission, one decode step of t(b) for every decoding sequence, back to back) for requests arriving at
+    ``arrivals_ns`` (sorted, server clock), each ``prompt_tokens`` long (no cache) asking ``output_tokens``, with a
+    fixed ``tokens_per_event`` and ``eos_prob = 0``. Returns per request ``admit_ns``, ``first_ns`` (first event,
+    its scheduled time) and ``last_ns``; TTFT on the server = first_ns - arrival."""
+    if isinstance(cfg.tokens_per_event, tuple) or cfg.eos_prob > 0:
+        raise ValueError("simulate_load needs a fixed tokens_per_event and eos_prob = 0")
+    tpe, mr = int(cfg.tokens_per_event), cfg.max_running
+    n = len(arrivals_ns)
+    admit: list[int | None] = [None] * n
+    first: list[int | None] = [None] * n
+    last: list[int | None] = [None] * n
+    pf_ns = prefill_ns(cfg, prompt_tokens, prompt_tokens)
+    waiting: list[int] = []  # FIFO of request numbers (head index below)
+    head, i = 0, 0
+    prefilling: list[tuple[int, int]] = []  # heap of (end, no)
+    decoding: list[list[int]] = []
+    step_end: int | None = None
+
+    def admit_one(no: int, t: int) -> None:
+        admit[no] = t
+        heapq.heappush(prefilling, (t + pf_ns, no))
+
+    def start_step(t: int) -> int | None:
+        while prefilling and prefilling[0][0] <= t:
+            decoding.append([heapq.heappop(prefilling)[1], output_tokens])
+        return t + step_ns(cfg, len(decoding)) if decoding else None
+
+    while i < n or head < len(waiting) or prefilling or decoding:
+        nxt = arrivals_ns[i] if i < n else None
+        event_t = step_end if step_end is not None else (prefilling[0][0] if prefilling else None)
+        if nxt is not None and (event_t is None or nxt <= event_t):  # ties: the arrival first
+            if head == len(waiting) and len(prefilling) + len(decoding) < mr:
+                admit_one(i, nxt)
+            else:
+                waiting.append(i)
+            i += 1
+            continue
+        assert event_t is not None
+        if step_end is not None:
+            decoding[:] = _end_step_sim(event_t, decoding, tpe, first, last)
+            while head < len(waiting) and len(prefilling) + len(decoding) < mr:
+                admit_one(waiting[head], event_t)
+                head += 1
+        step_end = start_step(event_t)
+    return {"admit_ns": admit, "first_ns": first, "last_ns": last}
+
+
+def load_arrivals_ns(rate: float, duration_s: float, kind: str = "constant", seed: int = 0) -> list[int]:
+    """Arrival times (ns from 0) at ``rate`` req/s over ``duration_s``: ``constant`` gaps of 1/rate, or
+    ``poisson`` (exponential gaps from ``random.Random(seed)``)."""
+    out, t, rng = [], 0.0, random.Random(seed)
+    while t < duration_s:
+        out.append(round(t * 1e9))
+        t += 1.0 / rate if kind == "constant" else rng.expovariate(rate)
+    return out
+
+
+def ttft_quantile_ms(cfg: SimConfig, rate: float, prompt_tokens: int, output_tokens: int, *, q: float = 90.0,
+                     horizon_s: float = 120.0, kind: str = "constant", seed: int = 0) -> float:
+    """Server-side TTFT percentile ``q`` (nearest rank) over the requests arriving in the second half of a
+    ``horizon_s`` run at ``rate`` (the first half brings the engine to its steady state)."""
+    arr = load_arrivals_ns(rate, horizon_s, kind, seed)
+    sim = simulate_load(cfg, arr, prompt_tokens, output_tokens)
+    half = horizon_s / 2 * 1e9
+    vals = sorted((f - a) / 1e6 for a, f in zip(arr, sim["first_ns"]) if a >= half and f is not None)
+    return vals[max(0, math.ceil(q / 100 * len(vals)) - 1)]
+
+
+def ttft_slo_boundary_rps(cfg: SimConfig, limit_ms: float, prompt_tokens: int, output_tokens: int, *,
+                          q: float = 90.0, horizon_s: float = 120.0, kind: str = "constant", seed: int = 0,
+                          lo: float = 0.1, hi: float = 10_000.0, rel_tol: float = 1e-4) -> float:
+    """The highest rate (req/s) at which the steady-state server TTFT p``q`` stays <= ``limit_ms``: bisection over
+    :func:`ttft_quantile_ms` (monotone in the rate for constant arrivals)."""
+    if ttft_quantile_ms(cfg, lo, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
+                        seed=seed) > limit_ms:
+        raise ValueError(f"the SLO fails even at {lo} req/s")
+    while hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        ok = ttft_quantile_ms(cfg, mid, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
+                              seed=seed) <= limit_ms
+        lo, hi = (mid, hi) if ok else (lo, mid)
+    return lo
+
+
+def saturation_rps(cfg: SimConfig, prompt_tokens: int, output_tokens: int) -> float:
+    """Upper bound of the engine's request throughput with a full batch: max_running slots, each held for the
+    prefill plus ceil(output / tokens_per_event) steps of t(max_running) (the wait for the next step start
+    after the prefill makes the real figure a little lower; :func:`simulate_load` has it exactly)."""
+    if isinstance(cfg.tokens_per_event, tuple):
+        raise ValueError("saturation_rps needs a fixed tokens_per_event")
+    hold_ms = expected_prefill_ms(cfg, prompt_tokens) + expected_events(cfg, output_tokens) * step_ms(
+        cfg, cfg.max_running)
+    return cfg.max_running / hold_ms * 1000.0

@@ -16,6 +16,9 @@
 #        model1b    a random-weight 1B-shaped draft model (optional; for drafts)
 #        drafts     llama-server -np 4 with drafts off, a 1B draft, ngram lookup, the model as its own draft:
 #                   benchmarks/gpu/drafts.py at 1-4 streams (/metrics acceptance beside decode tok/s; optional)
+#        capacity   llama-server -np 64; bench capacity (open loop, issue 14) for CAP_SLO at CAP_IN/CAP_OUT tokens
+#                   (optional; compare with the batched step's aggregate decode)
+#        schedacc   benchmarks/schedule_accuracy.py on this machine's cores: send lag at 10..5000 req/s (optional)
 #        decodekvu, decodebs, decodenc: the 32- and 64-stream decode cells again with llama-server -kvu,
 #                   --backend-sampling, --cache-ram 0 (optional; what the server's gap to batched-bench is made of)
 #
@@ -219,11 +222,32 @@ step_drafts() {  # drafts off / a 1B draft / ngram lookup / the model as its own
   done
 }
 
+CAP_SLO=${CAP_SLO:-ttft_p90=2s,tpot_p90=60ms}; CAP_IN=${CAP_IN:-512}; CAP_OUT=${CAP_OUT:-128}
+CAP_DUR=${CAP_DUR:-20}; CAP_START=${CAP_START:-1}
+step_capacity() {  # the highest Poisson rate at which CAP_SLO holds, with its interval (docs/load.md)
+  want capacity 420 "$R/capacity/capacity.json" || return 0
+  start_server capacity -np 64 -c $((64 * (CAP_IN + CAP_OUT + 512))) || return 1
+  $PY -m bench capacity "$URL" --slo "$CAP_SLO" --input-tokens "$CAP_IN" --max-tokens "$CAP_OUT" \
+    --duration "$CAP_DUR" --start "$CAP_START" --trials 3 --max-points 24 --out "$R/capacity" \
+    > "$R/capacity.out" 2>&1
+  log "bench capacity: rc $?"; tail -30 "$R/capacity.out"
+  stop_server
+}
+
+step_schedacc() {  # bench's own schedule keeping on this machine's cores (bench sim, no GPU)
+  want schedacc 90 "$R/schedacc" || return 0
+  $PY "$REPO/benchmarks/schedule_accuracy.py" --out "$R/schedacc" --duration 3 > "$R/schedacc.out" 2>&1
+  log "schedule_accuracy: rc $?"; cat "$R"/schedacc/*.md
+}
+
 pack() {
   for f in "$R"/server-*.log; do tail -400 "$f" > "${f%.log}.tail"; done
   tar czf "$OUT/gpu-results.tar.gz" -C "$WORK" --exclude='res/server-*.log' --exclude='res/cmake.log' res
   cp "$R/run.log" "$OUT/" 2>/dev/null
-  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl drafts-off.md drafts-draft1b.md drafts-ngram.md drafts-self.md; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
+  for f in lb-depth.json lb-pp.json lb-long.json batched.jsonl capacity/capacity.json drafts-off.md drafts-draft1b.md drafts-ngram.md drafts-self.md; do
+    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
+  done
+  cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
 

@@ -74,11 +74,11 @@ want() {
   if [ "$(left)" -lt "$2" ]; then log "skip $1: $(left) s left, needs ~$2 s"; echo "$1" >> "$R/skipped"; return 1; fi
   log "step $1 (~$2 s; $(left) s left)"; return 0
 }
-bounded() {  # bounded CMD...: CMD under timeout, ended (SIGINT) before the call's limit or after MAXT seconds
+bounded() {  # bounded CMD...: CMD under timeout (SIGTERM: bench keeps finished cells) within the limit or MAXT s
   local t; t=$(left)
   if [ -n "${MAXT:-}" ] && [ "$MAXT" -lt "$t" ]; then t=$MAXT; fi
   [ "$t" -gt 5 ] || t=5
-  timeout -s INT -k 10 "$t" "$@"
+  timeout -s TERM -k 15 "$t" "$@"
 }
 enabled() {  # enabled NAME FLAG PROBE_CMD...: FLAG 1 = yes, 0 = no, auto = yes when the probe succeeds
   case $2 in

@@ -358,11 +358,12 @@ def drafts(res: Res) -> list[str]:
     rows = []
     for name in names:
         doc = res.results(name)
-        for c in sorted(cells(doc), key=lambda c: int(c.get("streams") or 1)):
+        for c in sorted(cells(doc), key=lambda c: (str(c.get("prompt")), int(c.get("streams") or 1))):
             raw = c.get("server_metrics")
             sm: dict[str, Any] = raw if isinstance(raw, dict) else {}
             agg, limit = med(c, "aggregate_decode_tok_s"), roof(c, "decode_tok_s_limit")
-            rows.append([name.removeprefix("drafts-"), str(c.get("streams", "-")), fnum(med(c, "decode_tok_s")),
+            rows.append([name.removeprefix("drafts-"), str(c.get("prompt", "-")), str(c.get("streams", "-")),
+                         fnum(med(c, "decode_tok_s")),
                          fwith(agg, pct(agg, limit)), fnum(med(c, "server_decode_tok_s")),
                          fnum(med(c, "tokens_per_event", "mean"), 2),
                          f"{fnum(num(sm.get('spec_draft_tokens')), 0)} / {fnum(num(sm.get('spec_accepted_tokens')), 0)}",
@@ -376,7 +377,7 @@ def drafts(res: Res) -> list[str]:
             "acceptance); `small`: a random-weight 1B-shaped draft (random weights: expect little acceptance). "
             "Acceptance and mean accepted length: the cell's `server_metrics` (/metrics deltas over the measured "
             "waves); `-` where the server or bench did not say.", "",
-            *table(["config", "streams", "bench per stream", "bench aggregate", "llama-server's own per stream",
+            *table(["config", "prompt", "streams", "bench per stream", "bench aggregate", "llama-server's own per stream",
                     "tokens/event", "drafted / accepted tokens", "acceptance", "mean accepted length", "KV % max", "server generated tokens",
                     "bench output tokens (mean)"], rows), ""]
 
@@ -404,11 +405,23 @@ def fidelity(res: Res) -> list[str]:
             *body, ""]
 
 
+DONE = {"llamabench": "lb-depth.json", "lbpp": "lb-pp.json", "batched": "batched.jsonl",
+        "capacity": "capacity/capacity.json", "fidelity": "fidelity-h200.md"}
+
+
+def done(res: Res, step: str) -> bool:
+    """Whether a step's result is in the res folders (a later call may have done what an earlier one skipped)."""
+    return res.find(DONE.get(step, f"{step}.ok")) is not None
+
+
 def not_run(res: Res) -> list[str]:
-    skipped = list(dict.fromkeys(res.lines("skipped")))
-    log = res.lines("run.log")
-    bad = re.compile(r"failed|exited|not healthy|rc [1-9]")
-    failed = list(dict.fromkeys(re.sub(r"^\[[^]]*\] ", "", x) for x in log if bad.search(x)))
+    skipped = [x for x in dict.fromkeys(res.lines("skipped")) if not done(res, x.split()[0])]
+    bad, name = re.compile(r"failed|exited|not healthy|rc [1-9]"), re.compile(r"(?:step|bench|llama-bench) ([\w-]+)")
+    failed = []
+    for x in dict.fromkeys(re.sub(r"^\[[^]]*\] ", "", x) for x in res.lines("run.log") if bad.search(x)):
+        m = name.search(x)
+        if not (m and done(res, m.group(1))):
+            failed.append(x)
     out = ["## Not run", "", "- the two-GPU split (`--split-mode row|layer`, `--devices 2`): the two-GPU kind was not "
            "lent."]
     out += [f"- skipped: {s}" for s in skipped]

@@ -1,0 +1,434 @@
+"""One open-loop point, end to end: settings -> plan -> prompts -> :func:`~bench.load.openloop.run_plan` ->
+the point's summary (a results cell), and :func:`run_load` for ``bench run --rate/--trace``.
+
+The summary of a point is the cell dict of :func:`bench.summary.summarize_cell` over the steady-state window's
+requests, plus the open-loop keys documented in docs/load.md: ``load``, ``schedule`` (planned vs achieved,
+dispatch and send lag), ``counts`` (finished / failed / cut), ``window``, ``throughput``, ``latency`` (from send
+and from schedule), ``trend`` / ``steady``, and with an SLO ``goodput``, ``slo`` and ``slo_met``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigError, ServerError
+from ..metrics import request_metrics
+from ..profile import Cell
+from ..prompts import TokenizerError, build_prompt, unique_prefix
+from ..results import Results, cell_from_dict
+from ..summary import summarize_cell
+from .arrivals import arrival_times, rng_for
+from .openloop import (
+    BEHIND_P99_MS,
+    Planned,
+    PointRun,
+    lag_summary,
+    latency_summaries,
+    point_window,
+    run_plan,
+    run_plan_pool,
+    trend,
+)
+from .sizes import dataset_order, load_dataset, parse_size
+from .slo import SLO, parse_slo, point_slo
+from .traces import load_trace
+
+__all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "MODES"]
+
+MODES = ("concurrency", "rate", "trace", "sessions")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadSettings:
+    """Open-loop settings (profile keys and flags: docs/profiles.md, docs/load.md)."""
+
+    mode: str = "rate"
+    rate: float | None = None
+    duration_s: float | None = None
+    requests: int | None = None
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    ramp_s: float = 0.0
+    max_concurrency: int | None = None
+    input_tokens: str = "128"
+    output_tokens: str | None = None
+    dataset: str | None = None
+    trace: str | None = None
+    block_tokens: int = 512
+    speed: float = 1.0
+    seed: int = 0
+    warmup_s: float | None = None
+    cooldown_s: float | None = None
+    drain_s: float = 60.0
+    slo: str | None = None
+    prompt: str = "prose"
+    users: int = 4
+    turns: int = 3
+    think_s: float = 1.0
+    stagger_s: float = 0.5
+
+    def check(self) -> None:
+        """Raise ConfigError naming the flag of the first bad value."""
+        if self.mode not in MODES[1:]:
+            raise ConfigError(f"mode: {self.mode!r} is not an open-loop mode (rate, trace, sessions)")
+        if self.mode == "sessions" and not (self.users >= 1 and self.turns >= 1 and self.think_s >= 0
+                                            and self.stagger_s >= 0):
+            raise ConfigError("--sessions and --turns must be >= 1, --think and stagger_s >= 0")
+        if self.mode == "trace" and not self.trace:
+            raise ConfigError("--trace FILE is needed in trace mode")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        for name in ("warmup_s", "cooldown_s"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"{name} must be >= 0 s, got {v}")
+        if not self.drain_s >= 0:
+            raise ConfigError(f"--drain must be >= 0 s, got {self.drain_s}")
+        if self.slo:
+            parse_slo(self.slo)
+        parse_size(self.input_tokens, "--input-tokens")
+        if self.output_tokens is not None:
+            parse_size(self.output_tokens, "--output-tokens")
+
+    def at(self, load: float, *, by: str = "rate", seed: int | None = None) -> LoadSettings:
+        """A copy at another load (``by="rate"``: requests/s; ``"concurrency"``: the cap, at an unbounded rate)."""
+        if by == "rate":
+            return replace(self, rate=load, seed=self.seed if seed is None else seed)
+        return replace(self, max_concurrency=int(load), seed=self.seed if seed is None else seed)
+
+
+def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
+    """The schedule with sizes (pure; seeded by ``ls.seed``)."""
+    ls.check()
+    if ls.mode == "trace":
+        assert ls.trace is not None
+        plan = load_trace(ls.trace, block_tokens=ls.block_tokens, speed=ls.speed)
+        for p in plan:
+            p.meta["block_tokens"] = ls.block_tokens
+        return plan
+    if ls.rate is None:
+        raise ConfigError("--rate R is needed in rate mode (requests/s)")
+    times = arrival_times(ls.arrival, ls.rate, duration_s=ls.duration_s, requests=ls.requests,
+                          burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed)
+    n = len(times)
+    ins = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "input"), n)
+    outs = (parse_size(ls.output_tokens, "--output-tokens").draw(rng_for(ls.seed, "output"), n)
+            if ls.output_tokens is not None else np.full(n, default_max_tokens))
+    plan = [Planned(float(t), int(i), int(o)) for t, i, o in zip(times, ins, outs)]
+    if ls.dataset:
+        data = load_dataset(ls.dataset)
+        for p, j in zip(plan, dataset_order(len(data), n, rng_for(ls.seed, "dataset"))):
+            p.text = data[j].text
+            p.output_tokens = data[j].output_tokens or p.output_tokens
+            p.meta["dataset_line"] = j + 1
+    return plan
+
+
+FILLER = " the"
+EXACT_TRIES = 4
+
+
+async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool,
+                 overhead: int | None = None) -> str:
+    """A prompt of ``n`` tokens (``overhead``: template tokens to leave out, default the session's). The builder
+    lands within its tolerance; with an exact tokenizer, words are then added or dropped at the end until the
+    count is exact (a few counts, once per distinct size or block), so shared blocks align token for token."""
+    ov = session.template_overhead_tokens if overhead is None else overhead
+    tok = session.tokenizer
+    try:
+        pr = await build_prompt(kind, n, seed=seed, prefix=prefix, instruction=instruction, tokenizer=tok,
+                                overhead_tokens=ov)
+        text, want = pr.text, n - ov
+        if tok is None or not getattr(tok, "exact", True) or pr.counted_tokens is None:
+            return text
+        have = pr.counted_tokens
+        for _ in range(EXACT_TRIES):
+            if have == want:
+                break
+            if have < want:
+                text += FILLER * (want - have)
+            else:
+                text = text.rsplit(None, have - want)[0] if text.split() else text
+            have = await tok.count(text)
+        return text
+    except TokenizerError as e:
+        raise ServerError(f"building a {n}-token prompt: {e}") from None
+
+
+async def build_texts(session: Any, plan: list[Planned], kind: str, first_index: int) -> list[str]:
+    """Prompt text of each planned request, built before the point starts.
+
+    Plain requests: one exact-length prompt per distinct size, each request with its own unique prefix swapped in
+    (``unique_prefix(run_id, first_index + k)``: equal length in characters, and in tokens on word tokenizers).
+    Blocks (traces): block ``h`` of n tokens is the prose stream seeded ``h`` behind a run-wide tag, the same text
+    in every request that has it; the request's tail past its blocks is unique. Dataset prompts: prefix + text."""
+    sized: dict[int, tuple[str, str]] = {}
+    blocks: dict[tuple[int, int], str] = {}
+    out = []
+    for k, p in enumerate(plan):
+        prefix = unique_prefix(session.run_id, first_index + k)
+        if p.text is not None:
+            out.append(prefix + p.text)
+        elif p.blocks:
+            out.append(await _block_text(session, p, prefix, blocks, kind))
+        else:
+            if p.input_tokens not in sized:
+                text = await _sized(session, kind, p.input_tokens, first_index + k, prefix, True)
+                sized[p.input_tokens] = (prefix, text[len(prefix):])
+            out.append(prefix + sized[p.input_tokens][1])
+    return out
+
+
+async def _block_text(session: Any, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
+    bt = p.meta.get("block_tokens") or 512
+    parts, left = [], p.input_tokens
+    for h in p.blocks:
+        n = min(bt, left)
+        if n <= 0:
+            break
+        if (h, n) not in cache:  # template tokens come off the request's own tail, not off a shared block
+            cache[(h, n)] = await _sized(session, kind, n, h, f"[blk {session.run_id}-{h}] ", False, overhead=0)
+        parts.append(cache[(h, n)])
+        left -= n
+    if left > 0:
+        parts.append(await _sized(session, kind, left, p.input_tokens, prefix, True))
+    return " ".join(parts)
+
+
+def _window_records(run: PointRun, lo: float, hi: float) -> list[Any]:
+    return [r for r in run.records if r.scheduled_ns is not None and lo <= (r.scheduled_ns - run.t0_ns) / 1e9 <= hi]
+
+
+def _closed_window(run: PointRun, cap: int) -> tuple[list[Any], float, float]:
+    """Concurrency point: drop the first and last ``cap`` requests by send time (the ramp up and the drain);
+    the window runs from the first kept send to the last kept end, in s from the start."""
+    recs = sorted((r for r in run.records if r.sent_ns), key=lambda r: r.sent_ns)
+    keep = recs[cap:-cap] if len(recs) > 4 * cap else recs
+    if not keep:
+        return [], 0.0, 0.0
+    lo = (keep[0].sent_ns - run.t0_ns) / 1e9
+    hi = max((r.sent_ns + (r.end_ns or 0) - run.t0_ns) / 1e9 for r in keep)
+    return keep, lo, hi
+
+
+def _schedule_figures(run: PointRun, plan: list[Planned]) -> dict[str, Any]:
+    sent = sorted(r.sent_ns for r in run.records if r.sent_ns)
+    planned_rate = (len(plan) - 1) / run.span_s if run.span_s > 0 else None
+    achieved = (len(sent) - 1) / ((sent[-1] - sent[0]) / 1e9) if len(sent) > 1 and sent[-1] > sent[0] else None
+    send_lag = [r.sent_ns - r.scheduled_ns for r in run.records if r.sent_ns and r.scheduled_ns is not None]
+    return {"planned_requests": len(plan), "planned_rps": None if planned_rate is None else round(planned_rate, 4),
+            "achieved_rps": None if achieved is None else round(achieved, 4), "span_s": round(run.span_s, 3),
+            "dispatch_lag_ms": lag_summary(run.dispatch_lag_ns), "send_lag_ms": lag_summary(send_lag)}
+
+
+SLO_RISE_SHARE = 0.05
+
+
+def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi: float,
+                   slo: SLO | None) -> dict[str, Any]:
+    """TTFT-from-schedule and in-flight trends over the window (saturation signal: docs/load.md). With a TTFT
+    objective, a TTFT rise under ``SLO_RISE_SHARE`` of its limit does not count (a queue settling near full load
+    rises that much and stops)."""
+    xs, ys = [], []
+    for r, m in zip(recs, ms):
+        if m.ok and m.ttft_ms is not None:
+            start = r.scheduled_ns if r.scheduled_ns is not None else r.sent_ns
+            xs.append((start - run.t0_ns) / 1e9)
+            ys.append(m.ttft_ms + (r.sent_ns - start) / 1e6)
+    inf_x = [(t - run.t0_ns) / 1e9 for t, _ in run.inflight]
+    sel = [i for i, x in enumerate(inf_x) if lo <= x <= hi]
+    limits = [o.limit_ms for o in (slo.objectives if slo else ()) if o.metric == "ttft"]
+    tt = trend([x - lo for x in xs], ys, hi - lo, SLO_RISE_SHARE * min(limits) if limits else 0.0)
+    it = trend([inf_x[i] - lo for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
+    it["rising"] = it["rising"] and (it["rise"] or 0) >= 2  # two more requests in flight at least
+    return {"ttft_from_schedule_ms": tt, "in_flight": it}
+
+
+def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO | None, *, cell: Cell,
+                  load: dict[str, Any]) -> dict[str, Any]:
+    """The point's cell dict (module docstring). Pure given the run."""
+    if run.span_s == 0 and ls.max_concurrency:
+        recs, lo, hi = _closed_window(run, ls.max_concurrency)
+    else:
+        w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
+        w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
+        lo, hi = point_window(run, w0, w1)
+        recs = _window_records(run, lo, hi)
+    ms = [request_metrics(r) for r in recs]
+    # the run's fixed overhead is in results["run"]; a point's TTFT holds queueing, so no overhead-share flag here
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, depth_target_tokens=None,
+                       expected_cached_tokens=None).to_dict()
+    span = hi - lo
+    ok = [m for m in ms if m.ok]
+    s.update({
+        "id": load["id"], "mode": ls.mode, "load": load, "schedule": _schedule_figures(run, plan),
+        "counts": {"planned": len(plan), "finished": sum(1 for r in run.records if r.ok),
+                   "failed": sum(1 for r in run.records if not r.ok) - run.cut, "cut": run.cut},
+        "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": len(recs)},
+        "throughput": {"completed_rps": round(len(ok) / span, 4) if span > 0 else None,
+                       "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
+        "latency": latency_summaries(recs, ms),
+        "trend": _trend_figures(run, recs, ms, lo, hi, slo),
+    })
+    s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
+    if slo is not None:
+        s.update(point_slo(recs, slo, span))
+        s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
+    _point_warnings(s, ls)
+    return s
+
+
+def behind(sched: dict[str, Any]) -> bool:
+    """bench fell behind its schedule: dispatch lag p99 over ``BEHIND_P99_MS`` and over a tenth of the mean planned
+    gap, or fewer than 98 % of the planned sends per second."""
+    p99 = sched["dispatch_lag_ms"]["p99"]
+    planned, achieved = sched["planned_rps"], sched["achieved_rps"]
+    gap_ms = 1000.0 / planned if planned else 0.0
+    late = p99 is not None and p99 > max(BEHIND_P99_MS, 0.1 * gap_ms)
+    slow = bool(planned and achieved and achieved < 0.98 * planned)
+    return late or slow
+
+
+def _point_warnings(s: dict[str, Any], ls: LoadSettings) -> None:
+    sc = s["schedule"]
+    if behind(sc):
+        s["warnings"].append(
+            f"{s['id']}: bench fell behind its schedule (dispatch lag p99 {sc['dispatch_lag_ms']['p99']:.1f} ms, "
+            f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): this process did not get the CPU "
+            "in time; send from more processes with --workers N (e.g. --workers 2), or lower --rate")
+    if s["counts"]["cut"]:
+        s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
+                             "the last send and were cut (counted as failures); raise --drain to wait for them")
+    if not s["steady"] and ls.mode == "rate":
+        s["warnings"].append(f"{s['id']}: not in a steady state: TTFT or requests in flight kept rising over the "
+                             "window (the server is saturated at this load); lower --rate")
+
+
+async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
+                    first_index: int, load: dict[str, Any], counters: Any = None,
+                    on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
+    """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
+    texts = await build_texts(session, plan, ls.prompt, first_index)
+    for p in plan:
+        p.meta.setdefault("point", load["id"])
+    closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
+    if getattr(session, "pool", None) is not None and not closed:
+        if ls.max_concurrency:
+            raise ConfigError("--max-concurrency is not available with --workers > 1 in open-loop runs")
+        run = await run_plan_pool(session, plan, texts, tag=tag)
+    else:
+        run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
+                             drain_s=ls.drain_s, counters=counters, on_done=on_done, closed=closed)
+    depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
+    out = int(np.median([p.output_tokens for p in plan])) if plan else 0
+    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
+    summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
+    return run, summary
+
+
+async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
+    """The ``sessions`` mode as one cell: user messages built first, then the conversations
+    (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
+    from .sessions import run_sessions, turn_summary
+
+    sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
+    msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
+             for t in range(ls.turns)] for u in range(ls.users)]
+    recs = await run_sessions(session, msgs, max_tokens=max_tokens, think_s=ls.think_s, stagger_s=ls.stagger_s,
+                              tag="measure")
+    cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, len(recs))
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None).to_dict()
+    sent = [r.sent_ns for r in recs if r.sent_ns]
+    ends = [r.sent_ns + (r.end_ns or 0) for r in recs if r.sent_ns]
+    span = (max(ends) - min(sent)) / 1e9 if sent else 0.0
+    s.update({"id": load_id(ls), "mode": "sessions", "load": load_dict(ls), "turns": turn_summary(recs),
+              "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
+                         "failed": sum(not r.ok for r in recs), "cut": 0},
+              "latency": latency_summaries(recs, [request_metrics(r) for r in recs])})
+    if slo is not None and span > 0:
+        s.update(point_slo(recs, slo, span))
+        s["slo_met"] = all(v["held"] for v in s["slo"].values())
+    return s
+
+
+def load_id(ls: LoadSettings) -> str:
+    """A point's id: ``rate-10``, ``rate-10-c8``, ``trace-NAME-x2``, ``sessions-4x3``."""
+    if ls.mode == "sessions":
+        return f"sessions-{ls.users}x{ls.turns}"
+    if ls.mode == "trace":
+        return f"trace-{Path(ls.trace or '').stem}" + (f"-x{ls.speed:g}" if ls.speed != 1 else "")
+    base = f"rate-{ls.rate:g}" if ls.rate is not None else "concurrency"
+    return base + (f"-c{ls.max_concurrency}" if ls.max_concurrency else "")
+
+
+def load_dict(ls: LoadSettings) -> dict[str, Any]:
+    """The ``load`` key of a point: what was asked."""
+    d: dict[str, Any] = {"id": load_id(ls), "mode": ls.mode, "max_concurrency": ls.max_concurrency,
+                         "seed": ls.seed}
+    if ls.mode == "sessions":
+        d.update({"users": ls.users, "turns": ls.turns, "think_s": ls.think_s, "stagger_s": ls.stagger_s,
+                  "input_tokens": ls.input_tokens})
+    elif ls.mode == "rate":
+        d.update({"rate": ls.rate, "arrival": ls.arrival, "burstiness": ls.burstiness, "ramp_s": ls.ramp_s,
+                  "duration_s": ls.duration_s, "requests": ls.requests, "input_tokens": ls.input_tokens,
+                  "output_tokens": ls.output_tokens, "dataset": ls.dataset})
+    else:
+        d.update({"trace": ls.trace, "speed": ls.speed, "block_tokens": ls.block_tokens})
+    return d
+
+
+async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, out_dir: Path | None,
+                   model: str | None = None, observer: Any = None, workers: int = 1) -> Results:
+    """``bench run`` in an open-loop mode: one point; returns the results document (records.jsonl and
+    results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`). ``workers > 1``
+    sends the schedule from that many processes (:func:`bench.load.openloop.run_plan_pool`)."""
+    from ..report.export import write_results
+    from ..runner import Session
+
+    ls.check()
+    slo = parse_slo(ls.slo) if ls.slo else None
+    plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else []
+    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                 workers=workers)
+    try:
+        if ls.mode == "sessions":
+            summary = await sessions_point(session, ls, slo, profile.max_tokens)
+        else:
+            _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0,
+                                         load=load_dict(ls))
+        results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)
+        results.load = load_dict(ls)
+        if out_dir is not None:
+            write_results(results, out_dir)
+        return results
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        if out_dir is not None:
+            write_results(session.results([], interrupted=True), out_dir)
+        raise
+    finally:
+        await session.close()
+
+
+def describe_point(s: dict[str, Any]) -> list[str]:
+    """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
+    if s.get("mode") == "sessions":
+        return [f"{s['id']}: turn {t['turn']}: {t['requests']} requests, prompt {t['prompt_tokens_p50']} tokens, "
+                f"cached {t['cached_tokens_p50']} ({t['cached_share']}), TTFT p50 {t['ttft_ms_p50']} ms"
+                for t in s["turns"]]
+    sc, c, w = s["schedule"], s["counts"], s["window"]
+    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {sc['planned_rps']} req/s, achieved "
+             f"{sc['achieved_rps']} req/s; send lag p50/p99/max {sc['send_lag_ms']['p50']} / "
+             f"{sc['send_lag_ms']['p99']} / {sc['send_lag_ms']['max']} ms",
+             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {w['from_s']}-{w['to_s']} s "
+             f"({w['requests']} requests), steady: {'yes' if s['steady'] else 'no (saturated)'}"]
+    if "goodput" in s:
+        g = s["goodput"]
+        lines.append(f"  goodput {g['rps']} req/s, {g['tok_s']} tok/s, SLO met by {g['met_fraction']} of requests")
+        for k, v in s["slo"].items():
+            lines.append(f"  {k}: {v['value']} ms (limit {v['limit_ms']:g}) {'held' if v['held'] else 'MISSED'}")
+    return lines

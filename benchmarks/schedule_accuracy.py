@@ -1,0 +1,116 @@
+"""Schedule accuracy of bench's open-loop generator: how late does bench send each request of a schedule?
+
+    python benchmarks/schedule_accuracy.py                       # 10, 100, 1000, 5000 req/s
+    python benchmarks/schedule_accuracy.py --rates 10,100 --duration 3 --workers 1,2
+
+Method. ``bench sim`` runs in its own process (no prefill, 1 ms steps, 1 output token, 100k slots: the server
+side stays cheap). For each rate, bench runs one open-loop point exactly as ``bench run URL --rate R --duration D
+--arrival constant`` does (:func:`bench.load.point.run_load`) and reports, over every request of the point:
+
+* dispatch lag: when bench's dispatcher started the request - its scheduled time (bench's own lateness);
+* send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
+* achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point; the
+  worker processes' CPU is not in it) and the sim's CPU (/proc).
+
+``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
+Results go to
+``benchmarks/results/schedule_accuracy-<UTC date>-<host>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from simproc import SimProcess  # noqa: E402
+
+from bench.client import ClientSettings  # noqa: E402
+from bench.load.point import LoadSettings, run_load  # noqa: E402
+from bench.profile import Profile  # noqa: E402
+
+
+def one_rate(sim: SimProcess, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:
+    """Run one point at ``rate`` (sent from ``workers`` processes) and return its schedule figures."""
+    prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
+    ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
+                      cooldown_s=0.0, drain_s=30.0)
+    c0, s0, t0 = time.process_time(), sim.cpu_s(), time.perf_counter()
+    res = asyncio.run(run_load(sim.base, prof, ClientSettings(), ls, out_dir=None, workers=workers))
+    wall = time.perf_counter() - t0
+    cell = res.cells[0].to_dict()
+    sc = cell["schedule"]
+    return {"rate": rate, "workers": workers, "duration_s": duration, "requests": sc["planned_requests"],
+            "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
+            "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"] + cell["counts"]["cut"],
+            "client_cpu_pct": round(100 * (time.process_time() - c0) / wall, 1),
+            "sim_cpu_pct": round(100 * (sim.cpu_s() - s0) / wall, 1), "wall_s": round(wall, 2)}
+
+
+def to_markdown(doc: dict[str, Any]) -> str:
+    """The results as a Markdown table."""
+    m = doc["machine"]
+    out = [f"# Schedule accuracy ({doc['date']}, {m['host']}, {m['cpus']} CPUs)", "",
+           f"bench run --rate (constant arrivals) from 1 or more processes, {doc['duration_s']} s per rate, "
+           "`bench sim` in its own process. "
+           f"Command: `{doc['command']}`.", "",
+           "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms "
+           "| send lag p50 / p99 / max ms | failed | client CPU % | sim CPU % |",
+           "|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
+        out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | "
+                   f"{d['p50']} / {d['p99']} / {d['max']} "
+                   f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} | {r['client_cpu_pct']} | "
+                   f"{r['sim_cpu_pct']} |")
+    if doc.get("note"):
+        out += ["", doc["note"]]
+    return "\n".join(out) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
+    ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
+    ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
+    ap.add_argument("--note", default="", help="a line added under the table")
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    a = ap.parse_args(argv)
+    sim = SimProcess(decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
+    try:
+        rows = []
+        for w in (int(x) for x in a.workers.split(",")):
+            for r in (float(x) for x in a.rates.split(",")):
+                rows.append(one_rate(sim, r, a.duration, w))
+                print(json.dumps(rows[-1]), flush=True)
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    date = datetime.now(UTC).strftime("%Y-%m-%d")
+    host = socket.gethostname()
+    doc = {"date": date, "machine": {"host": host, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+           "duration_s": a.duration,
+           "command": "python benchmarks/schedule_accuracy.py " + " ".join(argv or sys.argv[1:]),
+           "rows": rows, "note": a.note}
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"schedule_accuracy-{date}-{host}"
+    stem.with_suffix(".json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    stem.with_suffix(".md").write_text(to_markdown(doc), encoding="utf-8")
+    print(f"wrote {stem}.json and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,308 @@
+"""bench.load, pure parts: arrival schedules (KS test per kind), sizes, SLO parsing and goodput on synthetic
+records, trace parsing, the sim's load truth, the capacity search on a synthetic pass/fail oracle."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.errors import ConfigError
+from bench.load.arrivals import (
+    arrival_times,
+    exp_cdf,
+    gamma_cdf,
+    ks_pvalue,
+    ks_statistic,
+    rng_for,
+    split_round_robin,
+    worker_rngs,
+)
+from bench.load.capacity import SearchSettings, confidence, search
+from bench.load.sizes import parse_size
+from bench.load.slo import parse_slo, point_slo
+from bench.load.traces import load_trace, make_samples
+from bench.records import Event, RequestRecord
+from bench.sim import SimConfig
+from bench.sim import truth as T
+
+TRACES = Path(__file__).parent / "data" / "traces"
+
+
+# ---- arrivals --------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_poisson_gaps_are_exponential(seed: int) -> None:
+    t = arrival_times("poisson", 50.0, requests=4000, seed=seed)
+    gaps = np.diff(t)
+    d = ks_statistic(gaps, exp_cdf(50.0))
+    assert ks_pvalue(d, gaps.size) > 0.01
+    assert abs(gaps.mean() * 50.0 - 1) < 0.05
+
+
+@pytest.mark.parametrize("shape", [0.25, 1.0, 4.0])
+def test_gamma_gaps_match_their_shape(shape: float) -> None:
+    rate = 20.0
+    gaps = np.diff(arrival_times("gamma", rate, requests=4000, burstiness=shape, seed=1))
+    d = ks_statistic(gaps, gamma_cdf(shape, 1.0 / (shape * rate)))
+    assert ks_pvalue(d, gaps.size) > 0.01
+    cv = gaps.std() / gaps.mean()
+    assert abs(cv - 1 / math.sqrt(shape)) < 0.1 / math.sqrt(shape)
+
+
+def test_ks_rejects_the_wrong_distribution() -> None:
+    gaps = np.diff(arrival_times("gamma", 20.0, requests=4000, burstiness=0.25, seed=3))
+    assert ks_pvalue(ks_statistic(gaps, exp_cdf(20.0)), gaps.size) < 1e-6
+
+
+def test_gamma_cdf_known_values() -> None:
+    assert gamma_cdf(1.0, 2.0)(3.0) == pytest.approx(1 - math.exp(-1.5), abs=1e-12)
+    assert gamma_cdf(2.0, 1.0)(2.0) == pytest.approx(1 - 3 * math.exp(-2.0), abs=1e-12)  # Erlang-2
+    assert gamma_cdf(0.5, 1.0)(8.0) == pytest.approx(math.erf(math.sqrt(8.0)), abs=1e-10)
+
+
+def test_constant_gaps_are_exact_and_uniform() -> None:
+    t = arrival_times("constant", 8.0, duration_s=10.0)
+    assert t.size == 80 and t[0] == 0.0
+    assert np.allclose(np.diff(t), 0.125)
+    assert ks_statistic(t, lambda x: min(1.0, max(0.0, x / 10.0))) <= 1.0 / t.size + 1e-12
+
+
+def test_poisson_times_uniform_given_count() -> None:
+    t = arrival_times("poisson", 100.0, duration_s=40.0, seed=11)
+    assert abs(t.size - 4000) < 4 * math.sqrt(4000)
+    assert t.max() < 40.0
+    assert ks_pvalue(ks_statistic(t, lambda x: min(1.0, max(0.0, x / 40.0))), t.size) > 0.01
+
+
+def test_schedules_are_reproducible_and_seeds_differ() -> None:
+    a = arrival_times("poisson", 10.0, duration_s=30.0, seed=5)
+    assert np.array_equal(a, arrival_times("poisson", 10.0, duration_s=30.0, seed=5))
+    b = arrival_times("poisson", 10.0, duration_s=30.0, seed=6)
+    assert a.size != b.size or not np.array_equal(a, b)
+    # the duration form is the prefix of the same stream, however long
+    c = arrival_times("poisson", 10.0, duration_s=60.0, seed=5)
+    assert np.array_equal(c[: a.size], a)
+
+
+def test_worker_streams_are_independent() -> None:
+    rs = worker_rngs(3, 4)
+    draws = [r.exponential(1.0, 2000) for r in rs]
+    for i in range(4):
+        for j in range(i + 1, 4):
+            assert not np.allclose(draws[i][:50], draws[j][:50])
+            assert abs(np.corrcoef(draws[i], draws[j])[0, 1]) < 0.1
+    assert split_round_robin(7, 3) == [[0, 3, 6], [1, 4], [2, 5]]
+    # purposes are independent streams too
+    assert not np.allclose(rng_for(0, "input").random(10), rng_for(0, "output").random(10))
+
+
+def test_ramp_up_follows_the_linear_intensity() -> None:
+    t = arrival_times("constant", 100.0, duration_s=20.0, ramp_s=10.0)
+    # cumulative intensity: 100 t^2 / 20 in the ramp, then 100 (t - 5)
+    assert np.sum(t < 5.0) == pytest.approx(125, abs=1)
+    assert np.sum(t < 10.0) == pytest.approx(500, abs=1)
+    assert t.size == pytest.approx(1500, abs=1)
+    assert np.allclose(np.diff(t[t > 10.5]), 0.01)
+
+
+@pytest.mark.parametrize("kw, flag", [
+    ({"kind": "uniform", "rate": 1.0, "duration_s": 1.0}, "--arrival"),
+    ({"kind": "poisson", "rate": 0.0, "duration_s": 1.0}, "--rate"),
+    ({"kind": "poisson", "rate": 1.0}, "--duration"),
+    ({"kind": "gamma", "rate": 1.0, "duration_s": 1.0, "burstiness": 0.0}, "--burstiness"),
+])
+def test_bad_arrival_settings_name_the_flag(kw: dict, flag: str) -> None:
+    kind = kw.pop("kind")
+    rate = kw.pop("rate")
+    with pytest.raises(ConfigError, match=flag):
+        arrival_times(kind, rate, **kw)
+
+
+# ---- sizes -----------------------------------------------------------------------------------------------------
+def test_size_specs() -> None:
+    rng = np.random.default_rng(0)
+    assert (parse_size("128", "--input-tokens").draw(rng, 5) == 128).all()
+    assert (parse_size(64, "--input-tokens").draw(rng, 3) == 64).all()
+    u = parse_size("uniform:10,20", "--input-tokens").draw(rng, 5000)
+    assert u.min() == 10 and u.max() == 20
+    ln = parse_size("lognormal:512,0.5", "x").draw(rng, 20000)
+    assert abs(np.median(ln) / 512 - 1) < 0.03
+    n = parse_size("normal:300,30", "x").draw(rng, 20000)
+    assert abs(n.mean() - 300) < 2 and abs(n.std() - 30) < 2
+    assert (parse_size("normal:5,100", "x").draw(rng, 1000) >= 1).all()
+    a = parse_size("uniform:1,1000", "x").draw(np.random.default_rng(9), 50)
+    assert np.array_equal(a, parse_size("uniform:1,1000", "x").draw(np.random.default_rng(9), 50))
+
+
+@pytest.mark.parametrize("spec", ["zipf:3", "uniform:5", "uniform:9,3", "fixed:0", "abc", "normal:a,b", "12.5"])
+def test_bad_size_specs_name_the_flag(spec: str) -> None:
+    with pytest.raises(ConfigError, match="--input-tokens"):
+        parse_size(spec, "--input-tokens")
+
+
+# ---- SLO and goodput -------------------------------------------------------------------------------------------
+def test_parse_slo_forms() -> None:
+    s = parse_slo("ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s")
+    assert [(o.key, o.limit_ms) for o in s.objectives] == [("ttft_p90", 2000), ("tpot_p90", 60), ("e2e_p99", 30000)]
+    s = parse_slo("ttft_ms <= 2000 and tpot_ms <= 60")
+    assert [(o.key, o.limit_ms) for o in s.objectives] == [("ttft_max", 2000), ("tpot_max", 60)]
+    s = parse_slo("itl_max=200ms, e2e <= 3s, ttft_p99.9=1.5s")
+    assert [(o.key, o.limit_ms) for o in s.objectives] == [("itl_max", 200), ("e2e_max", 3000),
+                                                         ("ttft_p99.9", 1500)]
+
+
+@pytest.mark.parametrize("text", ["", "ttft_p90=2", "ttft_p90=2h", "latency_p90=2s", "ttft_p100=1s", "ttft_p90=0s",
+                                  "ttft_ms <= 2s", "ttft <= 2", "ttft_p90=1s,ttft_p90=2s", "ttft_p90 2s"])
+def test_bad_slo_strings_raise_config_error_naming_the_flag(text: str) -> None:
+    with pytest.raises(ConfigError, match="--slo"):
+        parse_slo(text)
+
+
+def _rec(i: int, ttft_ms: float, itl_ms: float, n_tokens: int, *, lag_ms: float = 0.0,
+         ok: bool = True) -> RequestRecord:
+    sent = 10_000_000_000 + i * 1_000_000
+    r = RequestRecord(f"r{i}", "chat", "m", queued_ns=sent, sent_ns=sent, scheduled_ns=sent - round(lag_ms * 1e6))
+    t = ttft_ms * 1e6
+    for _ in range(n_tokens):
+        r.events.append(Event(round(t), content=" w"))
+        t += itl_ms * 1e6
+    r.end_ns = round(t - itl_ms * 1e6)
+    r.done = True
+    r.usage = {"prompt_tokens": 10, "completion_tokens": n_tokens}
+    if not ok:
+        r.error, r.error_kind = "boom", "http_5xx"
+    return r
+
+
+def test_goodput_is_exact_on_synthetic_records() -> None:
+    recs = [
+        _rec(0, 100, 10, 11),                # meets both
+        _rec(1, 250, 10, 11),                # TTFT too slow
+        _rec(2, 100, 30, 11),                # TPOT 30 > 20
+        _rec(3, 150, 20, 21),                # meets (TPOT exactly 20)
+        _rec(4, 120, 10, 11, lag_ms=100),    # TTFT from schedule 220 > 200: a miss (coordinated omission)
+        _rec(5, 100, 10, 11, ok=False),      # failed
+        _rec(6, 50, 5, 1),                   # one token: TPOT undefined, meets
+        _rec(7, 199, 19, 6),                 # meets
+    ]
+    out = point_slo(recs, parse_slo("ttft_p90=200ms,tpot_p50=20ms"), 4.0)
+    g = out["goodput"]
+    assert g["rps"] == pytest.approx(4 / 4.0)
+    assert g["tok_s"] == pytest.approx((11 + 21 + 1 + 6) / 4.0)
+    assert g["met_fraction"] == pytest.approx(4 / 8)
+    # TTFT from schedule: 100, 250, 100, 150, 220, inf, 50, 199 -> p90 (nearest rank above, an inf present) = inf
+    assert out["slo"]["ttft_p90"] == {"value": None, "limit_ms": 200.0, "held": False}
+    # TPOT of the ok requests with 2+ tokens: 10, 10, 30, 20, 10, 19, and the failed one as inf: with an inf the
+    # percentile is the nearest rank above: sorted [10, 10, 10, 19, 20, 30, inf], rank ceil(0.5 * 7) = 4 -> 19
+    tp = out["slo"]["tpot_p50"]
+    assert tp["held"] is True and tp["value"] == pytest.approx(19.0)
+
+
+def test_percentile_slo_values_without_failures() -> None:
+    recs = [_rec(i, 100 + 10 * i, 10, 5) for i in range(10)]  # TTFT 100..190
+    out = point_slo(recs, parse_slo("ttft_p90=185ms,ttft_max=200ms,e2e_p50=200ms"), 2.0)
+    assert out["slo"]["ttft_p90"]["value"] == pytest.approx(float(np.percentile([100 + 10 * i for i in range(10)], 90)))
+    assert out["slo"]["ttft_p90"]["held"] is True  # 181
+    assert out["slo"]["ttft_max"]["value"] == pytest.approx(190) and out["slo"]["ttft_max"]["held"]
+    # e2e = ttft + 4 gaps of 10 ms
+    assert out["slo"]["e2e_p50"]["value"] == pytest.approx(145 + 40, abs=1e-3)
+    # per request every threshold applies: TTFT <= 185 and E2E (TTFT + 40) <= 200, so TTFT 100..160 meet: 7 of 10
+    assert out["goodput"]["met_fraction"] == pytest.approx(0.7)
+    assert out["goodput"]["rps"] == pytest.approx(3.5)
+
+
+# ---- capacity search on a synthetic oracle -------------------------------------------------------------------
+def _oracle(boundary: float, flaky_above: float | None = None):
+    """Passes up to ``boundary``; above ``flaky_above`` only the first trial at a load passes."""
+    calls: list[tuple[float, int]] = []
+
+    async def run_point(load: float, trial: int) -> dict:
+        calls.append((load, trial))
+        ok = load <= boundary and not (flaky_above is not None and load > flaky_above and trial > 0)
+        return {"slo_met": ok, "steady": ok, "throughput": {"completed_rps": min(load, boundary)},
+                "goodput": {"rps": min(load, boundary), "tok_s": 0.0, "met_fraction": 1.0 if ok else 0.0}}
+
+    return run_point, calls
+
+
+@pytest.mark.parametrize("boundary", [3.3, 22.87, 140.0])
+def test_search_brackets_the_boundary(boundary: float) -> None:
+    run_point, calls = _oracle(boundary)
+    doc = asyncio.run(search(SearchSettings(start=1.0, resolution=0.02, trials=3), run_point))
+    lo, hi = doc["interval"]
+    assert lo <= boundary < hi and hi / lo <= 1.02 + 1e-9
+    assert doc["boundary"] == pytest.approx(boundary, rel=0.02)
+    assert doc["safe"] == lo
+    assert doc["saturated_at"] is not None and doc["saturated_at"] > boundary
+    assert sum(1 for x, _ in calls if x == lo) == 3 and sum(1 for x, _ in calls if x == hi) == 3
+    assert doc["method"]["confidence"] == pytest.approx(confidence(3)) == pytest.approx(0.75)
+    assert all(set(p) >= {"load", "slo_met", "goodput"} for p in doc["points"])
+
+
+def test_search_moves_an_end_that_turns_mixed() -> None:
+    # between 16.2 and 16.5 the first trial passes and the second fails: the load bisection ends on turns mixed
+    # when confirmed, and the bracket's low end must move down to a load whose every trial passed
+    run_point, calls = _oracle(16.5, flaky_above=16.2)
+    doc = asyncio.run(search(SearchSettings(start=1.0, factor=2.0, resolution=0.02, trials=2), run_point))
+    lo, hi = doc["interval"]
+    assert lo <= 16.2 < 16.5 < hi
+    assert sum(1 for x, _ in calls if x == lo) == 2
+    assert lo <= doc["boundary"] <= hi
+
+
+def test_concurrency_search_uses_whole_numbers() -> None:
+    run_point, calls = _oracle(11.0)
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1, trials=2), run_point))
+    assert doc["interval"] == [11.0, 12.0] and doc["boundary"] == 11.0
+    assert all(x == int(x) for x, _ in calls)
+
+
+def test_search_reports_when_the_first_load_fails() -> None:
+    run_point, _ = _oracle(0.5)
+    doc = asyncio.run(search(SearchSettings(start=1.0), run_point))
+    assert doc["boundary"] is None and "lower --start" in doc["note"]
+
+
+# ---- traces and sim truth ----------------------------------------------------------------------------------------
+def test_sample_traces_are_reproducible(tmp_path: Path) -> None:
+    make_samples(tmp_path)
+    for name in ("mooncake-sample.jsonl", "azure-sample.csv"):
+        assert (tmp_path / name).read_text() == (TRACES / name).read_text()
+
+
+def test_trace_parsing_and_speed() -> None:
+    plan = load_trace(TRACES / "mooncake-sample.jsonl", block_tokens=64, speed=2.0)
+    assert plan[0].at_s == 0.0 and plan[1].at_s == pytest.approx(0.085)
+    assert plan[1].blocks == (4000, 4001, 4002, 100001) and plan[1].input_tokens == 244
+    az = load_trace(TRACES / "azure-sample.csv")
+    assert az[1].at_s == pytest.approx(0.169983, abs=1e-6) and (az[1].input_tokens, az[1].output_tokens) == (139, 16)
+
+
+def test_bad_traces_name_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2, "hash_ids": [1]}\n{"timestamp": 1}\n')
+    with pytest.raises(ConfigError, match="t.jsonl:2.*input_length"):
+        load_trace(bad)
+    csvf = tmp_path / "t.csv"
+    csvf.write_text("TIMESTAMP,ContextTokens\n1,2\n")
+    with pytest.raises(ConfigError, match="GeneratedTokens"):
+        load_trace(csvf)
+    with pytest.raises(ConfigError, match="--trace"):
+        load_trace(tmp_path / "missing.jsonl")
+
+
+def test_sim_truth_queueing_and_batch_steps() -> None:
+    cfg = SimConfig(decode_step_ms=10, decode_step_ms_per_seq=2, max_running=1, prefill_tok_s=1e12)
+    # two requests at once, one slot: the second waits for the first's 3 steps of t(1) = 12 ms
+    sim = T.simulate_load(cfg, [0, 0], 8, 3)
+    assert sim["first_ns"] == [12_000_000, 48_000_000] and sim["admit_ns"] == [0, 36_000_000]
+    cfg2 = cfg.replace(max_running=2)
+    sim2 = T.simulate_load(cfg2, [0, 0], 8, 3)  # batched: steps of t(2) = 14 ms
+    assert sim2["first_ns"] == [14_000_000, 14_000_000] and sim2["last_ns"] == [42_000_000, 42_000_000]
+    cfg3 = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
+    assert T.saturation_rps(cfg3, 32, 8) == pytest.approx(20.8333, rel=1e-4)
+    assert T.ttft_slo_boundary_rps(cfg3, 300, 32, 8) == pytest.approx(20.8333, rel=0.005)
+    assert T.ttft_quantile_ms(cfg3, 15.0, 32, 8) < 60 < T.ttft_quantile_ms(cfg3, 22.0, 32, 8)

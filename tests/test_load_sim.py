@@ -1,0 +1,255 @@
+"""bench.load against ``bench sim`` (in its own process, so the sim and the client do not share a GIL): schedule
+keeping, every request counted, trace replay (timing, sizes, shared blocks as the sim caches them), and the
+capacity search finding the sim's known boundary (bench.sim.truth). Kept short: seconds per point.
+
+Sim configuration of the capacity test: no prefill (``prefill_tok_s`` huge), ``max_running = 4``, steps of
+``t(b) = 20 + 1 * b`` ms, 8 output tokens: a request holds a slot for exactly 8 steps, so the engine serves at most
+``4 / (8 * 24 ms) = 20.83 req/s`` (``truth.saturation_rps``; ``truth.ttft_slo_boundary_rps`` gives the same for a
+TTFT p90 SLO of 300 ms with constant arrivals); above it the queue, hence TTFT, grows without bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.client import ClientSettings
+from bench.load.capacity import SearchSettings
+from bench.load.capacity_run import run_capacity
+from bench.load.point import LoadSettings, make_plan, run_load
+from bench.load.traces import load_trace
+from bench.profile import Profile
+from bench.records import read_records
+from bench.runner import Session
+from bench.sim import SimConfig
+from bench.sim import truth as T
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from simproc import SimProcess  # noqa: E402
+
+TRACES = Path(__file__).parent / "data" / "traces"
+PROFILE = Profile(name="t", max_tokens=4, warmup=0, overhead_probes=2)
+
+
+@pytest.fixture(scope="module")
+def fast_sim() -> Iterator[SimProcess]:
+    sim = SimProcess(decode_step_ms=2, prefill_tok_s=1e9, max_running=512)
+    try:
+        yield sim
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+
+
+def _run(base: str, ls: LoadSettings, out: Path, profile: Profile = PROFILE) -> dict[str, Any]:
+    return asyncio.run(run_load(base, profile, ClientSettings(), ls, out_dir=out)).to_dict()
+
+
+@pytest.mark.parametrize("rate, duration", [(1.0, 4.0), (10.0, 3.0), (100.0, 2.0)])
+def test_achieved_rate_within_1pct(fast_sim: SimProcess, tmp_path: Path, rate: float, duration: float) -> None:
+    ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16")
+    res = _run(fast_sim.base, ls, tmp_path)
+    c = res["cells"][0]
+    sc = c["schedule"]
+    assert sc["planned_requests"] == round(rate * duration)
+    assert sc["planned_rps"] == pytest.approx(rate, rel=1e-9)
+    assert sc["achieved_rps"] == pytest.approx(rate, rel=0.01)
+    assert c["counts"] == {"planned": sc["planned_requests"], "finished": sc["planned_requests"], "failed": 0, "cut": 0}
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    assert len(recs) == sc["planned_requests"]
+    t0 = min(r.scheduled_ns for r in recs if r.scheduled_ns is not None)
+    offs = sorted((r.scheduled_ns - t0) / 1e9 for r in recs if r.scheduled_ns is not None)
+    assert offs == pytest.approx([k / rate for k in range(len(recs))], abs=1e-6)
+    assert all(r.sent_ns >= r.scheduled_ns for r in recs if r.scheduled_ns is not None)
+    # probes (concurrency-style requests) carry no schedule
+    others = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") != "measure"]
+    assert others and all(r.scheduled_ns is None for r in others)
+
+
+def test_poisson_run_keeps_its_schedule(fast_sim: SimProcess, tmp_path: Path) -> None:
+    ls = LoadSettings(rate=100.0, requests=200, arrival="poisson", seed=3, input_tokens="uniform:8,64",
+                      output_tokens="uniform:2,6", slo="ttft_p90=2s,tpot_p90=100ms")
+    plan = make_plan(ls, 4)
+    c = _run(fast_sim.base, ls, tmp_path)["cells"][0]
+    assert c["schedule"]["planned_rps"] == pytest.approx((len(plan) - 1) / plan[-1].at_s, rel=1e-3)
+    assert c["schedule"]["achieved_rps"] == pytest.approx(c["schedule"]["planned_rps"], rel=0.01)
+    assert c["goodput"]["met_fraction"] == 1.0 and c["slo_met"] is True
+    assert set(c["slo"]) == {"ttft_p90", "tpot_p90"} and all(v["held"] for v in c["slo"].values())
+    recs = {r.meta["k"]: r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"}
+    for k, p in enumerate(plan):  # sizes: the sim counts every prompt word; output forced
+        assert recs[k].usage is not None
+        assert recs[k].usage["prompt_tokens"] == p.input_tokens
+        assert recs[k].usage["completion_tokens"] == p.output_tokens
+
+
+def test_requests_still_in_flight_are_cut_and_counted(tmp_path: Path) -> None:
+    sim = SimProcess(decode_step_ms=50, prefill_tok_s=1e9)
+    try:
+        ls = LoadSettings(rate=20.0, requests=6, arrival="constant", input_tokens="8", drain_s=0.2)
+        c = _run(sim.base, ls, tmp_path, Profile(name="t", max_tokens=200, warmup=0, overhead_probes=1))["cells"][0]
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    assert c["counts"] == {"planned": 6, "finished": 0, "failed": 0, "cut": 6}
+    assert any("cut" in w and "--drain" in w for w in c["warnings"])
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    assert len(recs) == 6 and all(r.error_kind == "cancelled" and r.scheduled_ns for r in recs)
+
+
+def _expected_cached(plan: list[Any], block_tokens: int, sim_block: int) -> list[int]:
+    """The sim's prefix cache (whole sim blocks of the token sequence; never the whole prompt), replayed on the
+    trace's structure: token j of a request is (hash id, position in its block), or unique past its blocks."""
+    seen: set[tuple[Any, ...]] = set()
+    out = []
+    for k, p in enumerate(plan):
+        toks: list[Any] = []
+        for h in p.blocks:
+            toks.extend((h, i) for i in range(min(block_tokens, p.input_tokens - len(toks))))
+        toks.extend(("own", k, i) for i in range(p.input_tokens - len(toks)))
+        keys, hit, matched = [], True, 0
+        for b in range(len(toks) // sim_block):
+            key = tuple(toks[: (b + 1) * sim_block])
+            if hit and key in seen:
+                matched += 1
+            else:
+                hit = False
+            keys.append(key)
+        seen.update(keys)
+        out.append(min(matched, (len(toks) - 1) // sim_block) * sim_block)
+    return out
+
+
+def test_mooncake_trace_replays_timing_sizes_and_shared_blocks(tmp_path: Path) -> None:
+    cfg = SimConfig(prefix_cache=True, prefix_block_tokens=16)
+    conf = tmp_path / "sim.toml"
+    conf.write_text("prefix_cache = true\nprefix_block_tokens = 16\ndecode_step_ms = 2.0\nprefill_tok_s = 1e6\n")
+    sim = SimProcess(config=conf)
+    trace = TRACES / "mooncake-sample.jsonl"
+    try:
+        ls = LoadSettings(mode="trace", trace=str(trace), block_tokens=64, speed=8.0)
+        c = _run(sim.base, ls, tmp_path / "out")["cells"][0]
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    plan = load_trace(trace, block_tokens=64, speed=8.0)
+    lines = [json.loads(x) for x in trace.read_text().splitlines()]
+    assert c["counts"]["finished"] == len(plan) == len(lines)
+    recs = {r.meta["k"]: r for r in read_records(tmp_path / "out" / "records.jsonl")
+            if r.meta.get("phase") == "measure"}
+    t0 = recs[0].scheduled_ns
+    want_cached = _expected_cached(plan, 64, 16)
+    for k, line in enumerate(lines):
+        r = recs[k]
+        want_s = (line["timestamp"] - lines[0]["timestamp"]) / 8000
+        assert (r.scheduled_ns - t0) / 1e9 == pytest.approx(want_s, abs=1e-6)
+        assert r.usage["prompt_tokens"] == line["input_length"]
+        assert r.usage["completion_tokens"] == line["output_length"]
+        assert r.usage["prompt_tokens_details"]["cached_tokens"] == want_cached[k], k
+    assert sum(want_cached) > 0
+    assert T.expected_cached_tokens(cfg, 100, 64) == 64
+    assert c["schedule"]["send_lag_ms"]["p50"] < 20
+
+
+def test_azure_trace_replays_timing_and_sizes(fast_sim: SimProcess, tmp_path: Path) -> None:
+    trace = TRACES / "azure-sample.csv"
+    ls = LoadSettings(mode="trace", trace=str(trace), speed=10.0)
+    c = _run(fast_sim.base, ls, tmp_path)["cells"][0]
+    rows = trace.read_text().splitlines()[1:]
+    plan = load_trace(trace, speed=10.0)
+    assert c["counts"]["finished"] == len(rows) == len(plan)
+    assert plan[1].at_s == pytest.approx(0.0169983, abs=1e-7)  # 18:00:00.1699830, 10x faster
+    recs = {r.meta["k"]: r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"}
+    t0 = recs[0].scheduled_ns
+    for k, (p, row) in enumerate(zip(plan, rows)):
+        _, ctx, gen = row.split(",")
+        assert (recs[k].scheduled_ns - t0) / 1e9 == pytest.approx(p.at_s, abs=1e-6)
+        assert recs[k].usage["prompt_tokens"] == int(ctx)
+        assert recs[k].usage["completion_tokens"] == int(gen)
+        assert recs[k].usage["prompt_tokens_details"]["cached_tokens"] == 0
+
+
+def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
+    cfg = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
+    truth = T.saturation_rps(cfg, 32, 8)
+    assert truth == pytest.approx(4 / (8 * 0.024))
+    assert T.ttft_slo_boundary_rps(cfg, 300, 32, 8) == pytest.approx(truth, rel=0.005)
+    sim = SimProcess(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
+
+    async def go() -> dict[str, Any]:
+        s = await Session.open(sim.base, ClientSettings(), Profile(name="cap", max_tokens=8, warmup=0,
+                                                                   overhead_probes=2), out_dir=tmp_path)
+        try:
+            ls = LoadSettings(duration_s=5.0, arrival="constant", input_tokens="32", slo="ttft_p90=300ms")
+            return await run_capacity(s, ls, SearchSettings(start=12, factor=1.5, resolution=0.02, trials=3),
+                                      out_dir=tmp_path)
+        finally:
+            await s.close()
+
+    try:
+        doc = asyncio.run(go())
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    lo, hi = doc["interval"]
+    seen = [(round(p["load"], 2), p["trial"], p["slo_met"], p["ttft_p90_ms"],
+             json.loads((Path(p["dir"]) / "point.json").read_text())["trend"]["ttft_from_schedule_ms"]["rise"])
+            for p in doc["points"]]
+    assert doc["boundary"] == pytest.approx(truth, rel=0.02), seen
+    assert lo <= truth <= hi, seen
+    assert doc["saturated_at"] is not None and doc["saturated_at"] > lo
+    saved = json.loads((tmp_path / "capacity.json").read_text())
+    assert saved["interval"] == doc["interval"] and saved["by"] == "rate"
+    for p in saved["points"]:
+        assert set(p["goodput"]) == {"rps", "tok_s", "met_fraction"}
+        assert (Path(p["dir"]) / "records.jsonl").is_file() and (Path(p["dir"]) / "point.json").is_file()
+
+
+def test_workers_keep_the_schedule(fast_sim: SimProcess, tmp_path: Path) -> None:
+    ls = LoadSettings(rate=50.0, duration_s=2.0, arrival="poisson", seed=1, input_tokens="16")
+    plan = make_plan(ls, 4)
+    res = asyncio.run(run_load(fast_sim.base, PROFILE, ClientSettings(), ls, out_dir=tmp_path, workers=2)).to_dict()
+    c = res["cells"][0]
+    assert res["run"]["workers"] == 2
+    assert c["counts"] == {"planned": len(plan), "finished": len(plan), "failed": 0, "cut": 0}
+    assert c["schedule"]["achieved_rps"] == pytest.approx(c["schedule"]["planned_rps"], rel=0.01)
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    t0 = min(r.scheduled_ns for r in recs if r.scheduled_ns is not None)
+    got = sorted((r.scheduled_ns - t0) / 1e9 for r in recs if r.scheduled_ns is not None)
+    assert got == pytest.approx([p.at_s for p in plan], abs=1e-6)
+    assert c["schedule"]["dispatch_lag_ms"]["p50"] is not None
+
+
+def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
+    conf = tmp_path / "sim.toml"
+    conf.write_text("prefix_cache = true\nprefix_block_tokens = 16\ndecode_step_ms = 2.0\nprefill_tok_s = 1e6\n")
+    sim = SimProcess(config=conf)
+    try:
+        ls = LoadSettings(mode="sessions", users=3, turns=3, think_s=0.05, stagger_s=0.05, input_tokens="40")
+        c = _run(sim.base, ls, tmp_path / "out", Profile(name="t", max_tokens=12, warmup=0, overhead_probes=1))
+        c = c["cells"][0]
+    finally:
+        sim.proc.terminate()
+        sim.proc.wait()
+    assert c["counts"] == {"planned": 9, "finished": 9, "failed": 0, "cut": 0}
+    recs = [r for r in read_records(tmp_path / "out" / "records.jsonl") if r.meta.get("phase") == "measure"]
+    by = {(r.meta["user"], r.meta["turn"]): r for r in recs}
+    for u in range(3):
+        prev = None
+        for t in range(3):
+            r = by[(u, t)]
+            assert r.scheduled_ns is not None and r.sent_ns >= r.scheduled_ns
+            p = r.usage["prompt_tokens"]
+            cached = r.usage["prompt_tokens_details"]["cached_tokens"]
+            # the sim caches the whole blocks of every earlier prompt: the previous turn's prompt is this one's prefix
+            assert cached == (0 if prev is None else (prev // 16) * 16), (u, t)
+            if prev is not None:
+                assert p > prev + 12  # history: the previous prompt, its 12-token answer, a new 40-token message
+            prev = p
+    assert [t["turn"] for t in c["turns"]] == [0, 1, 2]
+    assert c["turns"][0]["cached_share"] == 0 and c["turns"][2]["cached_share"] > 0.5
