@@ -166,8 +166,9 @@ def test_images_png_and_svg(run_dir: Path, tmp_path: Path) -> None:
     img = tmp_path / "img"
     assert main(["report", str(run_dir), "-o", str(tmp_path / "r.html"), "--images", str(img)]) == 0
     names = sorted(p.name for p in img.iterdir())
+    # the sim exposes /metrics, so the run's cells carry server_metrics and that figure is drawn too
     assert names == ["decode_vs_streams.png", "decode_vs_streams.svg", "depth.png", "depth.svg", "latency_cdf.png",
-                     "latency_cdf.svg"]
+                     "latency_cdf.svg", "server_metrics.png", "server_metrics.svg"]
     assert (img / "depth.png").read_bytes()[:4] == b"\x89PNG" and (img / "depth.png").stat().st_size > 10_000
     assert "<svg" in (img / "depth.svg").read_text(encoding="utf-8")[:500]
 

@@ -57,9 +57,9 @@ LB_P=${LB_P:-4096}; LB_N=${LB_N:-128}; LB_DEPTHS=${LB_DEPTHS:-0,4096,32768}; LB_
 LB_R=${LB_R:-3}; NPL=${NPL:-1,2,4,8}; NTG=${NTG:-400}
 DRAFTS=${DRAFTS:-auto}; DRAFT_CONFIGS=${DRAFT_CONFIGS:-off self small}; DRAFT_STREAMS=${DRAFT_STREAMS:-1,2,3,4}
 DRAFT_EXTRA=${DRAFT_EXTRA:---max-tokens 256 --repeats 4 --prompt prose}
-CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-150}
-CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 1 --max-points 8 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
-FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-180}
+CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-130}
+CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 1 --max-points 7 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
+FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # pure-Python wheels carried in .carry/ (prometheus-client for bench.server_metrics) import straight from the zip

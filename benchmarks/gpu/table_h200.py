@@ -392,17 +392,28 @@ def capacity(res: Res) -> list[str]:
            f"SLO {doc.get('slo', '-')}, by {doc.get('by', '-')}: boundary {doc.get('boundary', '-')}, interval "
            f"[{lo}, {hi}]" + ("" if not isinstance(conf, (int, float)) else f" (confidence {conf:.0%})")
            + f"; saturated at {doc.get('saturated_at', '-')}."]
-    out.append(f"Command: `bench capacity URL {_text(res.find('capacity.cmd')).strip() or '(see run_h200.sh CAP_ARGS)'}`")
+    out += ["", f"Command: `bench capacity URL {_text(res.find('capacity.cmd')).strip() or '(run_h200.sh CAP_ARGS)'}`", ""]
+    pts = [p for p in doc.get("points") or [] if isinstance(p, dict)]
+    rows = [[fnum(num(p.get("load")), 0), str(p.get("trial", "-")), fnum(num(p.get("achieved_rps")), 2),
+             fnum(num(p.get("ttft_p90_ms")), 0), fnum(num(p.get("tpot_p50_ms")), 2), fnum(num(p.get("per_user_tok_s"))),
+             fnum(num(p.get("aggregate_tok_s"))), "met" if p.get("slo_met") else "missed",
+             "yes" if p.get("steady") else "no"] for p in pts]
+    if rows:
+        out += table(["load", "trial", "achieved req/s", "TTFT p90 ms", "TPOT p50 ms", "per-user tok/s",
+                      "aggregate tok/s", "SLO", "steady"], rows)
     return out + [""]
 
 
 def fidelity(res: Res) -> list[str]:
-    text = _text(res.find("fidelity-h200.md"))
+    text, note = _text(res.find("fidelity-h200.md")), []
+    if not text:  # cut short by the call's limit: what it printed so far
+        text = _text(res.find("fidelity.out"))
+        note = ["(fidelity.py did not finish: its output so far, from fidelity.out)", ""] if text else []
     if not text:
         return []
     body = [("#" + x) if x.startswith("#") else x for x in text.splitlines()]
     return ["## bench's own timestamps on the H200 machine (issue 17: benchmarks/fidelity.py vs bench sim)", "",
-            *body, ""]
+            *note, *body, ""]
 
 
 DONE = {"llamabench": "lb-depth.json", "lbpp": "lb-pp.json", "batched": "batched.jsonl",
@@ -411,6 +422,8 @@ DONE = {"llamabench": "lb-depth.json", "lbpp": "lb-pp.json", "batched": "batched
 
 def done(res: Res, step: str) -> bool:
     """Whether a step's result is in the res folders (a later call may have done what an earlier one skipped)."""
+    if step == "drafts":
+        return bool(res.names("drafts-"))
     return res.find(DONE.get(step, f"{step}.ok")) is not None
 
 
