@@ -26,12 +26,20 @@ verdict        higher-better                    lower-better
 =============  ===============================  ===============================
 regression     ``hi < L``                       ``lo > L``
 inconclusive   ``lo < L <= hi``                 ``lo <= L < hi``
-improved       ``lo > 1`` (and not the above)   ``hi < 1`` (and not the above)
+improved       ``lo > 1 + t`` (and not above)   ``hi < 1 - t`` (and not above)
 unchanged      otherwise                        otherwise
 =============  ===============================  ===============================
 
-so a regression is declared only when the whole interval lies beyond the allowance. Exit codes
-(:func:`overall_exit`): 0 pass, 1 any regression, 2 any inconclusive and no regression.
+so a regression is declared only when the whole interval lies beyond the allowance, and an improvement only when
+the whole interval lies beyond ``t = max(allowance, MDE)`` on the better side (a change smaller than the allowance,
+or than what the data can resolve, is "unchanged"). Exit codes (:func:`overall_exit`): 0 pass, 1 any regression,
+2 any inconclusive and no regression.
+
+Each verdict with an interval also carries its *minimum detectable effect* (:func:`min_detectable_pct`): the
+smallest true change, in percent, that the comparison detects with probability :data:`POWER` at the measured noise,
+``MDE = (z_{1-tail} + z_{power}) * SE`` with ``SE = (hi - lo) / (2 z_{1-tail})`` read off the bootstrap interval
+(``tail`` the interval's own one-sided tail). When the MDE exceeds the rule's allowance, the gate cannot pass an
+unchanged candidate reliably; :func:`waves_needed` says how many waves would bring it under (noise ~ 1/sqrt(n)).
 """
 
 from __future__ import annotations
@@ -42,10 +50,13 @@ import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
+import numpy as np
+
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, ConfigError
-from .stats import bootstrap_ratio_ci, make_estimator
+from .stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
     "HIGHER_BETTER",
@@ -63,6 +74,9 @@ __all__ = [
     "compare",
     "compare_samples",
     "classify",
+    "min_detectable_pct",
+    "waves_needed",
+    "POWER",
     "overall_exit",
     "check_comparable",
     "load_results",
@@ -84,6 +98,7 @@ DEFAULT_GATE_TABLES: tuple[dict[str, Any], ...] = (
     {"metric": "decode_tok_s", "cell": "*", "stat": "median", "max_drop_pct": 5},
     {"metric": "ttft_ms", "cell": "*", "stat": "p90", "max_rise_pct": 10},
 )
+POWER = 0.80  # the probability with which the gate should detect a change of the minimum detectable effect
 MIN_SAMPLES = 2  # fewer on either side: inconclusive (a bootstrap of one value says nothing about spread)
 
 
@@ -159,6 +174,8 @@ class Verdict:
         level: the confidence level (0.95).
         n_baseline, n_candidate: sample counts behind each side.
         note: why a verdict is inconclusive without an interval (missing cell, too few samples...), else "".
+        mde_pct: the minimum detectable effect in percent (:func:`min_detectable_pct`; None without an interval).
+        waves: the candidate's measured waves behind ``n_candidate`` (None when unknown: one sample per wave).
     """
 
     rule: Rule
@@ -173,6 +190,8 @@ class Verdict:
     n_baseline: int
     n_candidate: int
     note: str = ""
+    mde_pct: float | None = None
+    waves: int | None = None
 
     @property
     def name(self) -> str:
@@ -184,8 +203,36 @@ class Verdict:
         """True for a regression or an inconclusive verdict (either fails the gate)."""
         return self.verdict in ("regression", "inconclusive")
 
+    @property
+    def resolution_ok(self) -> bool:
+        """False when the minimum detectable effect exceeds the rule's allowance (the data are too noisy for it)."""
+        return self.mde_pct is None or self.mde_pct <= self.rule.max_change_pct
+
+    @property
+    def waves_needed(self) -> int | None:
+        """Waves per side that would bring the MDE under the allowance (None when it already is, or never can)."""
+        if self.resolution_ok or self.mde_pct is None:
+            return None
+        return waves_needed(self.mde_pct, self.rule.max_change_pct, self.waves or self.n_candidate)
+
+    def resolution(self) -> str:
+        """A sentence when the MDE exceeds the allowance (how many waves would fix it), else ""."""
+        if self.resolution_ok or self.mde_pct is None:
+            return ""
+        now = self.waves or self.n_candidate
+        need = self.waves_needed
+        fix = (f"about {need} waves per side ({need - now} more than {now}) would resolve it" if need
+               else "no number of waves can resolve a zero allowance")
+        return (f"resolution: this comparison detects changes of {self.mde_pct:.1f} % (MDE at {POWER:.0%} power), "
+                f"more than the allowed {self.rule.max_change_pct:g} %; {fix}")
+
     def explain(self) -> str:
         """One sentence saying why the verdict is what it is (for JUnit messages and logs)."""
+        text = self._why()
+        extra = self.resolution()
+        return f"{text}. {extra}" if extra else text
+
+    def _why(self) -> str:
         r = self.rule
         if self.lo is None or self.hi is None:
             return f"{self.verdict}: {self.note}"
@@ -197,7 +244,8 @@ class Verdict:
             return (f"inconclusive: the {ci} straddles the limit {r.limit:.3f}; more samples "
                     f"(requests, or gate_budget_waves) can settle it")
         if self.verdict == "improved":
-            return f"improved: the whole {ci} is on the better side of 1"
+            t = max(r.max_change_pct, self.mde_pct or 0.0)
+            return f"improved: the whole {ci} is more than {t:.1f} % (allowance or MDE) on the better side of 1"
         return f"unchanged: the {ci} is within the allowance (limit {r.limit:.3f})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -208,7 +256,8 @@ class Verdict:
             "limit": self.rule.limit, "higher_better": self.rule.higher_better, "verdict": self.verdict,
             "baseline": self.baseline, "candidate": self.candidate, "ratio": self.ratio, "lo": self.lo,
             "hi": self.hi, "level": self.level, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
-            "note": self.note,
+            "note": self.note, "min_detectable_pct": self.mde_pct, "resolution_ok": self.resolution_ok,
+            "waves": self.waves, "waves_needed": self.waves_needed,
         }
 
 
@@ -363,20 +412,53 @@ def cell_samples(cell: Mapping[str, Any], metric: str) -> list[float]:
 # --- verdicts ----------------------------------------------------------------------------------------------------
 
 
-def classify(rule: Rule, lo: float, hi: float) -> str:
-    """Verdict of a ratio interval ``[lo, hi]`` under ``rule`` (table in the module docstring)."""
+def classify(rule: Rule, lo: float, hi: float, mde_pct: float = 0.0) -> str:
+    """Verdict of a ratio interval ``[lo, hi]`` under ``rule`` (table in the module docstring).
+
+    ``improved`` needs the whole interval beyond ``t = max(allowance, mde_pct)`` percent on the better side of 1.
+    """
     lim = rule.limit
+    t = max(rule.max_change_pct, mde_pct) / 100.0
     if rule.higher_better:
         if hi < lim:
             return "regression"
         if lo < lim:
             return "inconclusive"
-        return "improved" if lo > 1.0 else "unchanged"
+        return "improved" if lo > 1.0 + t else "unchanged"
     if lo > lim:
         return "regression"
     if hi > lim:
         return "inconclusive"
-    return "improved" if hi < 1.0 else "unchanged"
+    return "improved" if hi < 1.0 - t else "unchanged"
+
+
+def min_detectable_pct(lo: float, hi: float, n_baseline: int, n_candidate: int, level: float = 0.95,
+                       power: float = POWER) -> float:
+    """The minimum detectable effect, in percent of the ratio, of a comparison whose interval is ``[lo, hi]``.
+
+    ``SE = (hi - lo) / (2 z)`` with ``z = Phi^-1(1 - tail)``, ``tail`` the one-sided tail the interval was read at
+    (:func:`bench.stats.expanded_tail` for these sample counts); ``MDE = (z + Phi^-1(power)) * SE * 100``. A true
+    change of MDE percent puts the interval clear of 1 with probability ``power``; equally, an unchanged candidate
+    stays inside an allowance of MDE percent with that probability.
+    """
+    tail = expanded_tail(level, n_baseline, n_candidate) or (1.0 - level) / 2.0
+    nd = NormalDist()
+    z = nd.inv_cdf(1.0 - tail)
+    se = max(hi - lo, 0.0) / (2.0 * z)
+    return (z + nd.inv_cdf(power)) * se * 100.0
+
+
+def waves_needed(mde_pct: float, allowance_pct: float, waves: int) -> int | None:
+    """Waves per side that bring an MDE of ``mde_pct`` (measured with ``waves``) down to ``allowance_pct``.
+
+    Noise falls like ``1/sqrt(n)``, so ``ceil(waves * (mde / allowance)^2)``; ``waves`` itself when the MDE is
+    already within the allowance; None for a zero allowance (no finite number of waves reaches it).
+    """
+    if mde_pct <= allowance_pct:
+        return max(waves, 1)
+    if allowance_pct <= 0:
+        return None
+    return max(math.ceil(max(waves, 1) * (mde_pct / allowance_pct) ** 2 - 1e-9), max(waves, 1) + 1)
 
 
 def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
@@ -387,16 +469,17 @@ def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
 
 def compare_samples(
     rule: Rule, cell: str, base: Sequence[float], cand: Sequence[float], *, level: float = 0.95, seed: int = 0,
-    resamples: int = 4000,
+    resamples: int = 4000, waves: int | None = None,
 ) -> Verdict:
     """The verdict of ``rule`` for one cell from the two sides' raw samples.
 
     Fewer than 2 samples on a side, or a non-positive baseline statistic, gives ``inconclusive`` with a note.
+    ``waves``: the candidate's measured waves (for :attr:`Verdict.waves_needed`; default one sample per wave).
     """
     nb, nc = len(base), len(cand)
 
     def point(xs: Sequence[float]) -> float | None:
-        return float(make_estimator(rule.stat)([list(xs)])[0]) if xs else None
+        return float(make_estimator(rule.stat)(np.asarray([list(xs)], dtype=float))[0]) if xs else None
 
     if nb < MIN_SAMPLES or nc < MIN_SAMPLES:
         bv, cv = point(base), point(cand)
@@ -408,7 +491,9 @@ def compare_samples(
                                                    seed=_seed(seed, rule, cell))
     except ValueError as e:
         return Verdict(rule, cell, "inconclusive", point(base), point(cand), None, None, None, level, nb, nc, str(e))
-    return Verdict(rule, cell, classify(rule, lo, hi), bv, cv, ratio, lo, hi, level, nb, nc)
+    mde = min_detectable_pct(lo, hi, nb, nc, level)
+    return Verdict(rule, cell, classify(rule, lo, hi, mde), bv, cv, ratio, lo, hi, level, nb, nc, "", mde,
+                   waves if waves else nc)
 
 
 def compare(
@@ -438,7 +523,8 @@ def compare(
                 bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
                 if not bs and not cs:
                     continue
-                out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+                out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
+                                           waves=_waves(ccells[cid])))
             continue
         cid = rule.cell
         missing = [side for side, cells in (("baseline", bcells), ("candidate", ccells)) if cid not in cells]
@@ -447,8 +533,15 @@ def compare(
                                f"cell {cid} is not in the {' nor the '.join(missing)} run"))
             continue
         bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
-        out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+        out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
+                                   waves=_waves(ccells[cid])))
     return out
+
+
+def _waves(cell: Mapping[str, Any]) -> int | None:
+    # A cell's measured waves (the re-measure unit); None when the summary does not say.
+    w = cell.get("waves")
+    return int(w) if isinstance(w, (int, float)) and _is_num(w) and w > 0 else None
 
 
 def overall_exit(verdicts: Sequence[Verdict]) -> int:
