@@ -144,11 +144,13 @@ def replay(case_file: str, as_json: bool) -> None:
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
+@click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
+              help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @client_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
-        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, model: str | None,
-        api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+        prefix_cache: bool | None, out_dir: str | None, workers: int, as_json: bool, progress_every: float,
+        model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
     \b
@@ -187,24 +189,30 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from .runner import default_out_dir
 
         out = Path(out_dir) if out_dir else default_out_dir(prof)
-        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers)
+        results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
+                                     progress_every=progress_every)
     _print_results(results, out, as_json)
 
 
 def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
-                       workers: int = 1) -> Any:
+                       workers: int = 1, progress_every: float = 30.0) -> Any:
     from .report.console import stderr
-    from .report.progress import QuietObserver, RichObserver
+    from .report.progress import PlainObserver, QuietObserver, RichObserver
     from .runner import RunInterrupted, run_profile
 
     async def go() -> Any:
-        if quiet or not stderr.is_terminal:
+        obs: Any
+        if not quiet and not sys.stdout.isatty():  # a log: plain lines on stdout
+            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr)
+        elif quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
                                      observer=QuietObserver(stderr), workers=workers)
-        with RichObserver(stderr, len(prof.cells())) as obs:
+        else:
+            obs = RichObserver(stderr, len(prof.cells()))
+        with obs:
             async def ticker() -> None:
                 while True:
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(min(0.5, progress_every / 4))
                     obs.tick()
 
             t = asyncio.create_task(ticker())
@@ -232,13 +240,12 @@ def _print_results(results: Any, out: Any, as_json: bool) -> None:
     if as_json:
         click.echo(to_json(results), nl=False)
         return
-    stdout.print(results_table(results))
+    stdout.print(results_table(results, width=stdout.width))
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
-    for w in results.get("warnings", []):
-        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False, soft_wrap=True)
-    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False,
-                 soft_wrap=True)
+    for w in results.get("warnings", []):  # wrapped at the console's width ($COLUMNS), at spaces
+        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
+    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False)
 
 
 @cli.command()

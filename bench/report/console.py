@@ -2,17 +2,30 @@
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
-__all__ = ["stdout", "stderr", "request_table"]
+__all__ = ["stdout", "stderr", "request_table", "results_table", "console_width"]
 
-# Not a terminal (a pipe, a file, CI logs): no wrapping at 80 columns, so tables stay readable when saved.
-stdout = Console(width=None if sys.stdout.isatty() else 220)
-stderr = Console(stderr=True, width=None if sys.stderr.isatty() else 220)
+
+def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
+    """The width to render for: ``$COLUMNS`` when set; else the terminal's (None: rich asks it); else 220.
+
+    Not a terminal (a pipe, a file, CI logs) and no ``$COLUMNS``: 220, so tables stay readable when saved.
+    """
+    cols = (os.environ if environ is None else environ).get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    return None if stream.isatty() else 220
+
+
+stdout = Console(width=console_width(sys.stdout))
+stderr = Console(stderr=True, width=console_width(sys.stderr))
 
 _ROWS: list[tuple[str, str, str]] = [
     ("ok", "ok", ""),
@@ -62,16 +75,25 @@ def request_table(m: dict[str, Any], title: str) -> Table:
     return t
 
 
-def results_table(results: dict[str, Any]) -> Table:
-    """The final per-cell table of a run (same rows as the Markdown report)."""
-    from .export import table_rows
+def results_table(results: dict[str, Any], width: int | None = None) -> RenderableType:
+    """The final per-cell table of a run (same rows as the Markdown report).
+
+    With ``width`` narrower than the table needs with every figure whole (:func:`bench.report.export.table_width`),
+    a stacked layout instead: one block per cell, ``label value`` fields wrapped at ``width`` (figures never split).
+    """
+    from .export import stacked_lines, table_rows, table_width
 
     head, rows = table_rows(results)
     prof = results.get("profile", {}).get("name")
     model = results.get("endpoint", {}).get("model")
-    t = Table(title=f"bench: profile {prof} on {model}", header_style="bold", show_lines=False)
-    for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
+    title = f"bench: profile {prof} on {model}"
+    if width is not None and width < table_width(head, rows):
+        return Group(*(Text(line, no_wrap=True, overflow="ignore") for line in stacked_lines(results, width, title)))
+    t = Table(title=title, header_style="bold", show_lines=False)
+    fit = width is not None and width < table_width(head, rows, natural=True)
+    for i, h in enumerate(head):  # squeezed: each column as wide as its widest value (headers wrap at spaces)
+        w = max([len(r[i]) for r in rows] + [len(x) for x in h.split()]) if fit else None
+        t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold", width=w)
     for r in rows:
         t.add_row(*r)
     return t

@@ -10,11 +10,13 @@ import csv
 import io
 import json
 import os
+import textwrap
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["to_json", "to_csv", "to_markdown", "headline", "write_results", "CSV_COLUMNS"]
+__all__ = ["to_json", "to_csv", "to_markdown", "headline", "write_results", "CSV_COLUMNS", "table_rows",
+           "table_width", "stacked_lines"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -95,6 +97,44 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     return head, rows
 
 
+def table_width(head: list[str], rows: list[list[str]], natural: bool = False) -> int:
+    """Columns the per-cell table needs with every value whole: the widest value or header word of each column
+    (headers wrap at their spaces), plus rich's padding and borders (3 per column, 1 more at the edge).
+    ``natural``: the width with headers on one line instead."""
+    need = 1
+    for i, h in enumerate(head):
+        word = len(h) if natural else max((len(w) for w in h.split()), default=1)
+        need += max([word, *(len(r[i]) for r in rows)]) + 3
+    return need
+
+
+def stacked_lines(results: dict[str, Any], width: int, title: str | None = None) -> list[str]:
+    """The per-cell table stacked for a narrow terminal: per cell a line ``cell id`` then its ``label: value``
+    fields (the table's own headers and cells) joined with ``;`` and wrapped at ``width`` between fields; a field
+    wider than ``width`` puts its value on the next line (wrapped at spaces, never inside a number)."""
+    head, rows = table_rows(results)
+    out: list[str] = textwrap.wrap(title, width) if title else []
+    for c, r in zip(results.get("cells", []), rows):
+        out.append(f"{c['id']}")
+        line = ""
+        for h, v in zip(head[3:], r[3:]):
+            field = f"{h}: {v}"
+            if line and len(line) + 2 + len(field) <= width:
+                line += "; " + field
+                continue
+            if line:
+                out.append(line)
+            line = "  " + field
+            if len(line) > width:  # the label on its line, the value under it (wrapped at spaces only if need be)
+                out += textwrap.wrap(f"{h}:", width, initial_indent="  ", subsequent_indent="  ")
+                out += textwrap.wrap(v, width, initial_indent="    ", subsequent_indent="    ",
+                                     break_long_words=False)
+                line = ""
+        if line:
+            out.append(line)
+    return out
+
+
 def headline(results: dict[str, Any]) -> list[str]:
     """Sentences in the shape serving recipes publish, from whichever cells exist.
 
@@ -102,7 +142,7 @@ def headline(results: dict[str, Any]) -> list[str]:
     at each stream count (depth 0, first prompt type).
     """
     cells = results.get("cells", [])
-    out = []
+    out: list[str] = []
     if not cells:
         return out
     kind = cells[0]["prompt"]
@@ -111,8 +151,8 @@ def headline(results: dict[str, Any]) -> list[str]:
     if one and one["decode_tok_s"]["median"] is not None:
         out.append(f"single stream, short decode: {_n(one['decode_tok_s']['median'])} tok/s")
     deep = sorted({c["depth"] for c in cells if c["depth"] > 0})
-    after = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
-    after = [(d, c) for d, c in after if c is not None]
+    found = [(d, next((c for c in cells if c["depth"] == d and c["streams"] == 1), None)) for d in deep]
+    after = [(d, c) for d, c in found if c is not None]
     if after:
         out.append("decode after a " + " / ".join(_depth(d) for d, _ in after) + " prompt: "
                    + " / ".join(_n(c["decode_tok_s"]["median"]) for _, c in after) + " tok/s")

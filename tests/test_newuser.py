@@ -1,0 +1,174 @@
+"""Tests of issue 13's "first hour" points: plain progress lines in a log, output that fits 80 columns, the probe's
+unique prefix, slot and noise warnings, leftover temp files, and docs that match the code."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+ROOT = Path(__file__).resolve().parent.parent
+
+PROFILE = """name = "tiny"
+max_tokens = 40
+requests = 2
+warmup = 1
+overhead_probes = 1
+
+[[sweep]]
+depths = [0]
+streams = [1, 2]
+prompts = ["prose"]
+"""
+
+
+@pytest.fixture(scope="module")
+def piped_run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    """``bench run`` against bench sim with stdout a pipe and COLUMNS=80; stdout read line by line as it comes."""
+    from bench.sim import SimConfig, running_sim
+
+    d = tmp_path_factory.mktemp("piped")
+    prof = d / "tiny.toml"
+    prof.write_text(PROFILE)
+    out = d / "res"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "80", "TMPDIR": str(d / "tmp")}
+    (d / "tmp").mkdir()
+    with running_sim(SimConfig(decode_step_ms=20.0)) as url:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench", "run", url, "-p", str(prof), "--out", str(out), "--progress-every", "0.2"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, text=True, cwd=ROOT)
+        assert proc.stdout is not None and proc.stderr is not None
+        lines: list[tuple[str, bool]] = []  # (line, the process was still running when it arrived)
+        for line in iter(proc.stdout.readline, ""):
+            lines.append((line.rstrip("\n"), proc.poll() is None))
+        err = proc.stderr.read()
+        proc.wait(timeout=60)
+    yield {"rc": proc.returncode, "lines": lines, "stderr": err, "out": out, "tmp": d / "tmp"}
+
+
+# --- non-TTY progress --------------------------------------------------------------------------------------------
+
+
+def test_progress_lines_come_while_the_run_runs(piped_run):
+    assert piped_run["rc"] == 0, piped_run["stderr"]
+    lines = piped_run["lines"]
+    prog = [(ln, live) for ln, live in lines if ln.startswith("bench: [")]
+    starts = [ln for ln, _ in prog if " started: " in ln]
+    dones = [ln for ln, _ in prog if " done in " in ln]
+    assert len(starts) == 2 and len(dones) == 2, lines
+    assert all("decode " in ln and "tok/s/stream" in ln for ln in dones)
+    assert "d0-s1-prose started" in starts[0] and "d0-s2-prose" in starts[1]
+    assert any("requests," in ln for ln, _ in prog)  # the periodic line inside a cell (every 0.2 s here)
+    assert prog[0][1] and prog[1][1]  # read while bench was still running, not dumped at the end
+
+
+def test_plain_observer_interval():
+    import io
+
+    from bench.profile import Cell
+    from bench.report.progress import PlainObserver
+
+    buf = io.StringIO()
+    cell = Cell(sweep="s", depth=0, streams=1, prompt="prose", max_tokens=8, requests=2)
+    obs = PlainObserver(buf, 1, interval_s=0.05, width=80)
+    obs.tick()
+    assert buf.getvalue() == ""  # no cell yet: nothing
+    obs.cell_started(cell, 2)
+    obs.tick()
+    assert buf.getvalue().count("\n") == 1  # within the interval: nothing more
+    time.sleep(0.06)
+    obs.tick()
+    assert "0/2 requests" in buf.getvalue().splitlines()[-1]
+    obs.cell_done(cell, {"decode_tok_s": {"median": 1234.56}, "aggregate_decode_tok_s": {"median": None},
+                         "requests_failed": 0})
+    assert "decode 1,234.6 tok/s/stream" in buf.getvalue().splitlines()[-1]
+
+
+# --- output that fits 80 columns ---------------------------------------------------------------------------------
+
+
+def _fmt(v: float) -> str:
+    from bench.report.export import _n
+
+    return _n(v)
+
+
+def test_cli_output_fits_80_columns_and_keeps_each_decode_figure(piped_run):
+    out_lines = [ln for ln, _ in piped_run["lines"]]
+    err_lines = piped_run["stderr"].splitlines()
+    wide = [ln for ln in out_lines + err_lines if len(ln) > 80]
+    assert not wide, wide
+    text = "\n".join(out_lines)
+    res = json.loads((piped_run["out"] / "results.json").read_text())
+    for c in res["cells"]:
+        d = c["decode_tok_s"]
+        assert f"{_fmt(d['median'])} [{_fmt(d['p10'])}-{_fmt(d['p90'])}]" in text, (c["id"], text)
+
+
+def _wide_results(piped_run) -> dict[str, Any]:
+    res = json.loads((piped_run["out"] / "results.json").read_text())
+    cells = []
+    for i, (depth, streams, prompt) in enumerate([(131072, 128, "structured"), (32768, 64, "code"), (0, 1, "json")]):
+        c = json.loads(json.dumps(res["cells"][0]))
+        c.update(id=f"d{depth}-s{streams}-{prompt}", depth=depth, streams=streams, prompt=prompt)
+        c["decode_tok_s"].update(median=12345.6 + i, p10=11111.1, p90=13999.9)
+        c["ttft_ms"].update(median=123456.0, p90=234567.0, p99=345678.0)
+        c["aggregate_decode_tok_s"]["median"] = 987654.3
+        cells.append(c)
+    res["cells"] = cells
+    res["endpoint"]["model"] = "meta-llama/Llama-3.1-405B-Instruct-FP8-dynamic-with-a-very-long-name"
+    return res
+
+
+@pytest.mark.parametrize("width", [60, 80, 119])
+def test_results_table_stacks_below_its_width(piped_run, width):
+    from bench.report.console import results_table
+    from bench.report.export import table_rows, table_width
+
+    res = _wide_results(piped_run)
+    con = Console(width=width, record=True, color_system=None)
+    con.print(results_table(res, width=con.width))
+    lines = con.export_text().splitlines()
+    assert lines and max(len(ln) for ln in lines) <= width, lines
+    text = "\n".join(lines)
+    head, rows = table_rows(res)
+    assert table_width(head, rows) > width
+    for r in rows:
+        for value in r[3:]:  # every figure whole (the cell id stands for depth, streams and prompt)
+            assert value in text, (value, text)
+    assert all(c["id"] in text for c in res["cells"])
+
+
+def test_results_table_is_the_full_table_when_it_fits(piped_run):
+    from bench.report.console import results_table
+    from bench.report.export import table_rows, table_width
+
+    res = _wide_results(piped_run)
+    head, rows = table_rows(res)
+    need = table_width(head, rows)
+    con = Console(width=need, record=True, color_system=None)
+    con.print(results_table(res, width=con.width))
+    lines = con.export_text().splitlines()
+    assert max(len(ln) for ln in lines) <= need
+    text = "\n".join(lines)
+    assert "┃" in text or "│" in text  # a table, not the stacked view
+    for r in rows:
+        assert all(v in text for v in r)
+
+
+def test_console_width_reads_columns():
+    import io
+
+    from bench.report.console import console_width
+
+    assert console_width(io.StringIO(), {"COLUMNS": "80"}) == 80
+    assert console_width(io.StringIO(), {}) == 220  # not a terminal: wide, so saved logs keep their tables
+    assert console_width(io.StringIO(), {"COLUMNS": "x"}) == 220
