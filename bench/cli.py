@@ -19,9 +19,6 @@ from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError
 
-PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="bench")
@@ -58,10 +55,13 @@ def cli(verbose: bool, io: str) -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True, help="Output tokens asked.")
 @click.option("--prompt", "prompt_text", default=None,
               help="Prompt text (default: a short-story request; for completions, the start of a story).")
+@click.option("--same-prompt", is_flag=True, help="Send the prompt without bench's unique prefix (it may come from "
+              "the server's prefix cache: cached tokens are reported and prefill is marked not measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object on stdout, nothing else.")
 @client_options
-def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str | None, as_json: bool,
-          model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str | None, same_prompt: bool,
+          as_json: bool, model: str | None, api_key_env: str, connect_timeout: float,
+          read_timeout: float | None) -> None:
     """Send one streaming request and print its measurement.
 
     Prints TTFT, time to first content, decode tok/s, ITL, TPOT, E2E, token counts and prefill tok/s of a single
@@ -70,30 +70,32 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     """
     from .client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from .metrics import request_metrics
+    from .probe import probe_body, probe_report
+    from .server_info import discover_server
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
-    if endpoint_kind == "chat":
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": prompt_text or PROBE_PROMPT}]}
-    else:
-        body = {"prompt": prompt_text or PROBE_COMPLETION_PROMPT}
-    body.update({"max_tokens": max_tokens, "temperature": 0})
 
     async def go(base: str) -> Any:
         async with make_http_client(settings) as client:
             name = model or await discover_model(client, base, settings.api_key)
+            backend = (await discover_server(client, base)).get("backend")
+            body = probe_body(endpoint_kind, prompt_text, max_tokens, same_prompt=same_prompt, backend=backend)
             return await stream_request(client, base, RequestSpec("probe-0", endpoint_kind, body),
                                         model=name, secret=settings.api_key)
 
     with endpoint(url, parallel=1) as base:
         rec = asyncio.run(go(base))
-    _print_record(rec, request_metrics(rec), as_json, f"probe {base} ({endpoint_kind})")
+    d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
+    _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)
 
 
-def _print_record(rec: Any, m: Any, as_json: bool, title: str) -> None:
-    from .report.console import request_table, stdout
+def _print_record(rec: Any, m: Any, as_json: bool, title: str, warnings: list[str] | None = None) -> None:
+    from .report.console import request_table, stderr, stdout
 
-    d = m.to_dict()
+    d = m if isinstance(m, dict) else m.to_dict()
+    for w in warnings or []:
+        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
     if as_json:
         d.update({"endpoint": rec.endpoint, "model": rec.model, "usage": rec.usage, "timings": rec.timings})
         click.echo(json.dumps(d, ensure_ascii=False))

@@ -172,3 +172,60 @@ def test_console_width_reads_columns():
     assert console_width(io.StringIO(), {"COLUMNS": "80"}) == 80
     assert console_width(io.StringIO(), {}) == 220  # not a terminal: wide, so saved logs keep their tables
     assert console_width(io.StringIO(), {"COLUMNS": "x"}) == 220
+
+
+# --- bench probe: a unique prefix, or cached tokens reported ------------------------------------------------------
+
+
+def test_probe_body_unique_prefix_and_llama_cache_flag():
+    from bench.probe import PROBE_PROMPT, probe_body
+
+    a = probe_body("chat", None, 16, probe_id="a")
+    b = probe_body("chat", None, 16, probe_id="b")
+    ca, cb = a["messages"][0]["content"], b["messages"][0]["content"]
+    assert ca.endswith(PROBE_PROMPT) and cb.endswith(PROBE_PROMPT) and ca[:5] != cb[:5]
+    assert "cache_prompt" not in a
+    assert probe_body("chat", None, 16, backend="llama.cpp")["cache_prompt"] is False
+    same = probe_body("completions", "hello", 8, same_prompt=True, backend="llama.cpp")
+    assert same == {"prompt": "hello", "max_tokens": 8, "temperature": 0}
+
+
+def test_probe_report_marks_prefill_not_measured():
+    from bench.probe import probe_report
+
+    d, w = probe_report({"cached_tokens": 0, "prompt_tokens": 60, "prefill_tok_s": 100.0}, same_prompt=False)
+    assert d["prefill_measured"] is True and d["prefill_tok_s"] == 100.0 and d["cached_tokens"] == 0 and not w
+    d, w = probe_report({"cached_tokens": 45, "prompt_tokens": 46, "prefill_tok_s": 0.39}, same_prompt=True)
+    assert d["prefill_measured"] is False and d["prefill_tok_s"] is None and d["cached_tokens"] == 45
+    assert "45 of 46" in d["prefill_not_measured"] and "--same-prompt" in w[0]
+    d, w = probe_report({"cached_tokens": 50, "prompt_tokens": 60, "prefill_tok_s": 9.0}, same_prompt=False)
+    assert d["prefill_measured"] is False and "--prompt" in w[0]
+
+
+def _probe_json(url: str, *extra: str) -> dict[str, Any]:
+    out = subprocess.run([sys.executable, "-m", "bench", "probe", url, "--json", "--max-tokens", "8", *extra],
+                         capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_probe_twice_against_a_prefix_cache():
+    from bench.sim import SimConfig, running_sim
+
+    long = "Tell me about lighthouses and the people who kept them, in some detail please. " * 3
+    with running_sim(SimConfig(prefix_cache=True, prefix_block_tokens=4, decode_step_ms=1.0)) as url:
+        first, second = _probe_json(url, "--prompt", long), _probe_json(url, "--prompt", long)
+        assert first["cached_tokens"] == 0 and second["cached_tokens"] == 0  # unique prefix: nothing reused
+        assert second["prefill_measured"] is True and second["prefill_tok_s"]
+        s1, s2 = (_probe_json(url, "--prompt", long, "--same-prompt") for _ in range(2))
+        assert s2["cached_tokens"] > 0 and s2["prefill_measured"] is False and s2["prefill_tok_s"] is None
+        assert "prefill_not_measured" in s2 and s1["same_prompt"] is True
+
+
+@pytest.mark.engine
+def test_probe_twice_against_llama_server(llama_server):
+    assert _probe_json(llama_server)["cached_tokens"] >= 0
+    assert _probe_json(llama_server)["cached_tokens"] == 0  # unique prefix and cache_prompt false: header too
+    _probe_json(llama_server, "--same-prompt")
+    again = _probe_json(llama_server, "--same-prompt")
+    assert again["cached_tokens"] > 0 and again["prefill_measured"] is False
