@@ -36,14 +36,21 @@ async def _get_json(client: httpx.AsyncClient, url: str) -> Any:
     return None
 
 
+def _slot_count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any]:
     """Probe ``/v1/models``, ``/props`` (llama.cpp), ``/version`` (vLLM), ``/get_model_info`` (SGLang).
 
     Returns ``{"models": [{"id", "owned_by", "context_size"}], "backend": str | None, "context_size": int | None,
-    "routes": [names that answered], "version": str | None}``.
+    "routes": [names that answered], "version": str | None, "slots": int | None}``; ``slots`` is the number of
+    requests the server decodes at once where it says so (llama.cpp ``/props`` ``total_slots``, else the length of
+    its ``/slots`` list), else None.
     """
     root = root_url(base)
-    info: dict[str, Any] = {"models": [], "backend": None, "context_size": None, "routes": [], "version": None}
+    info: dict[str, Any] = {"models": [], "backend": None, "context_size": None, "routes": [], "version": None,
+                            "slots": None}
     models = await _get_json(client, f"{base}/models")
     ctx = None
     if isinstance(models, dict) and isinstance(models.get("data"), list):
@@ -66,6 +73,12 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
         ctx = n_ctx or ctx
         info["slots"] = props.get("total_slots")
         info["version"] = props.get("build_info")
+    if info["backend"] == "llama.cpp" and not _slot_count(info.get("slots")):
+        slots = await _get_json(client, f"{root}/slots")
+        if isinstance(slots, list) and slots and all(isinstance(x, dict) for x in slots):
+            info["routes"].append("slots")
+            info["slots"] = len(slots)
+    info["slots"] = _slot_count(info.get("slots"))
     version = await _get_json(client, f"{root}/version")
     if isinstance(version, dict) and "version" in version:
         info["routes"].append("version")

@@ -229,3 +229,164 @@ def test_probe_twice_against_llama_server(llama_server):
     _probe_json(llama_server, "--same-prompt")
     again = _probe_json(llama_server, "--same-prompt")
     assert again["cached_tokens"] > 0 and again["prefill_measured"] is False
+
+
+# --- slots and queueing ------------------------------------------------------------------------------------------
+
+
+def test_slot_warnings():
+    from bench.queueing import slot_warnings
+
+    [w] = slot_warnings({"id": "d0-s8-prose", "streams": 8}, {"slots": 4})
+    assert "slots" in w and "8" in w and "4" in w and "-np 8" in w and w.startswith("d0-s8-prose")
+    assert slot_warnings(4, {"slots": 4}) == []
+    assert slot_warnings(8, {"slots": None}) == [] and slot_warnings(8, {}) == [] and slot_warnings(8, None) == []
+
+
+def test_detect_queueing_synthetic():
+    from bench.queueing import detect_queueing
+
+    queued = [[(50.0, 1000.0)] * 4 + [(1050.0, 2000.0)] * 4 for _ in range(3)]
+    d = detect_queueing(queued, 8)
+    assert d is not None and d["detected"] and d["est_slots"] == 4 and d["queued_requests"] == 12
+    assert d["step_ms"] == pytest.approx(1000.0)
+    staggered = [[(100.0, 1500.0), (200.0, 1600.0), (300.0, 1700.0), (400.0, 1800.0)]] * 3  # serial prefill
+    d = detect_queueing(staggered, 4)
+    assert d is not None and not d["detected"] and d["queued_requests"] == 0
+    assert detect_queueing([[(1.0, 2.0)]], 1) is None
+
+
+def _sim_run(tmp_path: Path, max_running: int, streams: int) -> tuple[list[Any], str]:
+    from bench.cli import main
+    from bench.records import read_records
+    from bench.sim import SimConfig, running_sim
+
+    prof = tmp_path / f"q{max_running}.toml"
+    prof.write_text(f'name = "q"\nmax_tokens = 20\nrequests = {2 * streams}\nwarmup = 0\noverhead_probes = 1\n'
+                    f'[[sweep]]\ndepths = [0]\nstreams = [{streams}]\nprompts = ["prose"]\n')
+    out = tmp_path / f"res{max_running}"
+    with running_sim(SimConfig(decode_step_ms=10.0, max_running=max_running)) as url:
+        assert main(["run", url, "-p", str(prof), "--out", str(out), "--json"]) == 0
+    return read_records(out / "records.jsonl"), f"d0-s{streams}-prose"
+
+
+@pytest.mark.parametrize("max_running, want", [(2, True), (8, False)])
+def test_queueing_detected_from_records_of_the_sim(tmp_path, capsys, max_running, want):
+    from bench.queueing import queueing_summary, waves_of_cell
+
+    recs, cid = _sim_run(tmp_path, max_running, 4)
+    waves = waves_of_cell(recs, cid)
+    assert len(waves) == 2 and all(len(w) == 4 for w in waves)
+    q = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": None})
+    assert q["source"] == "records" and q["detection"]["detected"] is want, q
+    if want:
+        assert q["detection"]["est_slots"] == 2 and "slots" in q["warnings"][0] and "4 streams" in q["warnings"][0]
+    else:
+        assert q["warnings"] == []
+    known = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": 2})
+    assert known["source"] == "server" and "4 streams but the server has 2 slots" in known["warnings"][0]
+
+
+def test_discover_server_reads_slots():
+    import asyncio
+
+    import httpx
+
+    from bench.server_info import discover_server
+
+    def handler(props: dict[str, Any], slots: Any):
+        def h(req: httpx.Request) -> httpx.Response:
+            if req.url.path == "/v1/models":
+                return httpx.Response(200, json={"data": [{"id": "m", "owned_by": "llamacpp"}]})
+            if req.url.path == "/props":
+                return httpx.Response(200, json=props)
+            if req.url.path == "/slots" and slots is not None:
+                return httpx.Response(200, json=slots)
+            return httpx.Response(404)
+        return h
+
+    async def go(props: dict[str, Any], slots: Any) -> dict[str, Any]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler(props, slots))) as c:
+            return await discover_server(c, "http://x/v1")
+
+    assert asyncio.run(go({"total_slots": 4, "default_generation_settings": {}}, None))["slots"] == 4
+    info = asyncio.run(go({"default_generation_settings": {"n_ctx": 512}}, [{"id": 0}, {"id": 1}, {"id": 2}]))
+    assert info["slots"] == 3 and "slots" in info["routes"]
+    assert asyncio.run(go({"default_generation_settings": {}}, None))["slots"] is None
+
+
+@pytest.mark.engine
+def test_llama_server_slots(llama_server):
+    import asyncio
+
+    import httpx
+
+    from bench.queueing import slot_warnings
+    from bench.server_info import discover_server
+
+    async def go() -> dict[str, Any]:
+        async with httpx.AsyncClient() as c:
+            return await discover_server(c, llama_server)
+
+    server = asyncio.run(go())
+    assert server["slots"] == 4  # the fixture's -np 4
+    assert "8 streams but the server has 4 slots" in slot_warnings(8, server)[0]
+
+
+# --- noise shown, and the --cache-ram note ------------------------------------------------------------------------
+
+
+def test_cell_noise_spread_and_waves_needed():
+    from bench.noise import cell_noise, noise_warnings
+
+    quiet = cell_noise([100.0, 100.5, 99.5, 100.2], [100.0, 100.1, 99.9, 100.2, 99.8, 100.0, 100.1, 99.9], 0.05)
+    assert quiet["waves"] == 4 and quiet["spread_pct"] == pytest.approx(1.0, abs=0.01)
+    assert quiet["ci_wide"] is False and quiet["waves_needed"] is None and quiet["target_ci_pct"] == 5.0
+    assert noise_warnings("c", quiet) == []
+    vals = [80.0, 120.0, 90.0, 110.0, 70.0, 130.0, 100.0, 95.0]
+    noisy = cell_noise([100.0, 90.0, 110.0, 97.0], vals, 0.02)
+    assert noisy["ci_wide"] is True and noisy["ci_half_pct"] > 2.0
+    assert noisy["waves_needed"] == max(int(-(-4 * (noisy["ci_half_pct"] / 2.0) ** 2 // 1)), 5)
+    [w] = noise_warnings("d0-s1-prose", noisy, max_waves=8)
+    assert "target_ci = 0.02" in w and f"about {noisy['waves_needed']} waves" in w and "max_waves" in w
+    off = cell_noise([100.0, 90.0], vals, 0.0)
+    assert off["ci_wide"] is False and off["target_ci_pct"] is None and off["ci_half_pct"] is not None
+    assert cell_noise([], [], 0.05)["spread_pct"] is None
+
+
+def test_noise_is_marked_in_table_and_csv(piped_run):
+    from bench.report.export import table_rows, to_csv, to_markdown
+
+    res = json.loads((piped_run["out"] / "results.json").read_text())
+    res["cells"][0]["noise"] = {"ci_wide": True, "ci_half_pct": 7.5, "spread_pct": 12.0, "waves_needed": 9}
+    _, rows = table_rows(res)
+    assert rows[0][4].endswith(" ~") and not rows[1][4].endswith("~")
+    csv_lines = to_csv(res).splitlines()
+    head = csv_lines[0].split(",")
+    first = csv_lines[1].split(",")
+    assert first[head.index("decode_ci_wide")] == "True" and first[head.index("decode_waves_needed")] == "9"
+    assert "target_ci" in to_markdown(res)
+
+
+def test_wave_medians_from_sim_records(tmp_path, capsys):
+    from bench.noise import cell_noise, wave_medians
+    from bench.queueing import waves_of_cell
+
+    recs, cid = _sim_run(tmp_path, 8, 2)
+    waves = waves_of_cell(recs, cid)
+    per_wave = wave_medians(recs, waves)
+    assert len(per_wave) == 2 and all(abs(x - 100.0) < 5 for x in per_wave)  # 10 ms steps: 100 tok/s
+    n = cell_noise(per_wave, [x for x in per_wave], 0.5)
+    assert n["waves"] == 2 and n["ci_wide"] is False
+
+
+def test_cache_ram_warning():
+    from bench.noise import cache_ram_warnings
+
+    cell = {"id": "d2048-s1-prose", "depth": 2048, "overhead_ms": 20.0, "ttft_ms": {"median": 1400.0},
+            "ttft_minus_server_prompt_ms": {"median": 900.0}}
+    [w] = cache_ram_warnings(cell)
+    assert "--cache-ram 0" in w and "900 ms" in w and "1400 ms" in w
+    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": 30.0}}) == []  # healthy
+    assert cache_ram_warnings({**cell, "depth": 0}) == []
+    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": None}}) == []

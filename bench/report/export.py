@@ -34,6 +34,8 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("server_prefill_tok_s_p50", "server_prefill_tok_s", "median"), ("overhead_ms", "overhead_ms", None),
     ("prompt_tokens_p50", "prompt_tokens", "median"), ("output_tokens_p50", "output_tokens", "median"),
     ("tokens_per_event_p50", "tokens_per_event", "median"), ("cached_tokens", "cached_tokens", None),
+    ("decode_wave_spread_pct", "noise", "spread_pct"), ("decode_ci_half_pct", "noise", "ci_half_pct"),
+    ("decode_ci_wide", "noise", "ci_wide"), ("decode_waves_needed", "noise", "waves_needed"),
 ]
 
 
@@ -85,9 +87,10 @@ def table_rows(results: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
         thin = "*" if "p99" in t.get("thin", []) else ""
         pt = c["prompt_tok_s"]["median"] if c["depth"] else None
         ptc = c["prompt_tok_s_corrected"]["median"] if c["depth"] else None
+        wide = " ~" if (c.get("noise") or {}).get("ci_wide") else ""
         rows.append([
             _depth(c["depth"]), str(c["streams"]), c["prompt"], f"{c['requests_ok']}/{c['requests_failed']}",
-            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]",
+            f"{_n(d['median'])} [{_n(d['p10'])}-{_n(d['p90'])}]{wide}",
             _n(c["aggregate_decode_tok_s"]["median"]),
             f"{_n(t['median'], 0)} / {_n(t['p90'], 0)} / {_n(t['p99'], 0)}{thin}",
             f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.get("overhead_flag") and c["depth"] else ""),
@@ -187,7 +190,8 @@ def to_markdown(results: dict[str, Any]) -> str:
     for r in rows:
         lines.append("| " + " | ".join(r) + " |")
     lines.append("")
-    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT.")
+    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT; ~ the decode CI is "
+                 "wider than the profile's target_ci (the cell's `noise`: waves that would meet it).")
     warns = results.get("warnings") or []
     if warns:
         lines.append("")
