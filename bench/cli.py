@@ -187,10 +187,10 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     max_streams = max(c.streams for c in cells)
     max_depth = max(c.depth for c in cells)
     ctx = max(8192, max_streams * (max_depth + max(c.max_tokens for c in cells) + 512))
-    with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx) as base:
-        from .runner import default_out_dir
+    from .runner import default_out_dir
 
-        out = Path(out_dir) if out_dir else default_out_dir(prof)
+    out = Path(out_dir) if out_dir else default_out_dir(prof)
+    with endpoint(url, parallel=max(4, max_streams), ctx_size=ctx, log_dir=out) as base:  # server log kept in out
         results = _run_with_progress(base, prof, settings, out, model, quiet=as_json, workers=workers,
                                      progress_every=progress_every)
     _print_results(results, out, as_json)

@@ -390,3 +390,58 @@ def test_cache_ram_warning():
     assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": 30.0}}) == []  # healthy
     assert cache_ram_warnings({**cell, "depth": 0}) == []
     assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": None}}) == []
+
+
+# --- nothing left in the temp folder ------------------------------------------------------------------------------
+
+
+def test_a_run_leaves_nothing_in_the_temp_dir(piped_run):
+    assert piped_run["rc"] == 0
+    assert list(piped_run["tmp"].iterdir()) == []  # bench run used TMPDIR=this folder
+
+
+def test_engine_log_is_temporary_or_kept_in_the_folder(tmp_path, monkeypatch):
+    import tempfile
+
+    from bench import engine
+
+    class FakeProc:
+        returncode = 0
+
+        def __init__(self, *a: Any, **k: Any) -> None:
+            pass
+
+        def poll(self) -> int | None:
+            return None
+
+        def terminate(self) -> None:
+            pass
+
+        def wait(self, timeout: float | None = None) -> int:
+            return 0
+
+    class Ok:
+        status_code = 200
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(engine, "find_server_binary", lambda: Path("/bin/true"))
+    monkeypatch.setattr(engine, "find_model", lambda: Path("/dev/null"))
+    monkeypatch.setattr(engine.subprocess, "Popen", FakeProc)
+    monkeypatch.setattr(engine.httpx, "get", lambda *a, **k: Ok())
+    with engine.LocalEngine() as eng:
+        assert eng.log_path.parent == tmp_path / "tmp" and eng.log_path.exists()
+    assert list((tmp_path / "tmp").iterdir()) == []
+    with engine.LocalEngine(log_dir=tmp_path / "res") as eng:
+        pass
+    assert (tmp_path / "res" / "llama-server.log").exists() and list((tmp_path / "tmp").iterdir()) == []
+
+
+@pytest.mark.engine
+def test_embedded_probe_leaves_nothing_in_the_temp_dir(tmp_path):
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    out = subprocess.run([sys.executable, "-m", "bench", "probe", "--json", "--max-tokens", "4"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+    assert out.returncode == 0, out.stderr
+    assert list(tmp.iterdir()) == []
