@@ -565,3 +565,23 @@ def test_llama_server_runs_the_tiny_model(tiny_model):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_readme_fidelity_figures_are_those_of_fidelity_md():
+    import re
+
+    readme = (ROOT / "README.md").read_text()
+    fid = (ROOT / "benchmarks" / "results" / "fidelity.md").read_text()
+    assert "~5k events/s" not in readme
+    bullets = [b for b in readme.split("\n- ") if "events/s" in b and "fidelity.md" in b]
+    assert bullets
+    pattern = r"(?<![\w.])\d[\d,]*(?:\.\d+)?(?![\w])"
+    have = {float(x.replace(",", "")) for x in re.findall(pattern, fid)}
+    for b in bullets:
+        b = b.replace("\n", " ")
+        for num in re.findall(pattern, b):
+            if len(num) < 3:
+                continue
+            dec = len(num.split(".")[1]) if "." in num else 0
+            x = float(num.replace(",", ""))
+            assert any(round(h, dec) == x for h in have), f"README figure {num} is not in fidelity.md: {b[:120]}"
