@@ -236,6 +236,7 @@ def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str
 
 
 def _print_results(results: Any, out: Any, as_json: bool) -> None:
+    from .queueing import slot_warnings
     from .report.console import results_table, stderr, stdout
     from .report.export import headline, to_json
 
@@ -245,7 +246,10 @@ def _print_results(results: Any, out: Any, as_json: bool) -> None:
     stdout.print(results_table(results, width=stdout.width))
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
-    for w in results.get("warnings", []):  # wrapped at the console's width ($COLUMNS), at spaces
+    warns = list(results.get("warnings", []))
+    for c in results.get("cells", []):  # streams beyond the server's slots (until the run loop records it)
+        warns += [w for w in slot_warnings(c, results.get("server")) if w not in warns]
+    for w in warns:  # wrapped at the console's width ($COLUMNS), at spaces
         stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
     stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False)
 

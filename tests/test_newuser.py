@@ -585,3 +585,17 @@ def test_readme_fidelity_figures_are_those_of_fidelity_md():
             dec = len(num.split(".")[1]) if "." in num else 0
             x = float(num.replace(",", ""))
             assert any(round(h, dec) == x for h in have), f"README figure {num} is not in fidelity.md: {b[:120]}"
+
+
+@pytest.mark.engine
+def test_run_warns_when_streams_exceed_the_slots(llama_server, tmp_path):
+    prof = tmp_path / "over.toml"
+    prof.write_text('name = "over"\nmax_tokens = 8\nrequests = 8\nwarmup = 0\noverhead_probes = 1\n'
+                    '[[sweep]]\ndepths = [0]\nstreams = [8]\nprompts = ["prose"]\n')
+    out = subprocess.run([sys.executable, "-m", "bench", "run", llama_server, "-p", str(prof), "--out",
+                          str(tmp_path / "res")], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr
+    assert "d0-s8-prose: 8 streams but the server has 4 slots" in out.stderr.replace("\n", " ")
+    res = json.loads((tmp_path / "res" / "results.json").read_text())
+    assert res["server"]["slots"] == 4
