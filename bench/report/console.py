@@ -10,7 +10,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["stdout", "stderr", "request_table", "results_table", "console_width"]
+__all__ = ["stdout", "stderr", "request_table", "results_table", "results_text", "console_width"]
 
 
 def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
@@ -97,3 +97,17 @@ def results_table(results: dict[str, Any], width: int | None = None) -> Renderab
     for r in rows:
         t.add_row(*r)
     return t
+
+
+def results_text(results: dict[str, Any], width: int = 80) -> str:
+    """What ``bench run`` prints on stdout at the end, as plain text for a ``width``-column terminal: the per-cell
+    table (stacked when narrow) and the headline lines (README's sample is this, tested)."""
+    import io
+
+    from .export import headline
+
+    con = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+    con.print(results_table(results, width=width))
+    for h in headline(results):
+        con.print(f"  {h}", highlight=False)
+    return "\n".join(line.rstrip() for line in con.export_text().splitlines())
