@@ -599,3 +599,23 @@ def test_run_warns_when_streams_exceed_the_slots(llama_server, tmp_path):
     assert "d0-s8-prose: 8 streams but the server has 4 slots" in out.stderr.replace("\n", " ")
     res = json.loads((tmp_path / "res" / "results.json").read_text())
     assert res["server"]["slots"] == 4
+
+
+def test_end_of_run_output_fits_80_columns_with_long_warnings(piped_run, monkeypatch):
+    import io
+
+    from bench import cli
+    from bench.report import console
+
+    res = _wide_results(piped_run)
+    res["warnings"] = ["d131072-s128-structured: " + "a long warning that names its cause and its fix " * 4]
+    res["server"] = {"slots": 4}
+    out, err = io.StringIO(), io.StringIO()
+    monkeypatch.setattr(console, "stdout", Console(file=out, width=80, color_system=None))
+    monkeypatch.setattr(console, "stderr", Console(file=err, width=80, color_system=None))
+    cli._print_results(res, Path("bench-results/20261201-000000-a-long-profile-name-for-a-long-path"), False)
+    lines = out.getvalue().splitlines() + err.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= 80, [ln for ln in lines if len(ln) > 80]
+    text = " ".join(err.getvalue().split())
+    assert "128 streams but the server has 4 slots" in text  # the slots warning, wrapped but whole
+    assert "12,346 [11,111-14,000]" in out.getvalue()
