@@ -72,7 +72,12 @@ class Tally:
         self.mde: dict[str, list[float]] = {k: [] for k in WANT}
 
     def add(self, scenario: str, code: int, verdicts: list[Any]) -> None:
-        """One gate's outcome."""
+        """One gate's outcome (also printed at once, so a long run shows its progress)."""
+        dec = [v for v in verdicts if v.rule.metric == "decode_tok_s"]
+        detail = (f"decode ratio {dec[0].ratio:.3f} [{dec[0].lo:.3f}, {dec[0].hi:.3f}] MDE {dec[0].mde_pct:.1f} %"
+                  if dec and dec[0].lo is not None and dec[0].mde_pct is not None else "")
+        print(f"  {scenario}: exit {code}, {', '.join(v.verdict for v in verdicts)}; {detail}", file=sys.stderr,
+              flush=True)
         self.codes[scenario].append(code)
         self.verdicts[scenario].update(v.verdict for v in verdicts)
         self.mde[scenario] += [v.mde_pct for v in verdicts if v.rule.metric == "decode_tok_s" and v.mde_pct]
