@@ -16,10 +16,11 @@ minimum detectable effect (MDE) of the decode rule, and writes the same table to
 
     python benchmarks/gate_real.py                       # 10 rounds (10 warm + 10 fresh self-gates, 2 x 10
                                                          # reversed, 10 + 10 slowdown gates): about 1-2 hours
-    python benchmarks/gate_real.py --rounds 1 --quick    # a smoke run: one round, 4 requests per cell
+    python benchmarks/gate_real.py --rounds 1 --quick    # a smoke run: one round, 4 short requests per cell
 
 On a shared 2-core machine the threads comparison is not a clean slowdown (other jobs take the cores), and a full
-run takes long: run it on a quiet machine with at least 4 cores.
+run takes long (on the project's shared 2-core VM at load ~9, one round of the default profile did not finish in
+25 minutes: a 1K-token prompt took ~36 s): run it on a quiet machine with at least 4 cores.
 """
 
 from __future__ import annotations
@@ -133,7 +134,11 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="4 requests per cell (a smoke run)")
     ap.add_argument("--out", default=None, help="write the Markdown table here (e.g. benchmarks/results/gate_real.md)")
     a = ap.parse_args()
-    spec = dict(PROFILE, requests=4, gate_budget_waves=2) if a.quick else PROFILE
+    spec = PROFILE
+    if a.quick:  # a smoke run: fewer, shorter requests and a shorter prompt
+        spec = dict(PROFILE, requests=4, gate_budget_waves=2, max_tokens=24,
+                    sweep=[PROFILE["sweep"][0], dict(PROFILE["sweep"][1], depths=["512"], requests=4)],
+                    gate=[PROFILE["gate"][0], dict(PROFILE["gate"][1], cell="d512-s1-prose")])
     prof = parse_profile(spec, "gate-real")
     rules, _ = profile_rules(prof)
     tally = Tally()

@@ -619,3 +619,17 @@ def test_end_of_run_output_fits_80_columns_with_long_warnings(piped_run, monkeyp
     text = " ".join(err.getvalue().split())
     assert "128 streams but the server has 4 slots" in text  # the slots warning, wrapped but whole
     assert "12,346 [11,111-14,000]" in out.getvalue()
+
+
+def test_readme_sample_is_what_bench_run_prints():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("readme_sample", ROOT / "benchmarks" / "readme_sample.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    found = mod.sample_block((ROOT / "README.md").read_text())
+    assert found is not None, "README has no '<!-- sample: PATH -->' block"
+    path, block = found
+    assert block == mod.render(path), "README's sample is stale: python benchmarks/readme_sample.py PATH --write"
+    assert max(len(ln) for ln in block.splitlines()) <= 80
