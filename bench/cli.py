@@ -198,14 +198,14 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
 def _run_with_progress(base: str, prof: Any, settings: Any, out: Any, model: str | None, quiet: bool,
                        workers: int = 1, progress_every: float = 30.0) -> Any:
-    from .report.console import stderr
+    from .report.console import stderr, stdout
     from .report.progress import PlainObserver, QuietObserver, RichObserver
     from .runner import RunInterrupted, run_profile
 
     async def go() -> Any:
         obs: Any
         if not quiet and not sys.stdout.isatty():  # a log: plain lines on stdout
-            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr)
+            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr, width=stdout.width)
         elif quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, model=model,
                                      observer=QuietObserver(stderr), workers=workers)

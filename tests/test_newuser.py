@@ -633,3 +633,19 @@ def test_readme_sample_is_what_bench_run_prints():
     path, block = found
     assert block == mod.render(path), "README's sample is stale: python benchmarks/readme_sample.py PATH --write"
     assert max(len(ln) for ln in block.splitlines()) <= 80
+
+
+def test_plain_progress_lines_wrap_at_the_width():
+    import io
+
+    from bench.profile import Cell
+    from bench.report.progress import PlainObserver
+
+    buf = io.StringIO()
+    cell = Cell(sweep="s", depth=131072, streams=128, prompt="structured", max_tokens=8, requests=2)
+    obs = PlainObserver(buf, 12, interval_s=30, width=40)
+    obs.cell_started(cell, 256)
+    obs.cell_done(cell, {"decode_tok_s": {"median": 12345.6}, "aggregate_decode_tok_s": {"median": 987654.3},
+                         "requests_failed": 3})
+    lines = buf.getvalue().splitlines()
+    assert max(len(ln) for ln in lines) <= 40 and "12,345.6" in buf.getvalue() and "987,654.3" in buf.getvalue()
