@@ -44,8 +44,8 @@ def main(argv: list[str]) -> int:
         readme = (ROOT / "README.md").read_text(encoding="utf-8")
         marker = f"<!-- sample: {argv[0]} -->\n```\n"
         start = readme.index(marker) + len(marker)
-        end = readme.index("\n```", start)
-        (ROOT / "README.md").write_text(readme[:start] + text + readme[end:], encoding="utf-8")
+        end = readme.index("```", start)  # the closing fence (the block itself never holds one)
+        (ROOT / "README.md").write_text(readme[:start] + text + "\n" + readme[end:], encoding="utf-8")
     return 0
 
 
