@@ -214,7 +214,8 @@ class Verdict:
         """Waves per side that would bring the MDE under the allowance (None when it already is, or never can)."""
         if self.resolution_ok or self.mde_pct is None:
             return None
-        return waves_needed(self.mde_pct, self.rule.max_change_pct, self.waves or self.n_candidate)
+        return waves_needed(self.mde_pct, self.rule.max_change_pct, self.waves or self.n_candidate,
+                            self.rule.higher_better)
 
     def resolution(self) -> str:
         """A sentence when the MDE exceeds the allowance (how many waves would fix it), else ""."""
@@ -223,7 +224,8 @@ class Verdict:
         now = self.waves or self.n_candidate
         need = self.waves_needed
         fix = (f"about {need} waves per side ({need - now} more than {now}) would resolve it" if need
-               else "no number of waves can resolve a zero allowance")
+               else "no number of waves can resolve a zero allowance" if self.rule.max_change_pct <= 0
+               else "the noise is too large to say how many waves would resolve it")
         return (f"resolution: this comparison detects changes of {self.mde_pct:.1f} % (MDE at {POWER:.0%} power), "
                 f"more than the allowed {self.rule.max_change_pct:g} %; {fix}")
 
@@ -434,32 +436,46 @@ def classify(rule: Rule, lo: float, hi: float, mde_pct: float = 0.0) -> str:
 
 
 def min_detectable_pct(lo: float, hi: float, n_baseline: int, n_candidate: int, level: float = 0.95,
-                       power: float = POWER) -> float:
+                       power: float = POWER, higher_better: bool | None = None) -> float:
     """The minimum detectable effect, in percent of the ratio, of a comparison whose interval is ``[lo, hi]``.
 
-    ``SE = (hi - lo) / (2 z)`` with ``z = Phi^-1(1 - tail)``, ``tail`` the one-sided tail the interval was read at
-    (:func:`bench.stats.expanded_tail` for these sample counts); ``MDE = (z + Phi^-1(power)) * SE * 100``. A true
-    change of MDE percent puts the interval clear of 1 with probability ``power``; equally, an unchanged candidate
-    stays inside an allowance of MDE percent with that probability.
+    ``z = Phi^-1(1 - tail)``, ``tail`` the one-sided tail the interval was read at (:func:`bench.stats.expanded_tail`
+    for these sample counts), ``k = z + Phi^-1(power)``. With ``higher_better`` given the interval is read on the log
+    scale, where a ratio's spread does not grow with the ratio: ``SE = (ln hi - ln lo) / (2 z)``, and the MDE is the
+    change in the rule's worse direction, ``1 - exp(-k SE)`` (a drop, higher-better) or ``exp(k SE) - 1`` (a rise).
+    With ``higher_better`` None, linearly: ``SE = (hi - lo) / (2 z)``, ``MDE = k SE`` (the same near a ratio of 1).
+    A true change of MDE percent puts the interval clear of 1 with probability ``power``; equally, an unchanged
+    candidate stays inside an allowance of MDE percent with that probability.
     """
     tail = expanded_tail(level, n_baseline, n_candidate) or (1.0 - level) / 2.0
     nd = NormalDist()
     z = nd.inv_cdf(1.0 - tail)
-    se = max(hi - lo, 0.0) / (2.0 * z)
-    return (z + nd.inv_cdf(power)) * se * 100.0
+    k = z + nd.inv_cdf(power)
+    if higher_better is None or lo <= 0 or hi <= 0:
+        return k * max(hi - lo, 0.0) / (2.0 * z) * 100.0
+    se = max(math.log(hi) - math.log(lo), 0.0) / (2.0 * z)
+    return (1.0 - math.exp(-k * se) if higher_better else math.exp(k * se) - 1.0) * 100.0
 
 
-def waves_needed(mde_pct: float, allowance_pct: float, waves: int) -> int | None:
+def _log_change(pct: float, higher_better: bool | None) -> float:
+    if higher_better is None:
+        return pct
+    return -math.log(1.0 - pct / 100.0) if higher_better else math.log(1.0 + pct / 100.0)
+
+
+def waves_needed(mde_pct: float, allowance_pct: float, waves: int, higher_better: bool | None = None) -> int | None:
     """Waves per side that bring an MDE of ``mde_pct`` (measured with ``waves``) down to ``allowance_pct``.
 
-    Noise falls like ``1/sqrt(n)``, so ``ceil(waves * (mde / allowance)^2)``; ``waves`` itself when the MDE is
-    already within the allowance; None for a zero allowance (no finite number of waves reaches it).
+    Noise falls like ``1/sqrt(n)``, so ``ceil(waves * (mde / allowance)^2)``, the two read on the log scale of
+    :func:`min_detectable_pct` when ``higher_better`` is given; ``waves`` itself when the MDE is already within the
+    allowance; None for a zero allowance (no finite number of waves reaches it).
     """
     if mde_pct <= allowance_pct:
         return max(waves, 1)
-    if allowance_pct <= 0:
+    if allowance_pct <= 0 or (higher_better and mde_pct >= 100.0):
         return None
-    return max(math.ceil(max(waves, 1) * (mde_pct / allowance_pct) ** 2 - 1e-9), max(waves, 1) + 1)
+    ratio = _log_change(mde_pct, higher_better) / _log_change(allowance_pct, higher_better)
+    return max(math.ceil(max(waves, 1) * ratio ** 2 - 1e-9), max(waves, 1) + 1)
 
 
 def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
@@ -492,7 +508,7 @@ def compare_samples(
                                                    seed=_seed(seed, rule, cell))
     except ValueError as e:
         return Verdict(rule, cell, "inconclusive", point(base), point(cand), None, None, None, level, nb, nc, str(e))
-    mde = min_detectable_pct(lo, hi, nb, nc, level)
+    mde = min_detectable_pct(lo, hi, nb, nc, level, higher_better=rule.higher_better)
     return Verdict(rule, cell, classify(rule, lo, hi, mde), bv, cv, ratio, lo, hi, level, nb, nc, "", mde,
                    waves if waves else nc)
 

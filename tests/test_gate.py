@@ -507,10 +507,12 @@ def test_resolution_says_how_many_waves_fix_it():
     assert waves_needed(4.0, 5.0, 8) == 8
     assert waves_needed(5.01, 5.0, 8) == 9
     assert waves_needed(3.0, 0.0, 8) is None
+    assert waves_needed(10.0, 5.0, 8, True) == 34  # on the log scale: (ln 0.90 / ln 0.95)^2 = 4.22
+    assert waves_needed(10.0, 5.0, 8, False) == 31  # (ln 1.10 / ln 1.05)^2 = 3.82
     rng = np.random.default_rng(2)
     v = compare_samples_v(_lognormal(rng, 100, 16, 0.06), _lognormal(rng, 100, 16, 0.06), waves=4)
     assert not v.resolution_ok and v.waves == 4
-    assert v.waves_needed == waves_needed(v.mde_pct, 5.0, 4) > 4
+    assert v.waves_needed == waves_needed(v.mde_pct, 5.0, 4, True) > 4
     d = v.to_dict()
     assert d["min_detectable_pct"] == pytest.approx(v.mde_pct) and d["resolution_ok"] is False
     assert d["waves_needed"] == v.waves_needed
@@ -586,3 +588,17 @@ def test_planned_resolution_from_the_baseline_alone():
     cand = results({"c": {"decode_tok_s": spread(100, 16, 0.08)}})
     [v] = compare(noisy, cand, [DEC])
     assert n["min_detectable_pct"] == pytest.approx(v.mde_pct, rel=0.35)
+
+
+def test_mde_is_relative_so_a_large_change_is_called_what_it_is():
+    """A run 7-27x faster (drift between runs) is 'improved', not 'unchanged' behind a huge linear MDE."""
+    from bench.gate import min_detectable_pct
+
+    mde = min_detectable_pct(6.7, 26.9, 4, 4, higher_better=True)
+    assert mde < 100.0
+    assert classify(DEC, 6.7, 26.9, mde) == "improved"
+    near = min_detectable_pct(0.98, 1.02, 8, 8, higher_better=True)
+    assert near == pytest.approx(min_detectable_pct(0.98, 1.02, 8, 8), rel=0.03)  # the same near a ratio of 1
+    rise = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=False)
+    drop = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=True)
+    assert drop < rise  # a drop and a rise of the same log size
