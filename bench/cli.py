@@ -28,9 +28,6 @@ if TYPE_CHECKING:
     from .profile import Profile
     from .results import Results
 
-PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
-PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
-
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="bench")
@@ -71,10 +68,13 @@ def cli(verbose: bool, io: str) -> None:
 @click.option("--max-tokens", type=click.IntRange(1), default=64, show_default=True, help="Output tokens asked.")
 @click.option("--prompt", "prompt_text", default=None,
               help="Prompt text (default: a short-story request; for completions, the start of a story).")
+@click.option("--same-prompt", is_flag=True, help="Send the prompt without bench's unique prefix (it may come from "
+              "the server's prefix cache: cached tokens are reported and prefill is marked not measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object on stdout, nothing else.")
 @client_options
-def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str | None, as_json: bool,
-          model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
+def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str | None, same_prompt: bool,
+          as_json: bool, model: str | None, api_key_env: str, connect_timeout: float,
+          read_timeout: float | None) -> None:
     """Send one streaming request and print its measurement.
 
     Prints TTFT, time to first content, decode tok/s, ITL, TPOT, E2E, token counts and prefill tok/s of a single
@@ -83,28 +83,32 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     """
     from .client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from .metrics import request_metrics
-    from .plan import BodyOptions, request_body
+    from .probe import probe_body, probe_report
+    from .server_info import discover_server
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
-    text = prompt_text or (PROBE_PROMPT if endpoint_kind == "chat" else PROBE_COMPLETION_PROMPT)
-    body = request_body(BodyOptions(endpoint_kind, force_length=False, template_kwargs=False), text, max_tokens)
 
     async def go(base: str) -> Any:
         async with make_http_client(settings) as client:
             name = model or await discover_model(client, base, settings.api_key)
+            backend = (await discover_server(client, base)).get("backend")
+            body = probe_body(endpoint_kind, prompt_text, max_tokens, same_prompt=same_prompt, backend=backend)
             return await stream_request(client, base, RequestSpec("probe-0", endpoint_kind, body),
                                         model=name, secret=settings.api_key)
 
     with endpoint(url, parallel=1) as base:
         rec = asyncio.run(go(base))
-    _print_record(rec, request_metrics(rec), as_json, f"probe {base} ({endpoint_kind})")
+    d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
+    _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)
 
 
-def _print_record(rec: Any, m: Any, as_json: bool, title: str) -> None:
-    from .report.console import request_table, stdout
+def _print_record(rec: Any, m: Any, as_json: bool, title: str, warnings: list[str] | None = None) -> None:
+    from .report.console import request_table, stderr, stdout
 
-    d = m.to_dict()
+    d = m if isinstance(m, dict) else m.to_dict()
+    for w in warnings or []:
+        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
     if as_json:
         d.update({"endpoint": rec.endpoint, "model": rec.model, "usage": rec.usage, "timings": rec.timings})
         click.echo(json.dumps(d, ensure_ascii=False))
@@ -162,13 +166,15 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
               "docs/report.md) into the results folder.")
+@click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
+              help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @load_options
 @client_options
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
         prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
-        resume: bool, overwrite: bool, make_report: bool,
+        resume: bool, overwrite: bool, make_report: bool, progress_every: float,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
         **extra: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
@@ -213,10 +219,11 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers), out, as_json, make_report)
         return
     parallel, ctx = engine_size(prof)
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
+    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base:  # the server's log kept in out
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
-        results = _run_with_progress(base, prof, settings, out, as_json, model=model, workers=workers,
-                                     annotators=annotators, resume=previous, ray_address=ray_address)
+        results = _run_with_progress(base, prof, settings, out, as_json, progress_every, model=model,
+                                     workers=workers, annotators=annotators, resume=previous,
+                                     ray_address=ray_address)
     _finish_run(results, out, as_json, make_report)
 
 
@@ -259,22 +266,28 @@ def _workers_value(v: str) -> int | str:
 
 
 def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: Path, quiet: bool,
-                       **loop_kw: Any) -> Results:
-    """:func:`bench.runloop.run_profile` with live progress on a terminal; ``loop_kw`` go to it as they are."""
+                       progress_every: float = 30.0, **loop_kw: Any) -> Results:
+    """:func:`bench.runloop.run_profile` with live progress: a rich display on a terminal, plain lines on stdout
+    in a log (every ``progress_every`` s inside a cell); ``loop_kw`` go to it as they are."""
     from .errors import RunInterrupted
-    from .report.console import stderr
+    from .report.console import stderr, stdout
     from .report.export import VIEWS
-    from .report.progress import QuietObserver, RichObserver
+    from .report.progress import PlainObserver, QuietObserver, RichObserver
     from .runloop import run_profile
 
     async def go() -> Results:
-        if quiet or not stderr.is_terminal:
+        obs: Any
+        if not quiet and not sys.stdout.isatty():  # a log: plain lines on stdout
+            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr, width=stdout.width)
+        elif quiet or not stderr.is_terminal:
             return await run_profile(base, prof, settings, out_dir=out, observer=QuietObserver(stderr), views=VIEWS,
                                      **loop_kw)
-        with RichObserver(stderr, len(prof.cells())) as obs:
+        else:
+            obs = RichObserver(stderr, len(prof.cells()))
+        with obs:
             async def ticker() -> None:
                 while True:
-                    await asyncio.sleep(0.5)
+                    await asyncio.sleep(min(0.5, progress_every / 4))
                     obs.tick()
 
             t = asyncio.create_task(ticker())
@@ -303,13 +316,12 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
     if as_json:
         click.echo(to_json(results), nl=False)
         return
-    stdout.print(results_table(results))
+    stdout.print(results_table(results, width=stdout.width))
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
-    for w in results.warnings:
-        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False, soft_wrap=True)
-    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False,
-                 soft_wrap=True)
+    for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces
+        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
+    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False)
     if report_path is not None:
         stderr.print(f"report: {report_path} (open it in a browser; works offline)", highlight=False, soft_wrap=True)
 

@@ -50,8 +50,9 @@ def checked_url(base: str) -> str:
 
 
 @contextmanager
-def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768) -> Iterator[str]:
-    """Yield the base URL: ``url`` normalized, or the embedded llama-server started for the duration."""
+def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_dir: Any = None) -> Iterator[str]:
+    """Yield the base URL: ``url`` normalized, or the embedded llama-server started for the duration (its log in
+    ``log_dir``, e.g. the results folder, else a temporary file removed when it stops)."""
     from .client import normalize_url
 
     if url:
@@ -61,7 +62,7 @@ def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768) -> It
     from .report.console import stderr
 
     with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
-        eng = LocalEngine(parallel=parallel, ctx_size=ctx_size)
+        eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir)
         eng.start()
     try:
         stderr.print(f"embedded endpoint: {eng.url}", highlight=False)

@@ -106,11 +106,13 @@ def _report_options(f: Any) -> Any:
 
 
 def _print_verdicts(verdicts: Sequence[Verdict], title: str) -> None:
-    from .report.console import stdout
-    from .report.verdicts import gate_table, summary_line
+    from .report.console import stderr, stdout
+    from .report.verdicts import gate_table, resolution_notes, summary_line
 
     stdout.print(gate_table(verdicts, title))
     stdout.print(summary_line(verdicts), highlight=False)
+    for note in resolution_notes(verdicts):  # the rules the measured noise cannot resolve, and the waves that would
+        stderr.print(f"note: {note}", highlight=False)
 
 
 def _warn(lines: Sequence[str], prefix: str = "[yellow]warning[/yellow] ") -> None:

@@ -86,6 +86,10 @@ class LocalEngine:
         extra_args: more ``llama-server`` flags.
         startup_timeout_s: how long to wait for ``/health``.
 
+        log_dir: a folder to keep the server's log in (``llama-server.log``, e.g. the run's results folder); None:
+            a temporary file, removed when the server stops normally (kept, and named in the error, when it failed
+            to start).
+
     Attributes:
         url: the OpenAI base URL (``http://127.0.0.1:PORT/v1``) once started.
         log_path: the server's log file.
@@ -98,6 +102,7 @@ class LocalEngine:
         threads: int | None = None,
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 180.0,
+        log_dir: str | os.PathLike[str] | None = None,
     ) -> None:
         self.ctx_size = ctx_size
         self.parallel = parallel
@@ -107,6 +112,7 @@ class LocalEngine:
         self.port = 0
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
+        self.log_dir = Path(log_dir) if log_dir is not None else None
         self.log_path = Path(tempfile.gettempdir()) / "bench-llama-server.log"
 
     def start(self) -> str:
@@ -123,7 +129,13 @@ class LocalEngine:
             "-c", str(self.ctx_size), "-np", str(self.parallel), "--kv-unified", "-t", str(self.threads),
             "--metrics", "--no-webui", "--alias", ENGINE_MODEL_ALIAS, *self.extra_args,
         ]
-        self.log_path = Path(tempfile.gettempdir()) / f"bench-llama-server-{self.port}.log"
+        if self.log_dir is not None:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            self.log_path = self.log_dir / "llama-server.log"
+        else:
+            fd, name = tempfile.mkstemp(prefix=f"bench-llama-server-{self.port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = Path(name)
         log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         log.close()
@@ -145,7 +157,7 @@ class LocalEngine:
         raise EndpointUnreachable(f"llama-server not healthy after {self.startup_timeout_s:.0f} s; see {self.log_path}")
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s). Idempotent."""
+        """Stop the server (SIGTERM, then SIGKILL after 10 s); a temporary log is removed. Idempotent."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
@@ -156,6 +168,8 @@ class LocalEngine:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
+        if self.log_dir is None and self.url:  # started fine: nothing left behind in the temp folder
+            self.log_path.unlink(missing_ok=True)
 
     def __enter__(self) -> LocalEngine:
         self.start()

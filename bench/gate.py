@@ -26,12 +26,20 @@ verdict        higher-better                    lower-better
 =============  ===============================  ===============================
 regression     ``hi < L``                       ``lo > L``
 inconclusive   ``lo < L <= hi``                 ``lo <= L < hi``
-improved       ``lo > 1`` (and not the above)   ``hi < 1`` (and not the above)
+improved       ``lo > 1 + t`` (and not above)   ``hi < 1 - t`` (and not above)
 unchanged      otherwise                        otherwise
 =============  ===============================  ===============================
 
-so a regression is declared only when the whole interval lies beyond the allowance. Exit codes
-(:func:`overall_exit`): 0 pass, 1 any regression, 2 any inconclusive and no regression.
+so a regression is declared only when the whole interval lies beyond the allowance, and an improvement only when
+the whole interval lies beyond ``t = max(allowance, MDE)`` on the better side (a change smaller than the allowance,
+or than what the data can resolve, is "unchanged"). Exit codes (:func:`overall_exit`): 0 pass, 1 any regression,
+2 any inconclusive and no regression.
+
+Each verdict with an interval also carries its *minimum detectable effect* (:func:`min_detectable_pct`): the
+smallest true change, in percent, that the comparison detects with probability :data:`POWER` at the measured noise,
+``MDE = (z_{1-tail} + z_{power}) * SE`` with ``SE = (hi - lo) / (2 z_{1-tail})`` read off the bootstrap interval
+(``tail`` the interval's own one-sided tail). When the MDE exceeds the rule's allowance, the gate cannot pass an
+unchanged candidate reliably; :func:`waves_needed` says how many waves would bring it under (noise ~ 1/sqrt(n)).
 """
 
 from __future__ import annotations
@@ -47,7 +55,7 @@ import numpy as np
 
 from .errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
 from .results import CellResult, Results
-from .stats import bootstrap_ratio_ci, make_estimator
+from .stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
     "HIGHER_BETTER",
@@ -64,6 +72,10 @@ __all__ = [
     "compare",
     "compare_samples",
     "classify",
+    "min_detectable_pct",
+    "waves_needed",
+    "planned_resolution",
+    "POWER",
     "overall_exit",
     "check_comparable",
     "profile_rules",
@@ -88,6 +100,7 @@ DEFAULT_GATE_TABLES: tuple[dict[str, Any], ...] = (
 )
 COUNT_METRICS = {"spec_acceptance_rate": ("spec_accepted_tokens", "spec_draft_tokens", "spec_drafts")}
 """Rates the server counts (its /metrics): metric -> (successes key, trials key, independent-trials key)."""
+POWER = 0.80  # the probability with which the gate should detect a change of the minimum detectable effect
 MIN_SAMPLES = 2  # fewer on either side: inconclusive (a bootstrap of one value says nothing about spread)
 
 
@@ -149,6 +162,8 @@ class Verdict:
         level: the confidence level (0.95).
         n_baseline, n_candidate: sample counts behind each side.
         note: why a verdict is inconclusive without an interval (missing cell, too few samples...), else "".
+        mde_pct: the minimum detectable effect in percent (:func:`min_detectable_pct`; None without an interval).
+        waves: the candidate's measured waves behind ``n_candidate`` (None when unknown: one sample per wave).
     """
 
     rule: Rule
@@ -163,6 +178,8 @@ class Verdict:
     n_baseline: int
     n_candidate: int
     note: str = ""
+    mde_pct: float | None = None
+    waves: int | None = None
 
     @property
     def name(self) -> str:
@@ -174,8 +191,38 @@ class Verdict:
         """True for a regression or an inconclusive verdict (either fails the gate)."""
         return self.verdict in ("regression", "inconclusive")
 
+    @property
+    def resolution_ok(self) -> bool:
+        """False when the minimum detectable effect exceeds the rule's allowance (the data are too noisy for it)."""
+        return self.mde_pct is None or self.mde_pct <= self.rule.max_change_pct
+
+    @property
+    def waves_needed(self) -> int | None:
+        """Waves per side that would bring the MDE under the allowance (None when it already is, or never can)."""
+        if self.resolution_ok or self.mde_pct is None:
+            return None
+        return waves_needed(self.mde_pct, self.rule.max_change_pct, self.waves or self.n_candidate,
+                            self.rule.higher_better)
+
+    def resolution(self) -> str:
+        """A sentence when the MDE exceeds the allowance (how many waves would fix it), else ""."""
+        if self.resolution_ok or self.mde_pct is None:
+            return ""
+        now = self.waves or self.n_candidate
+        need = self.waves_needed
+        fix = (f"about {need} waves per side ({need - now} more than {now}) would resolve it" if need
+               else "no number of waves can resolve a zero allowance" if self.rule.max_change_pct <= 0
+               else "the noise is too large to say how many waves would resolve it")
+        return (f"resolution: this comparison detects changes of {self.mde_pct:.1f} % (MDE at {POWER:.0%} power), "
+                f"more than the allowed {self.rule.max_change_pct:g} %; {fix}")
+
     def explain(self) -> str:
         """One sentence saying why the verdict is what it is (for JUnit messages and logs)."""
+        text = self._why()
+        extra = self.resolution()
+        return f"{text}. {extra}" if extra else text
+
+    def _why(self) -> str:
         r = self.rule
         if self.lo is None or self.hi is None:
             return f"{self.verdict}: {self.note}"
@@ -187,7 +234,8 @@ class Verdict:
             return (f"inconclusive: the {ci} straddles the limit {r.limit:.3f}; more samples "
                     f"(requests, or gate_budget_waves) can settle it")
         if self.verdict == "improved":
-            return f"improved: the whole {ci} is on the better side of 1"
+            t = max(r.max_change_pct, self.mde_pct or 0.0)
+            return f"improved: the whole {ci} is more than {t:.1f} % (allowance or MDE) on the better side of 1"
         return f"unchanged: the {ci} is within the allowance (limit {r.limit:.3f})"
 
     def to_dict(self) -> dict[str, Any]:
@@ -198,7 +246,8 @@ class Verdict:
             "limit": self.rule.limit, "higher_better": self.rule.higher_better, "verdict": self.verdict,
             "baseline": self.baseline, "candidate": self.candidate, "ratio": self.ratio, "lo": self.lo,
             "hi": self.hi, "level": self.level, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
-            "note": self.note,
+            "note": self.note, "min_detectable_pct": self.mde_pct, "resolution_ok": self.resolution_ok,
+            "waves": self.waves, "waves_needed": self.waves_needed,
         }
 
 
@@ -372,20 +421,67 @@ def compare_counts(rule: Rule, cell: str, base: CellResult, cand: CellResult, *,
 # --- verdicts ----------------------------------------------------------------------------------------------------
 
 
-def classify(rule: Rule, lo: float, hi: float) -> str:
-    """Verdict of a ratio interval ``[lo, hi]`` under ``rule`` (table in the module docstring)."""
+def classify(rule: Rule, lo: float, hi: float, mde_pct: float = 0.0) -> str:
+    """Verdict of a ratio interval ``[lo, hi]`` under ``rule`` (table in the module docstring).
+
+    ``improved`` needs the whole interval beyond ``t = max(allowance, mde_pct)`` percent on the better side of 1.
+    """
     lim = rule.limit
+    t = max(rule.max_change_pct, mde_pct) / 100.0
     if rule.higher_better:
         if hi < lim:
             return "regression"
         if lo < lim:
             return "inconclusive"
-        return "improved" if lo > 1.0 else "unchanged"
+        return "improved" if lo > 1.0 + t else "unchanged"
     if lo > lim:
         return "regression"
     if hi > lim:
         return "inconclusive"
-    return "improved" if hi < 1.0 else "unchanged"
+    return "improved" if hi < 1.0 - t else "unchanged"
+
+
+def min_detectable_pct(lo: float, hi: float, n_baseline: int, n_candidate: int, level: float = 0.95,
+                       power: float = POWER, higher_better: bool | None = None) -> float:
+    """The minimum detectable effect, in percent of the ratio, of a comparison whose interval is ``[lo, hi]``.
+
+    ``z = Phi^-1(1 - tail)``, ``tail`` the one-sided tail the interval was read at (:func:`bench.stats.expanded_tail`
+    for these sample counts), ``k = z + Phi^-1(power)``. With ``higher_better`` given the interval is read on the log
+    scale, where a ratio's spread does not grow with the ratio: ``SE = (ln hi - ln lo) / (2 z)``, and the MDE is the
+    change in the rule's worse direction, ``1 - exp(-k SE)`` (a drop, higher-better) or ``exp(k SE) - 1`` (a rise).
+    With ``higher_better`` None, linearly: ``SE = (hi - lo) / (2 z)``, ``MDE = k SE`` (the same near a ratio of 1).
+    A true change of MDE percent puts the interval clear of 1 with probability ``power``; equally, an unchanged
+    candidate stays inside an allowance of MDE percent with that probability.
+    """
+    tail = expanded_tail(level, n_baseline, n_candidate) or (1.0 - level) / 2.0
+    nd = NormalDist()
+    z = nd.inv_cdf(1.0 - tail)
+    k = z + nd.inv_cdf(power)
+    if higher_better is None or lo <= 0 or hi <= 0:
+        return k * max(hi - lo, 0.0) / (2.0 * z) * 100.0
+    se = max(math.log(hi) - math.log(lo), 0.0) / (2.0 * z)
+    return (1.0 - math.exp(-k * se) if higher_better else math.exp(k * se) - 1.0) * 100.0
+
+
+def _log_change(pct: float, higher_better: bool | None) -> float:
+    if higher_better is None:
+        return pct
+    return -math.log(1.0 - pct / 100.0) if higher_better else math.log(1.0 + pct / 100.0)
+
+
+def waves_needed(mde_pct: float, allowance_pct: float, waves: int, higher_better: bool | None = None) -> int | None:
+    """Waves per side that bring an MDE of ``mde_pct`` (measured with ``waves``) down to ``allowance_pct``.
+
+    Noise falls like ``1/sqrt(n)``, so ``ceil(waves * (mde / allowance)^2)``, the two read on the log scale of
+    :func:`min_detectable_pct` when ``higher_better`` is given; ``waves`` itself when the MDE is already within the
+    allowance; None for a zero allowance (no finite number of waves reaches it).
+    """
+    if mde_pct <= allowance_pct:
+        return max(waves, 1)
+    if allowance_pct <= 0 or (higher_better and mde_pct >= 100.0):
+        return None
+    ratio = _log_change(mde_pct, higher_better) / _log_change(allowance_pct, higher_better)
+    return max(math.ceil(max(waves, 1) * ratio ** 2 - 1e-9), max(waves, 1) + 1)
 
 
 def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
@@ -396,11 +492,12 @@ def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
 
 def compare_samples(
     rule: Rule, cell: str, base: Sequence[float], cand: Sequence[float], *, level: float = 0.95, seed: int = 0,
-    resamples: int = 4000,
+    resamples: int = 4000, waves: int | None = None,
 ) -> Verdict:
     """The verdict of ``rule`` for one cell from the two sides' raw samples.
 
     Fewer than 2 samples on a side, or a non-positive baseline statistic, gives ``inconclusive`` with a note.
+    ``waves``: the candidate's measured waves (for :attr:`Verdict.waves_needed`; default one sample per wave).
     """
     nb, nc = len(base), len(cand)
 
@@ -417,7 +514,9 @@ def compare_samples(
                                                    seed=_seed(seed, rule, cell))
     except ValueError as e:
         return Verdict(rule, cell, "inconclusive", point(base), point(cand), None, None, None, level, nb, nc, str(e))
-    return Verdict(rule, cell, classify(rule, lo, hi), bv, cv, ratio, lo, hi, level, nb, nc)
+    mde = min_detectable_pct(lo, hi, nb, nc, level, higher_better=rule.higher_better)
+    return Verdict(rule, cell, classify(rule, lo, hi, mde), bv, cv, ratio, lo, hi, level, nb, nc, "", mde,
+                   waves if waves else nc)
 
 
 def compare(
@@ -450,7 +549,8 @@ def compare(
                 bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
                 if not bs and not cs:
                     continue
-                out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+                out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
+                                           waves=_waves(ccells[cid])))
             continue
         cid = rule.cell
         missing = [side for side, cells in (("baseline", bcells), ("candidate", ccells)) if cid not in cells]
@@ -459,7 +559,8 @@ def compare(
                                f"cell {cid} is not in the {' nor the '.join(missing)} run"))
             continue
         bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
-        out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples))
+        out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
+                                   waves=_waves(ccells[cid])))
     return out
 
 
@@ -475,6 +576,11 @@ def _count_verdicts(rule: Rule, bcells: Mapping[str, CellResult], ccells: Mappin
         elif rule.cell != "*" or _proportion(b, rule.metric) or _proportion(c, rule.metric):
             out.append(compare_counts(rule, cid, b, c, level=level))
     return out
+
+
+def _waves(cell: CellResult) -> int | None:
+    # A cell's measured waves (the re-measure unit); None when the summary does not say.
+    return cell.waves if cell.waves > 0 else None
 
 
 def overall_exit(verdicts: Sequence[Verdict]) -> int:
@@ -509,3 +615,16 @@ def uncovered_cells(baseline: Results, candidate: Results) -> list[str]:
     """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
     have = {c.id for c in baseline.cells}
     return [c.id for c in candidate.cells if c.id not in have]
+
+
+def planned_resolution(baseline: Results, rules: Sequence[Rule], *, level: float = 0.95,
+                       seed: int = 0, resamples: int = 2000) -> list[dict[str, Any]]:
+    """Before measuring: the MDE each rule will have if the candidate is as noisy as the baseline, with as many
+    samples. Each rule and baseline cell is compared with itself (two independent bootstrap resamples of the same
+    samples, so the interval holds both sides' noise); returns one dict per rule and cell: ``name``, ``cell``,
+    ``max_change_pct``, ``min_detectable_pct``, ``resolution_ok``, ``waves``, ``waves_needed`` (as in
+    :meth:`Verdict.to_dict`), and ``note`` when there are too few samples.
+    """
+    vs = compare(baseline, baseline, rules, level=level, seed=seed, resamples=resamples)
+    keys = ("name", "cell", "max_change_pct", "min_detectable_pct", "resolution_ok", "waves", "waves_needed", "note")
+    return [{k: v.to_dict()[k] for k in keys} for v in vs]

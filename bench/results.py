@@ -94,6 +94,7 @@ class CellResult:
     client_cpu_pct: float | None = None
     client_lag: dict[str, Any] | None = None
     noise: dict[str, Any] | None = None
+    queueing: dict[str, Any] | None = None
     server_metrics: dict[str, Any] | None = None
     roofline: dict[str, Any] | None = None
     load: dict[str, Any] | None = None

@@ -40,6 +40,7 @@ from .profile import Cell, Profile
 from .prompts import CalibratedTokenizer, HttpTokenizer, build_prompt, unique_prefix
 from .prompts.build import PREFIX_SHARED_TOKENS_MAX
 from .prompts.content import stream_text
+from .queueing import queueing_summary
 from .records import RecordWriter, RequestRecord
 from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
 from .server_info import discover_server
@@ -512,7 +513,10 @@ class Session:
         expected = None if p.prefix_cache else self.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
                                      depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
-                                     client_cpu_pct=cpu, target_ci=p.target_ci)
+                                     client_cpu_pct=cpu, target_ci=p.target_ci, max_waves=p.max_waves)
+        q = queueing_summary({"id": cell.id, "streams": cell.streams}, run.records, run.waves, self.server)
+        run.summary.queueing = q
+        run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
         lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams) if run.lag else None
         if lag_note and self.pool is None:  # worker processes' own loops are not watched from here

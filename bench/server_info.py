@@ -49,16 +49,22 @@ def _positive_int(v: Any) -> int | None:
     return int(v)
 
 
+def _slot_count(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else None
+
+
 async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any]:
     """Probe ``/v1/models``, ``/props`` (llama.cpp), ``/version`` (vLLM), ``/get_model_info`` (SGLang).
 
     Returns ``{"models": [{"id", "owned_by", "context_size"}], "backend": str | None, "context_size": int | None,
     "routes": [names that answered], "version": str | None}``, plus ``"model_meta"`` when the server describes its
     model (llama.cpp's ``/v1/models`` ``meta``: ``n_params``, ``size`` in bytes, ``n_embd``, ``n_vocab``,
-    ``n_ctx_train``; read by :mod:`bench.roofline`).
+    ``n_ctx_train``; read by :mod:`bench.roofline`); ``slots`` is the number of requests the server decodes at once
+    where it says so (llama.cpp ``/props`` ``total_slots``, else the length of its ``/slots`` list), else None.
     """
     root = root_url(base)
-    info: dict[str, Any] = {"models": [], "backend": None, "context_size": None, "routes": [], "version": None}
+    info: dict[str, Any] = {"models": [], "backend": None, "context_size": None, "routes": [], "version": None,
+                            "slots": None}
     models, props, version, sgl = await asyncio.gather(
         _get_json(client, f"{base}/models"), _get_json(client, f"{root}/props"),
         _get_json(client, f"{root}/version"), _get_json(client, f"{root}/get_model_info"))
@@ -86,6 +92,12 @@ async def discover_server(client: httpx.AsyncClient, base: str) -> dict[str, Any
         ctx = n_ctx or ctx
         info["slots"] = props.get("total_slots")
         info["version"] = props.get("build_info")
+    if info["backend"] == "llama.cpp" and not _slot_count(info.get("slots")):
+        slots = await _get_json(client, f"{root}/slots")
+        if isinstance(slots, list) and slots and all(isinstance(x, dict) for x in slots):
+            info["routes"].append("slots")
+            info["slots"] = len(slots)
+    info["slots"] = _slot_count(info.get("slots"))
     if isinstance(version, dict) and "version" in version:
         info["routes"].append("version")
         info["version"] = info["version"] or version.get("version")

@@ -20,12 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from .metrics import RequestMetrics, request_metrics
+from .noise import cell_noise, noise_warnings, wave_medians
 from .profile import Cell
 from .records import RequestRecord
 from .results import CellResult
-from .stats import bootstrap_ci, summarize
+from .stats import summarize
 
-__all__ = ["summarize_cell", "wave_aggregate_decode", "cell_noise", "OVERHEAD_FLAG_SHARE", "CLIENT_CPU_WARN_PCT"]
+__all__ = ["summarize_cell", "wave_aggregate_decode", "OVERHEAD_FLAG_SHARE", "CLIENT_CPU_WARN_PCT"]
 
 OVERHEAD_FLAG_SHARE = 0.30
 PROMPT_MISS_WARN_PCT = 2.0
@@ -66,6 +67,7 @@ def summarize_cell(
     expected_cached_tokens: int | None = 0,
     client_cpu_pct: float | None = None,
     target_ci: float = 0.0,
+    max_waves: int | None = None,
 ) -> CellResult:
     """The summary of one cell (a ``cells[]`` entry of results.json; fields in :class:`bench.results.CellResult`).
 
@@ -78,7 +80,8 @@ def summarize_cell(
         expected_cached_tokens: cached tokens per request that are no surprise (the chat template's fixed header,
             which every chat request shares); more than this is warned about. None: no warning (prefix-cache runs).
         client_cpu_pct: bench's own CPU use while measuring (% of one core), warned about past 70 %.
-        target_ci: the profile's ``target_ci`` (0: none); the cell's noise is compared with it.
+        target_ci: the profile's ``target_ci`` (0: none); the cell's noise is compared with it (:mod:`bench.noise`).
+        max_waves: the profile's ``max_waves`` (named in the noise warning when more would be needed).
     """
     ms = [request_metrics(r) for r in records]
     ok = [m for m in ms if m.ok]
@@ -107,12 +110,8 @@ def summarize_cell(
     res.output_tokens = summarize([m.output_tokens for m in ok]).to_dict()
     res.tokens_per_event = summarize([m.tokens_per_event for m in ok]).to_dict()
     res.queue_ms = summarize([m.queue_ms for m in ms]).to_dict()
-    res.noise = cell_noise(samples["decode_tok_s"], len(waves), target_ci)
-    if res.noise and res.noise.get("target_met") is False:
-        res.warnings.append(
-            f"{cell.id}: decode tok/s CI is +/-{res.noise['ci_half_pct']:.1f} %, wider than target_ci "
-            f"{target_ci * 100:.1f} %; about {res.noise['waves_needed']} waves would meet it (--repeats, or "
-            "max_waves in the profile)")
+    res.noise = cell_noise(wave_medians(records, waves), samples["decode_tok_s"], target_ci)
+    res.warnings += noise_warnings(cell.id, res.noise, max_waves)
     return res
 
 
@@ -239,30 +238,3 @@ def _client_warnings(cell: Cell, ms: Sequence[RequestMetrics], cpu_pct: float | 
         kinds = sorted({m.error_kind or "?" for m in ms})
         out.append(f"{cell.id}: every request failed ({', '.join(kinds)})")
     return out
-
-
-def cell_noise(decode: Sequence[float], waves: int, target_ci: float) -> dict[str, Any] | None:
-    """Spread of the cell's per-stream decode tok/s: bootstrap 95 % CI half-width in % of the median, and, with a
-    ``target_ci`` (a fraction), whether it is met and about how many waves would meet it (noise ~ 1/sqrt(n))."""
-    if len(decode) < 3:
-        return None
-    lo, hi = bootstrap_ci(list(decode))
-    med = sorted(decode)[len(decode) // 2]
-    if not med:
-        return None
-    half = (hi - lo) / 2 / med * 100
-    out: dict[str, Any] = {"ci_half_pct": round(half, 2), "cv_pct": round(_cv(decode) * 100, 2)}
-    if target_ci > 0:
-        met = half <= target_ci * 100
-        out["target_ci_pct"] = round(target_ci * 100, 2)
-        out["target_met"] = met
-        out["waves_needed"] = waves if met else math.ceil(waves * (half / (target_ci * 100)) ** 2)
-    return out
-
-
-def _cv(xs: Sequence[float]) -> float:
-    n = len(xs)
-    mean = sum(xs) / n
-    if not mean:
-        return 0.0
-    return (sum((x - mean) ** 2 for x in xs) / max(1, n - 1)) ** 0.5 / mean

@@ -186,9 +186,12 @@ def test_classify_edges():
     assert classify(DEC, 0.90, 0.949) == "regression"
     assert classify(DEC, 0.949, 0.99) == "inconclusive"
     assert classify(DEC, 0.95, 1.02) == "unchanged"
-    assert classify(DEC, 1.001, 1.02) == "improved"
+    assert classify(DEC, 1.001, 1.02) == "unchanged"  # better, but by less than the 5 % allowance
+    assert classify(DEC, 1.051, 1.08) == "improved"
+    assert classify(DEC, 1.051, 1.08, mde_pct=6.0) == "unchanged"  # inside the resolution: not called improved
     assert classify(TTFT, 1.101, 1.3) == "regression"
-    assert classify(TTFT, 0.9, 0.99) == "improved"
+    assert classify(TTFT, 0.9, 0.99) == "unchanged"
+    assert classify(TTFT, 0.8, 0.899) == "improved"
 
 
 def test_noisy_small_samples_are_inconclusive_not_regression():
@@ -489,3 +492,135 @@ def test_acceptance_rate_rule_on_the_servers_counts():
     assert few.verdict == "inconclusive"  # 3 drafts a side say little
     none = compare(results({"c": {"decode_tok_s": spread(100)}}), _spec_cell(7, 10, 3), [rule])
     assert none == [] or none[0].verdict == "inconclusive"
+
+
+# --- resolution: the minimum detectable effect ------------------------------------------------------------------
+
+
+def _lognormal(rng: np.random.Generator, center: float, n: int, cv: float) -> list[float]:
+    return list(center * np.exp(rng.normal(0.0, cv, n)))
+
+
+def test_min_detectable_pct_follows_the_interval_and_the_noise():
+    from bench.gate import min_detectable_pct
+
+    assert min_detectable_pct(1.0, 1.0, 8, 8) == 0.0
+    wide, narrow = min_detectable_pct(0.9, 1.1, 8, 8), min_detectable_pct(0.98, 1.02, 8, 8)
+    assert wide == pytest.approx(5 * narrow)
+    # (z + z_power) / z of the half-width: about 1.3x the half-width at 95 % / 80 % power
+    assert 1.2 * 2.0 < narrow < 1.6 * 2.0
+    rng = np.random.default_rng(1)
+    quiet = compare_samples_v(_lognormal(rng, 100, 16, 0.01), _lognormal(rng, 100, 16, 0.01))
+    noisy = compare_samples_v(_lognormal(rng, 100, 16, 0.05), _lognormal(rng, 100, 16, 0.05))
+    assert quiet.mde_pct < 5 < noisy.mde_pct
+    assert quiet.resolution_ok and not noisy.resolution_ok
+
+
+def compare_samples_v(base: list[float], cand: list[float], waves: int | None = None) -> Verdict:
+    from bench.gate import compare_samples
+
+    return compare_samples(DEC, "c", base, cand, waves=waves)
+
+
+def test_resolution_says_how_many_waves_fix_it():
+    from bench.gate import waves_needed
+
+    assert waves_needed(10.0, 5.0, 8) == 32  # noise ~ 1/sqrt(n): twice the MDE needs four times the waves
+    assert waves_needed(4.0, 5.0, 8) == 8
+    assert waves_needed(5.01, 5.0, 8) == 9
+    assert waves_needed(3.0, 0.0, 8) is None
+    assert waves_needed(10.0, 5.0, 8, True) == 34  # on the log scale: (ln 0.90 / ln 0.95)^2 = 4.22
+    assert waves_needed(10.0, 5.0, 8, False) == 31  # (ln 1.10 / ln 1.05)^2 = 3.82
+    rng = np.random.default_rng(2)
+    v = compare_samples_v(_lognormal(rng, 100, 16, 0.06), _lognormal(rng, 100, 16, 0.06), waves=4)
+    assert not v.resolution_ok and v.waves == 4
+    assert v.waves_needed == waves_needed(v.mde_pct, 5.0, 4, True) > 4
+    d = v.to_dict()
+    assert d["min_detectable_pct"] == pytest.approx(v.mde_pct) and d["resolution_ok"] is False
+    assert d["waves_needed"] == v.waves_needed
+    msg = v.explain()
+    assert "MDE" in msg and f"{v.mde_pct:.1f} %" in msg and f"about {v.waves_needed} waves" in msg
+
+
+def test_compare_reads_the_cells_waves():
+    base = results({"c": {"decode_tok_s": spread(100, 16, 0.06)}})
+    cand = results({"c": {"decode_tok_s": spread(100, 16, 0.06)}})
+    cand.cells[0].waves = 4
+    [v] = compare(base, cand, [DEC])
+    assert v.waves == 4 and v.mde_pct is not None and v.mde_pct > 0
+
+
+@pytest.mark.parametrize("n, cv", [(8, 0.01), (8, 0.03), (16, 0.05), (6, 0.10)])
+def test_self_comparison_never_regresses_and_never_improves(n, cv):
+    """Two draws of one distribution: never a regression, never 'improved' (that would be noise called a change)."""
+    rng = np.random.default_rng(int(n * 1000 + cv * 100))
+    kinds = []
+    for trial in range(60):
+        rule = DEC if trial % 2 else TTFT
+        center = 100.0 if rule is DEC else 40.0
+        from bench.gate import compare_samples
+
+        v = compare_samples(rule, "c", _lognormal(rng, center, n, cv), _lognormal(rng, center, n, cv), seed=trial,
+                            resamples=1000)
+        kinds.append(v.verdict)
+    assert "regression" not in kinds and "improved" not in kinds, kinds
+
+
+def test_reports_print_the_mde():
+    from bench.report.verdicts import gate_table, verdict_rows
+
+    vs = _mixed_verdicts()
+    head, rows = verdict_rows(vs)
+    assert "MDE" in head
+    col = head.index("MDE")
+    assert all(r[col] == f"{v.mde_pct:.1f} %" for v, r in zip(vs, rows))
+    xml = to_junit(vs)
+    assert "MDE" in xml and f"{vs[0].mde_pct:.1f} %" in xml
+    md = to_markdown(vs)
+    assert f"{vs[0].mde_pct:.1f} %" in md and "MDE" in md
+    from rich.console import Console
+
+    con = Console(width=200, record=True)
+    con.print(gate_table(vs))
+    assert f"{vs[0].mde_pct:.1f} %" in con.export_text()
+
+
+def test_reports_flag_a_resolution_short_of_the_allowance():
+    from bench.report.verdicts import verdict_rows
+
+    rng = np.random.default_rng(3)
+    v = compare_samples_v(_lognormal(rng, 100, 8, 0.08), _lognormal(rng, 100, 8, 0.08), waves=8)
+    assert not v.resolution_ok
+    head, [row] = verdict_rows([v])
+    assert row[head.index("MDE")].endswith("!")
+    assert f"{v.waves_needed} waves" in to_markdown([v])
+
+
+def test_planned_resolution_from_the_baseline_alone():
+    from bench.gate import planned_resolution
+
+    quiet = results({"c": {"decode_tok_s": spread(100, 16, 0.01)}})
+    noisy = results({"c": {"decode_tok_s": spread(100, 16, 0.08)}})
+    noisy.cells[0].waves = 16
+    [q] = planned_resolution(quiet, [DEC])
+    [n] = planned_resolution(noisy, [DEC])
+    assert q["resolution_ok"] and q["min_detectable_pct"] < 5
+    assert not n["resolution_ok"] and n["waves_needed"] > 16 and n["min_detectable_pct"] > 5
+    # it predicts the MDE of a real comparison with an equally noisy candidate
+    cand = results({"c": {"decode_tok_s": spread(100, 16, 0.08)}})
+    [v] = compare(noisy, cand, [DEC])
+    assert n["min_detectable_pct"] == pytest.approx(v.mde_pct, rel=0.35)
+
+
+def test_mde_is_relative_so_a_large_change_is_called_what_it_is():
+    """A run 7-27x faster (drift between runs) is 'improved', not 'unchanged' behind a huge linear MDE."""
+    from bench.gate import min_detectable_pct
+
+    mde = min_detectable_pct(6.7, 26.9, 4, 4, higher_better=True)
+    assert mde < 100.0
+    assert classify(DEC, 6.7, 26.9, mde) == "improved"
+    near = min_detectable_pct(0.98, 1.02, 8, 8, higher_better=True)
+    assert near == pytest.approx(min_detectable_pct(0.98, 1.02, 8, 8), rel=0.03)  # the same near a ratio of 1
+    rise = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=False)
+    drop = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=True)
+    assert drop < rise  # a drop and a rise of the same log size

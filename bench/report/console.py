@@ -5,21 +5,34 @@ Both consoles write through :class:`bench.redaction.RedactingStream`: whatever i
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from typing import Any, TextIO
 
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.table import Table
+from rich.text import Text
 
 from ..redaction import RedactingStream
 from ..results import Results
 
-__all__ = ["stdout", "stderr", "request_table"]
+__all__ = ["stdout", "stderr", "request_table", "results_table", "results_text", "console_width"]
 
-# Not a terminal (a pipe, a file, CI logs): no wrapping at 80 columns, so tables stay readable when saved.
-stdout = Console(file=RedactingStream.stdout(), width=None if sys.stdout.isatty() else 220)  # type: ignore[arg-type]
+
+def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
+    """The width to render for: ``$COLUMNS`` when set; else the terminal's (None: rich asks it); else 220.
+
+    Not a terminal (a pipe, a file, CI logs) and no ``$COLUMNS``: 220, so tables stay readable when saved.
+    """
+    cols = (os.environ if environ is None else environ).get("COLUMNS", "")
+    if cols.isdigit() and int(cols) > 0:
+        return int(cols)
+    return None if stream.isatty() else 220
+
+
+stdout = Console(file=RedactingStream.stdout(), width=console_width(sys.stdout))  # type: ignore[arg-type]
 stderr = Console(file=RedactingStream.stderr(), stderr=True,  # type: ignore[arg-type]
-                 width=None if sys.stderr.isatty() else 220)
+                 width=console_width(sys.stderr))
 
 _ROWS: list[tuple[str, str, str]] = [
     ("ok", "ok", ""),
@@ -69,15 +82,37 @@ def request_table(m: dict[str, Any], title: str) -> Table:
     return t
 
 
-def results_table(results: Results) -> Table:
-    """The final per-cell table of a run (same rows as the Markdown report)."""
-    from .export import table_rows
+def results_table(results: Results, width: int | None = None) -> RenderableType:
+    """The final per-cell table of a run (same rows as the Markdown report).
+
+    With ``width`` narrower than the table needs with every figure whole (:func:`bench.report.export.table_width`),
+    a stacked layout instead: one block per cell, ``label value`` fields wrapped at ``width`` (figures never split).
+    """
+    from .export import stacked_lines, table_rows, table_width
 
     head, rows = table_rows(results)
-    t = Table(title=f"bench: profile {results.profile.name} on {results.endpoint.model}", header_style="bold",
-              show_lines=False)
-    for i, h in enumerate(head):
-        t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold")
+    title = f"bench: profile {results.profile.name} on {results.endpoint.model}"
+    if width is not None and width < table_width(head, rows):
+        return Group(*(Text(line, no_wrap=True, overflow="ignore") for line in stacked_lines(results, width, title)))
+    t = Table(title=title, header_style="bold", show_lines=False)
+    fit = width is not None and width < table_width(head, rows, natural=True)
+    for i, h in enumerate(head):  # squeezed: each column as wide as its widest value (headers wrap at spaces)
+        w = max([len(r[i]) for r in rows] + [len(x) for x in h.split()]) if fit else None
+        t.add_column(h, justify="left" if i in (0, 2) else "right", overflow="fold", width=w)
     for r in rows:
         t.add_row(*r)
     return t
+
+
+def results_text(results: Results, width: int = 80) -> str:
+    """What ``bench run`` prints on stdout at the end, as plain text for a ``width``-column terminal: the per-cell
+    table (stacked when narrow) and the headline lines (README's sample is this, tested)."""
+    import io
+
+    from .export import headline
+
+    con = Console(width=width, file=io.StringIO(), record=True, color_system=None)
+    con.print(results_table(results, width=width))
+    for h in headline(results):
+        con.print(f"  {h}", highlight=False)
+    return "\n".join(line.rstrip() for line in con.export_text().splitlines())

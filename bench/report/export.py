@@ -9,6 +9,7 @@ from __future__ import annotations
 import csv
 import io
 import os
+import textwrap
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -16,7 +17,7 @@ from typing import Any
 from ..results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
-           "VIEWS"]
+           "VIEWS", "table_width", "stacked_lines"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -34,6 +35,8 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("server_prefill_tok_s_p50", "server_prefill_tok_s", "median"), ("overhead_ms", "overhead_ms", None),
     ("prompt_tokens_p50", "prompt_tokens", "median"), ("output_tokens_p50", "output_tokens", "median"),
     ("tokens_per_event_p50", "tokens_per_event", "median"), ("cached_tokens", "cached_tokens", None),
+    ("decode_wave_spread_pct", "noise", "spread_pct"), ("decode_ci_half_pct", "noise", "ci_half_pct"),
+    ("decode_ci_wide", "noise", "ci_wide"), ("decode_waves_needed", "noise", "waves_needed"),
     ("client_cpu_pct", "client_cpu_pct", None),
     ("server_kv_cache_usage_pct_max", "server_metrics", "kv_cache_usage_pct_max"),
     ("server_requests_waiting_max", "server_metrics", "requests_waiting_max"),
@@ -95,7 +98,7 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
         thin = "*" if "p99" in t.get("thin", []) else ""
         pt = c.stat("prompt_tok_s") if c.depth else None
         ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
-        noisy = " ~" if c.noise and c.noise.get("target_met") is False else ""
+        noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
         rows.append([
             _depth(c.depth), str(c.streams), c.prompt, f"{c.requests_ok}/{c.requests_failed}",
             f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}"
@@ -108,6 +111,44 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
         ])
     return head, rows
+
+
+def table_width(head: list[str], rows: list[list[str]], natural: bool = False) -> int:
+    """Columns the per-cell table needs with every value whole: the widest value or header word of each column
+    (headers wrap at their spaces), plus rich's padding and borders (3 per column, 1 more at the edge).
+    ``natural``: the width with headers on one line instead."""
+    need = 1
+    for i, h in enumerate(head):
+        word = len(h) if natural else max((len(w) for w in h.split()), default=1)
+        need += max([word, *(len(r[i]) for r in rows)]) + 3
+    return need
+
+
+def stacked_lines(results: Results, width: int, title: str | None = None) -> list[str]:
+    """The per-cell table stacked for a narrow terminal: per cell a line ``cell id`` then its ``label: value``
+    fields (the table's own headers and cells) joined with ``;`` and wrapped at ``width`` between fields; a field
+    wider than ``width`` puts its value on the next line (wrapped at spaces, never inside a number)."""
+    head, rows = table_rows(results)
+    out: list[str] = textwrap.wrap(title, width) if title else []
+    for c, r in zip(results.cells, rows):
+        out.append(c.id)
+        line = ""
+        for h, v in zip(head[3:], r[3:]):
+            field = f"{h}: {v}"
+            if line and len(line) + 2 + len(field) <= width:
+                line += "; " + field
+                continue
+            if line:
+                out.append(line)
+            line = "  " + field
+            if len(line) > width:  # the label on its line, the value under it (wrapped at spaces only if need be)
+                out += textwrap.wrap(f"{h}:", width, initial_indent="  ", subsequent_indent="  ")
+                out += textwrap.wrap(v, width, initial_indent="    ", subsequent_indent="    ",
+                                     break_long_words=False)
+                line = ""
+        if line:
+            out.append(line)
+    return out
 
 
 def headline(results: Results) -> list[str]:
@@ -181,8 +222,8 @@ def to_markdown(results: Results) -> str:
     for r in rows:
         lines.append("| " + " | ".join(r) + " |")
     lines.append("")
-    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT; ~ spread wider than "
-                 "the profile's target_ci.")
+    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT; ~ the decode CI is "
+                 "wider than the profile's target_ci (the cell's `noise`: waves that would meet it).")
     warns = results.warnings
     if warns:
         lines.append("")

@@ -1,10 +1,13 @@
-"""Live progress of a run (rich): the cell, requests done of total, live tok/s, elapsed and ETA, and whether
-streams are waiting for their first token (a long prefill), so a quiet run never looks hung."""
+"""Live progress of a run: on a terminal a rich display (the cell, requests done of total, live tok/s, elapsed and
+ETA, and whether streams are waiting for their first token, a long prefill); in a log (stdout not a terminal, a CI
+job) plain lines, one when each cell starts, one when it ends with its decode figure, and one every
+``interval_s`` (30 s) inside a long cell; so a quiet run never looks hung."""
 
 from __future__ import annotations
 
+import textwrap
 import time
-from typing import Any
+from typing import Any, TextIO
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -13,7 +16,9 @@ from ..client import StreamTap
 from ..profile import Cell
 from ..results import CellResult
 
-__all__ = ["RichObserver", "QuietObserver"]
+__all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S"]
+
+PROGRESS_EVERY_S = 30.0
 
 
 class QuietObserver:
@@ -110,13 +115,9 @@ class RichObserver(QuietObserver):
 
     def cell_done(self, cell: Cell, summary: CellResult) -> None:
         """Show the cell's headline number."""
-        d = summary.stat("decode_tok_s")
-        a = summary.stat("aggregate_decode_tok_s")
-        txt = f"decode {d:,.1f} tok/s/stream" if d else "no decode figure"
-        if a and cell.streams > 1:
-            txt += f", {a:,.1f} aggregate"
+        txt = cell_result_text(cell, summary)
         if summary.requests_failed:
-            txt += f" [red]{summary.requests_failed} failed[/red]"
+            txt = txt.replace(f"{summary.requests_failed} failed", f"[red]{summary.requests_failed} failed[/red]")
         self.taps = []
         self.progress.update(self.task, live=txt)
 
@@ -124,3 +125,88 @@ class RichObserver(QuietObserver):
         """Refresh the live column (called periodically)."""
         if self.task is not None and self.taps:
             self.progress.update(self.task, live=self._live())
+
+
+def cell_result_text(cell: Cell, summary: CellResult) -> str:
+    """``decode 123.4 tok/s/stream, 456.7 aggregate, 1 failed``: a cell's headline figures in a few words."""
+    d = summary.stat("decode_tok_s")
+    a = summary.stat("aggregate_decode_tok_s")
+    txt = f"decode {d:,.1f} tok/s/stream" if d else "no decode figure"
+    if a and cell.streams > 1:
+        txt += f", {a:,.1f} aggregate"
+    if summary.requests_failed:
+        txt += f", {summary.requests_failed} failed"
+    return txt
+
+
+def _clock(s: float) -> str:
+    m, sec = divmod(int(s), 60)
+    return f"{m}m{sec:02d}s" if m else f"{s:.1f}s"
+
+
+class PlainObserver(QuietObserver):
+    """Plain progress lines for a log (stdout not a terminal): cell started, cell done with its decode figure, and
+    a line every ``interval_s`` inside a cell (requests done, elapsed, live tok/s). Each line is flushed at once.
+
+    Call :meth:`tick` periodically (more often than ``interval_s``); warnings go to ``console`` (stderr). Lines
+    longer than ``width`` are wrapped at spaces.
+    """
+
+    def __init__(self, stream: TextIO, total_cells: int, interval_s: float = PROGRESS_EVERY_S,
+                 console: Console | None = None, width: int | None = None) -> None:
+        super().__init__(console)
+        self.stream = stream
+        self.width = width
+        self.total_cells = total_cells
+        self.interval_s = interval_s
+        self.cell_no = 0
+        self.cell_id = ""
+        self.done = 0
+        self.total = 0
+        self.taps: list[StreamTap] = []
+        self.t0 = self.last = time.monotonic()
+
+    def __enter__(self) -> PlainObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stream.flush()
+
+    def _line(self, text: str) -> None:
+        line = f"bench: [{self.cell_no}/{self.total_cells}] {text}"
+        if self.width and len(line) > self.width:  # wrap at spaces: every number stays whole
+            line = "\n".join(textwrap.wrap(line, self.width, subsequent_indent="    ", break_long_words=False))
+        self.stream.write(line + "\n")
+        self.stream.flush()
+        self.last = time.monotonic()
+
+    def cell_started(self, cell: Cell, total_requests: int) -> None:
+        """A line when a new cell starts (an extended cell only updates its total)."""
+        self.total = total_requests
+        if cell.id == self.cell_id:
+            return
+        self.cell_no += 1
+        self.cell_id, self.done, self.t0 = cell.id, 0, time.monotonic()
+        self._line(f"{cell.id} started: {total_requests} requests, {cell.streams} stream(s)")
+
+    def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
+        """Track the wave's streams for the live rate."""
+        self.taps = taps
+
+    def request_done(self, cell: Cell, ok: bool) -> None:
+        """Count it."""
+        self.done += 1
+
+    def cell_done(self, cell: Cell, summary: CellResult) -> None:
+        """A line with the cell's decode figure."""
+        self.taps = []
+        self._line(f"{cell.id} done in {_clock(time.monotonic() - self.t0)}: {cell_result_text(cell, summary)}")
+
+    def tick(self) -> None:
+        """Every ``interval_s`` inside a cell: requests done, elapsed, tokens streamed so far in this wave."""
+        now = time.monotonic()
+        if not self.cell_id or now - self.last < self.interval_s:
+            return
+        waiting = sum(1 for t in self.taps if t.started and not t.finished and t.events == 0)
+        live = f", {waiting} stream(s) waiting for the first token" if waiting else ""
+        self._line(f"{self.cell_id}: {self.done}/{self.total} requests, {_clock(now - self.t0)}{live}")

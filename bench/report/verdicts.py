@@ -24,6 +24,8 @@ __all__ = [
     "OUTCOME",
     "fmt_value",
     "fmt_ratio",
+    "fmt_mde",
+    "resolution_notes",
     "verdict_rows",
     "gate_table",
     "side_by_side_rows",
@@ -38,7 +40,7 @@ __all__ = [
 OUTCOME = {0: "PASS", 1: "REGRESSION", 2: "INCONCLUSIVE"}
 _STYLE = {"regression": "bold red", "inconclusive": "yellow", "improved": "green", "unchanged": ""}
 _CHANGE = {"regression": "worse", "inconclusive": "~", "improved": "better", "unchanged": "same"}
-VERDICT_HEAD = ["verdict", "metric", "stat", "cell", "baseline", "candidate", "ratio", "CI", "limit", "n"]
+VERDICT_HEAD = ["verdict", "metric", "stat", "cell", "baseline", "candidate", "ratio", "CI", "limit", "MDE", "n"]
 
 
 def fmt_value(v: float | None) -> str:
@@ -69,13 +71,25 @@ def _limit(v: Verdict) -> str:
     return f"{'>=' if r.higher_better else '<='} {r.limit:.3f}"
 
 
+def fmt_mde(v: Verdict) -> str:
+    """The minimum detectable effect, ``2.3 %``; ``6.1 % !`` when it exceeds the rule's allowance; ``-`` if none."""
+    if v.mde_pct is None:
+        return "-"
+    return f"{v.mde_pct:.1f} %" + ("" if v.resolution_ok else " !")
+
+
+def resolution_notes(verdicts: Sequence[Verdict]) -> list[str]:
+    """One line per verdict whose MDE exceeds its allowance: ``name: resolution: ...waves...``."""
+    return [f"{v.name}: {v.resolution()}" for v in verdicts if v.resolution()]
+
+
 def verdict_rows(verdicts: Sequence[Verdict]) -> tuple[list[str], list[list[str]]]:
     """Header and one row of strings per verdict (columns :data:`VERDICT_HEAD`); notes go in the CI column."""
     rows = []
     for v in verdicts:
         ci = _ci(v) if v.lo is not None else (v.note or "-")
         rows.append([v.verdict, v.rule.metric, v.rule.stat, v.cell, fmt_value(v.baseline), fmt_value(v.candidate),
-                     fmt_ratio(v.ratio), ci, _limit(v), f"{v.n_baseline}/{v.n_candidate}"])
+                     fmt_ratio(v.ratio), ci, _limit(v), fmt_mde(v), f"{v.n_baseline}/{v.n_candidate}"])
     return list(VERDICT_HEAD), rows
 
 
@@ -91,8 +105,8 @@ def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> Table:
     """A rich table: one line per verdict (metric, cell, baseline, candidate, ratio [lo, hi], verdict)."""
     head, rows = verdict_rows(verdicts)
     t = Table(title=title, header_style="bold")
-    for i, h in enumerate(head):
-        t.add_column(h, justify="right" if h in ("baseline", "candidate", "ratio", "n") else "left")
+    for h in head:
+        t.add_column(h, justify="right" if h in ("baseline", "candidate", "ratio", "MDE", "n") else "left")
     for v, r in zip(verdicts, rows):
         style = _STYLE.get(v.verdict, "")
         t.add_row(f"[{style}]{r[0]}[/{style}]" if style else r[0], *r[1:])
@@ -158,7 +172,8 @@ def to_junit(
             "time": "0",
         })
         detail = (f"{v.name}: baseline {fmt_value(v.baseline)}, candidate {fmt_value(v.candidate)}, "
-                  f"ratio {fmt_ratio(v.ratio)} {_ci(v)}, limit {_limit(v)}, samples {v.n_baseline}/{v.n_candidate}. "
+                  f"ratio {fmt_ratio(v.ratio)} {_ci(v)}, limit {_limit(v)}, MDE {fmt_mde(v)}, "
+                  f"samples {v.n_baseline}/{v.n_candidate}. "
                   f"{v.explain()}")
         if v.failed:
             f = ET.SubElement(tc, "failure", {"type": v.verdict, "message": v.explain()})
@@ -175,7 +190,7 @@ def _md_cell(s: str) -> str:
 
 def _md_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     out = ["| " + " | ".join(_md_cell(h) for h in head) + " |",
-           "|" + "|".join("---:" if h in ("baseline", "candidate", "ratio", "n") else "---" for h in head) + "|"]
+           "|" + "|".join("---:" if h in ("baseline", "candidate", "ratio", "MDE", "n") else "---" for h in head) + "|"]
     out += ["| " + " | ".join(_md_cell(c) for c in r) + " |" for r in rows]
     return out
 
@@ -207,8 +222,12 @@ def to_markdown(
         lines += _md_table(head, rows)
         lines.append("")
         lines.append("ratio = candidate / baseline of the statistic; CI: two-sample bootstrap (docs/gate.md). "
-                     "A regression needs the whole CI beyond the limit.")
+                     "A regression needs the whole CI beyond the limit. MDE: the smallest change this comparison "
+                     "detects at the measured noise (80 % power); `!` when it exceeds the allowance.")
         lines.append("")
+        lines += [f"- {_md_cell(n)}" for n in resolution_notes(vs)]
+        if resolution_notes(vs):
+            lines.append("")
     if side_by_side is not None:
         lines.append("#### Main metrics (medians)")
         lines.append("")

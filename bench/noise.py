@@ -1,0 +1,112 @@
+"""Noise shown, not hidden: each cell's spread across its waves and whether its confidence interval meets the
+profile's ``target_ci``; and the llama-server host prompt cache (``--cache-ram``) note (pure).
+
+:func:`cell_noise` gives the cell's ``noise`` dict (definitions in docs/health.md): the per-wave medians of the
+per-stream decode rate, their spread and coefficient of variation, the 95 % bootstrap CI half-width of the cell's
+median decode rate (the statistic ``target_ci`` bounds, as the run loop computes it), whether that is wider than
+``target_ci``, and how many waves would meet it (the half-width falls like ``1/sqrt(waves)``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .metrics import request_metrics
+from .records import RequestRecord
+from .stats import bootstrap_ci
+
+__all__ = ["cell_noise", "wave_medians", "noise_warnings", "cache_ram_warnings", "CACHE_GAP_SHARE"]
+
+CACHE_GAP_SHARE = 0.20  # TTFT minus the server's prompt time above this share of TTFT is worth a note
+
+
+def _median(xs: Sequence[float]) -> float:
+    s = sorted(xs)
+    n = len(s)
+    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def wave_medians(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[float]:
+    """The median per-stream decode tok/s of each measured wave (waves without a successful request left out)."""
+    by_id = {r.request_id: r for r in records}
+    out = []
+    for ids in waves:
+        vals = []
+        for i in ids:
+            r = by_id.get(i)
+            m = request_metrics(r) if r is not None else None
+            if m is not None and m.ok and m.decode_tok_s:
+                vals.append(m.decode_tok_s)
+        if vals:
+            out.append(_median(vals))
+    return out
+
+
+def cell_noise(per_wave: Sequence[float], values: Sequence[float], target_ci: float,
+               metric: str = "decode_tok_s") -> dict[str, Any]:
+    """The ``noise`` dict of one cell.
+
+    Args:
+        per_wave: the metric's median in each measured wave (:func:`wave_medians`).
+        values: the metric's per-request samples of the cell (``summary["samples"]["decode_tok_s"]``).
+        target_ci: the profile's ``target_ci`` (a fraction of the median; 0 = no target).
+        metric: the metric's name (recorded in the dict).
+
+    Returns ``{"metric", "waves", "wave_medians", "spread_pct", "cv_pct", "ci_half_pct", "target_ci_pct",
+    "ci_wide", "waves_needed"}``; percentages of the cell's median, None where there are too few values (spread
+    and CV need 2 waves, the CI 3 requests). ``ci_wide`` is true when a target is set and the half-width exceeds
+    it; ``waves_needed`` is then ``ceil(waves * (ci_half / target)^2)``, else None.
+    """
+    w = [float(x) for x in per_wave]
+    vs = [float(x) for x in values if x]
+    med = _median(vs) if vs else None
+    spread = cv = half = None
+    if len(w) >= 2 and med:
+        spread = (max(w) - min(w)) / med * 100.0
+        mean = sum(w) / len(w)
+        sd = math.sqrt(sum((x - mean) ** 2 for x in w) / (len(w) - 1))
+        cv = sd / mean * 100.0 if mean else None
+    if len(vs) >= 3 and med:
+        lo, hi = bootstrap_ci(vs)
+        half = (hi - lo) / 2 / med * 100.0
+    target = target_ci * 100.0 if target_ci > 0 else None
+    wide = bool(target is not None and half is not None and half > target)
+    need = None
+    if wide and half is not None and target is not None:
+        need = max(math.ceil(max(len(w), 1) * (half / target) ** 2 - 1e-9), len(w) + 1)
+    return {"metric": metric, "waves": len(w), "wave_medians": [round(x, 3) for x in w], "spread_pct": _r(spread),
+            "cv_pct": _r(cv), "ci_half_pct": _r(half), "target_ci_pct": target, "ci_wide": wide, "waves_needed": need}
+
+
+def noise_warnings(cell_id: str, noise: Mapping[str, Any], max_waves: int | None = None) -> list[str]:
+    """A warning when the cell's CI is wider than ``target_ci``, with the waves that would meet it."""
+    if not noise.get("ci_wide"):
+        return []
+    need = noise.get("waves_needed")
+    fix = f"about {need} waves would meet it"
+    if max_waves is not None and need is not None and need > max_waves:
+        fix += f" (raise max_waves = {max_waves} to {need})"
+    return [f"{cell_id}: the 95 % CI of median {noise.get('metric')} is +-{noise['ci_half_pct']:.1f} %, wider than "
+            f"target_ci = {noise['target_ci_pct'] / 100:g} after {noise['waves']} waves "
+            f"(waves spread {noise.get('spread_pct') or 0:.1f} %); {fix}"]
+
+
+def cache_ram_warnings(summary: Mapping[str, Any], share: float = CACHE_GAP_SHARE) -> list[str]:
+    """The ``--cache-ram`` note: when TTFT minus the server's own prompt time (``ttft_minus_server_prompt_ms``,
+    llama.cpp ``timings.prompt_ms``) is over ``share`` of the median TTFT and over twice the fixed overhead, say
+    what that time is and name llama-server's ``--cache-ram 0``. Cells at depth 0 are skipped (tiny prompts)."""
+    gap = (summary.get("ttft_minus_server_prompt_ms") or {}).get("median")
+    ttft = (summary.get("ttft_ms") or {}).get("median")
+    over = summary.get("overhead_ms") or 0.0
+    if not summary.get("depth") or gap is None or not ttft or gap <= share * ttft or gap <= 2 * over:
+        return []
+    return [f"{summary.get('id')}: {gap:.0f} ms of the {ttft:.0f} ms median TTFT is outside the server's own prompt "
+            f"time ({gap / ttft:.0%}): llama-server's host prompt cache (on by default) saves and restores prompt "
+            "state inside TTFT, so prompt tok/s reads low; restart llama-server with --cache-ram 0 to measure "
+            "prefill alone"]
