@@ -294,17 +294,19 @@ class Session:
         self.note(f"prompt lengths calibrated at {cpt:.2f} chars/token from two probes (an estimate; the server "
                   "has no working /tokenize)")
 
-    async def _measure_overhead(self) -> None:
-        """Tiny prompts: template overhead tokens (with a server tokenizer) and the fixed TTFT overhead.
+    async def _measure_overhead(self, seed_base: int = 1_000_000, learn: bool = True) -> float | None:
+        """Tiny prompts: the fixed TTFT overhead (their median TTFT, returned and, with ``learn``, kept), and with
+        ``learn`` the template's overhead and cached header tokens. Probes of a later call (``seed_base``) get their
+        own unique prefixes, so no probe is served from the cache of an earlier one.
 
         A probe whose single token decodes to no text (``no_tokens``: it happens with special tokens) is skipped and
         replaced, up to ``overhead_probes + 3`` extra tries; any other failure stops the run.
         """
         n = self.profile.overhead_probes
         ttfts: list[float] = []
-        done, tries, header_known = 0, 0, False
+        done, tries, header_known = 0, 0, not learn
         while done < n + 1:  # the first is a warm-up (connection, server caches)
-            text = unique_prefix(self.run_id, 1_000_000 + tries) + "Say OK."
+            text = unique_prefix(self.run_id, seed_base + tries) + "Say OK."
             tries += 1
             rec = await self.send(text, 1, "overhead", {"phase": "overhead"})
             self.write(rec)
@@ -319,14 +321,15 @@ class Session:
                 self.template_overhead_tokens = max(0, m.prompt_tokens - await self._count(text))
                 header_known = True
             if done > 0:
-                # a prompt unique from its first character still shares the chat template's fixed header
-                self.template_cached_tokens = max(self.template_cached_tokens, m.cached_tokens)
+                if learn:  # a prompt unique from its first character still shares the chat template's header
+                    self.template_cached_tokens = max(self.template_cached_tokens, m.cached_tokens)
                 if m.ttft_ms is not None:
                     ttfts.append(m.ttft_ms)
             done += 1
-        if ttfts:
-            ttfts.sort()
-            self.overhead_ms = ttfts[len(ttfts) // 2]
+        median = sorted(ttfts)[len(ttfts) // 2] if ttfts else None
+        if learn:
+            self.overhead_ms = median
+        return median
 
     async def measure_drift(self) -> None:
         """Run the overhead probes again at the end: how far the server's fixed overhead moved during the run
@@ -335,12 +338,10 @@ class Session:
         if start is None or self.profile.overhead_probes < 1:
             return
         try:
-            await self._measure_overhead()
+            end = await self._measure_overhead(seed_base=2_000_000, learn=False)
         except (ServerError, EndpointUnreachable) as e:
             self.note(f"the closing overhead probes failed ({e}); drift not measured")
-            self.overhead_ms = start
             return
-        end, self.overhead_ms = self.overhead_ms, start
         if end is not None:
             self.drift = {"overhead_ms_start": round(start, 3), "overhead_ms_end": round(end, 3),
                           "overhead_change_pct": round((end - start) / start * 100, 1) if start else None}

@@ -203,3 +203,23 @@ def test_records_never_hold_a_torn_line(tmp_path, monkeypatch) -> None:
     text = (tmp_path / "records.jsonl").read_text()
     assert text.endswith("\n") and len(text.splitlines()) == 1
     assert [r.request_id for r in read_records(tmp_path / "records.jsonl")] == ["a"]
+
+
+def test_drift_probes_are_unique_and_leave_the_header_alone(tmp_path) -> None:
+    """The closing overhead probes (run.drift) have prefixes of their own: against a prefix cache they are not
+    served from the opening probes' cache, and they do not change what the run learned about the template."""
+    prof = tmp_path / "t.toml"
+    prof.write_text(TINY)
+    with running_sim(SimConfig(decode_step_ms=2.0, prefix_cache=True, prefix_block_tokens=4)) as url:
+        r = _bench("run", url, "-p", str(prof), "--out", str(tmp_path / "o"), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    drift = res["run"]["drift"]
+    assert drift["overhead_ms_start"] > 0 and drift["overhead_ms_end"] > 0
+    recs = read_records(tmp_path / "o" / "records.jsonl")
+    last_measured = max(x.sent_ns for x in recs if x.meta.get("phase") == "measure")
+    closing = [x for x in recs if x.meta.get("phase") == "overhead" and x.sent_ns > last_measured]
+    opening = [x for x in recs if x.meta.get("phase") == "overhead" and x.sent_ns < last_measured]
+    assert len(closing) == len(opening) == 2
+    header = res["run"]["template_cached_tokens"]
+    assert all((x.usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0) <= header + 4 for x in closing)
