@@ -7,6 +7,7 @@ read that completed an event.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -14,7 +15,7 @@ from .records import Event, RequestRecord
 from .stats import percentile
 from .tokens import estimate_tokens, event_token_counts
 
-__all__ = ["RequestMetrics", "request_metrics"]
+__all__ = ["RequestMetrics", "request_metrics", "ok_metrics_by_wave"]
 
 
 @dataclass(slots=True)
@@ -219,3 +220,14 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         status=rec.status,
         itl_ms=itl,
     )
+
+
+def ok_metrics_by_wave(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[list[RequestMetrics]]:
+    """The metrics of each wave's successful requests (``waves``: request ids per wave, in order); ids without a
+    record are skipped."""
+    by_id = {r.request_id: r for r in records}
+    out = []
+    for ids in waves:
+        ms = [request_metrics(by_id[i]) for i in ids if i in by_id]
+        out.append([m for m in ms if m.ok])
+    return out

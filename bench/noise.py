@@ -13,7 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics import request_metrics
+from .metrics import ok_metrics_by_wave
 from .records import RequestRecord
 from .stats import bootstrap_ci
 
@@ -34,15 +34,9 @@ def _r(x: float | None) -> float | None:
 
 def wave_medians(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[float]:
     """The median per-stream decode tok/s of each measured wave (waves without a successful request left out)."""
-    by_id = {r.request_id: r for r in records}
     out = []
-    for ids in waves:
-        vals = []
-        for i in ids:
-            r = by_id.get(i)
-            m = request_metrics(r) if r is not None else None
-            if m is not None and m.ok and m.decode_tok_s:
-                vals.append(m.decode_tok_s)
+    for ms in ok_metrics_by_wave(records, waves):
+        vals = [m.decode_tok_s for m in ms if m.decode_tok_s]
         if vals:
             out.append(_median(vals))
     return out

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics import request_metrics
+from .metrics import ok_metrics_by_wave
 from .records import RequestRecord
 
 __all__ = ["slot_warnings", "detect_queueing", "queueing_from_records", "queueing_summary", "waves_of_cell",
@@ -92,16 +92,8 @@ def detect_queueing(waves: Sequence[Sequence[tuple[float, float]]], streams: int
 def queueing_from_records(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]],
                           streams: int) -> dict[str, Any] | None:
     """:func:`detect_queueing` from a cell's measured records and its waves (request ids per wave)."""
-    by_id = {r.request_id: r for r in records}
-    per_wave = []
-    for ids in waves:
-        pairs = []
-        for i in ids:
-            r = by_id.get(i)
-            m = request_metrics(r) if r is not None else None
-            if m is not None and m.ok and m.ttft_ms is not None and m.e2e_ms is not None:
-                pairs.append((m.ttft_ms, m.e2e_ms))
-        per_wave.append(pairs)
+    per_wave = [[(m.ttft_ms, m.e2e_ms) for m in ms if m.ttft_ms is not None and m.e2e_ms is not None]
+                for ms in ok_metrics_by_wave(records, waves)]
     return detect_queueing(per_wave, streams)
 
 
