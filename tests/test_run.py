@@ -102,7 +102,11 @@ def test_sweep_against_llama_server(llama_server, tmp_path, capsys) -> None:
     recs = [r for r in read_records(out / "records.jsonl") if r.meta.get("phase") == "measure"]
     assert len(recs) == sum(c["requests_ok"] + c["requests_failed"] for c in cells.values())
     from bench.metrics import request_metrics
-    assert all(request_metrics(r).cached_tokens <= header for r in recs)
+    from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
+
+    # llama-server picks the slot whose cached prompt is most alike: two unique prefixes may share up to their first
+    # 4 code characters beyond the header (issue 12; docs/metrics.md), never more
+    assert all(request_metrics(r).cached_tokens <= header + PREFIX_SHARED_TOKENS_MAX for r in recs)
     for f in ("results.csv", "results.md", "records.jsonl"):
         assert (out / f).stat().st_size > 0
     md = (out / "results.md").read_text()
