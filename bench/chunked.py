@@ -3,8 +3,8 @@
 Why: streaming servers send each SSE event as its own chunk, so a 16-stream run at 100k events/s is 100k chunks/s.
 h11 spends ~10-20 µs of Python per chunk (its state machine and event objects: half of the per-event cost in
 ``benchmarks/hotpath.py --profile``); this decoder does the same framing with a few ``bytes.find`` calls per
-chunk. It is not wired into :class:`bench.fastio.FastResponse` yet (that class is being changed elsewhere):
-``benchmarks/hotpath.py``'s ``+chunked`` variants measure what it would give.
+chunk. :class:`bench.fastio.FastResponse` uses it for every chunked body (``benchmarks/hotpath.py`` measures the
+difference).
 
 Rules: ``chunk-size`` is hex digits, optionally followed by ``;`` extensions (ignored) and optional whitespace,
 ended by CRLF (a bare LF is accepted, as h11 does); chunk data is followed by CRLF; ``0`` ends the body, then
@@ -26,7 +26,7 @@ class ChunkedDecoder:
     """``feed(data) -> body bytes`` (possibly empty); ``done`` once the last chunk and trailers were read;
     ``rest`` holds bytes after the body (the next response on a kept-alive connection)."""
 
-    __slots__ = ("_buf", "_left", "_state", "done", "rest")
+    __slots__ = ("_buf", "_left", "_state", "done", "rest", "pending")
 
     def __init__(self) -> None:
         self._buf = b""
@@ -34,6 +34,7 @@ class ChunkedDecoder:
         self._state = _SIZE
         self.done = False
         self.rest = b""
+        self.pending: bytes | None = None  # bytes read before the decoder took over, for its owner to feed
 
     def feed(self, data: bytes) -> bytes:
         if self.done:

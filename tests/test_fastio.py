@@ -505,3 +505,102 @@ def test_stream_request_over_https_is_stamped_on_arrival(tls_cert, monkeypatch) 
                 assert all(30 < g < 150 for g in gaps[:2]), gaps
 
     asyncio.run(main())
+
+
+def _chunked_handler(server_ref: list[Server], parts: list[bytes], head_extra: bytes = b"") -> Handler:
+    """Answers every request on a connection with a chunked body written as ``parts`` (one write each), the first
+    part in the same write as the head."""
+
+    async def h(reader, writer, i):
+        while True:
+            req = await read_request(reader)
+            if req is None:
+                return
+            server_ref[0].requests.append(req)
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + head_extra
+            writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + parts[0])
+            for p in parts[1:]:
+                await writer.drain()
+                await asyncio.sleep(0.005)
+                writer.write(p)
+            await writer.drain()
+
+    return h
+
+
+@pytest.mark.parametrize("stamps", ["kernel", "user"])
+@pytest.mark.parametrize("parts", [
+    [b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"],                      # all with the head
+    [b"5\r", b"\nhel", b"lo\r", b"\n6;ext=1\r\n wo", b"rld\r\n0\r\n", b"\r\n"],  # split everywhere
+    [b"", b"5\nhello\n6\n world\n0\nTrailer: x\n\n"],                # bare LF and a trailer
+    [b"B\r\nhello world\r\n0\r\nX-A: 1\r\nX-B: 2\r\n\r\n"],           # hex size, two trailers
+])
+def test_chunked_bodies_framed_by_bench_chunked_reuse_the_connection(parts, stamps) -> None:
+    ref: list[Server] = []
+
+    async def main():
+        async with Server(_chunked_handler(ref, parts)) as srv:
+            ref.append(srv)
+            pool = FastPool(stamps=stamps)
+            for _ in range(3):
+                code, _, body = await _get(pool, srv.url, read_timeout=5.0)
+                assert code == 200 and body == b"hello world"
+            assert pool.connects == 1 and srv.connections == 1 and len(srv.requests) == 3
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+def test_chunked_body_with_connection_close_is_not_pooled() -> None:
+    ref: list[Server] = []
+
+    async def main():
+        async with Server(_chunked_handler(ref, [b"2\r\nok\r\n0\r\n\r\n"], b"Connection: close\r\n")) as srv:
+            ref.append(srv)
+            pool = FastPool()
+            for _ in range(2):
+                assert (await _get(pool, srv.url, read_timeout=5.0))[2] == b"ok"
+            assert pool.connects == 2
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("bad", [b"zz\r\nhello\r\n0\r\n\r\n", b"5\r\nhelloXX0\r\n\r\n"])
+def test_malformed_chunked_body_is_an_error(bad) -> None:
+    ref: list[Server] = []
+
+    async def main():
+        async with Server(_chunked_handler(ref, [bad])) as srv:
+            ref.append(srv)
+            pool = FastPool()
+            with pytest.raises(FastIOError, match="invalid chunked body"):
+                await _get(pool, srv.url, read_timeout=5.0)
+            assert pool.connects == 1 and not any(pool._idle.values())  # the broken connection is not pooled
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+def test_close_after_done_pools_a_chunked_connection_when_the_terminator_follows() -> None:
+    ref: list[Server] = []
+    sse = b"data: [DONE]\n\n"
+    parts = [b"%x\r\n%s\r\n" % (len(sse), sse), b"0\r\n\r\n"]
+
+    async def main():
+        async with Server(_chunked_handler(ref, parts)) as srv:
+            ref.append(srv)
+            pool = FastPool()
+            for _ in range(2):
+                r = await pool.stream("POST", srv.url + "/", {}, b"", connect_timeout=2.0, read_timeout=5.0)
+                stamped = r.aiter_stamped()  # held, as bench.client holds it, until close_after_done is done
+                async for _, d in stamped:
+                    assert d == sse
+                    break
+                await r.close_after_done(1.0)
+                await stamped.aclose()
+                await r.aclose()
+            assert pool.connects == 1
+            await pool.aclose()
+
+    asyncio.run(main())
