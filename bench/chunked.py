@@ -20,6 +20,7 @@ __all__ = ["ChunkedDecoder"]
 _SIZE, _DATA, _DATA_END, _TRAILER = 0, 1, 2, 3
 MAX_SIZE_LINE = 4096
 _SIZE_RE = re.compile(rb"([0-9A-Fa-f]{1,16})[ \t]*(?:;.*)?\Z", re.S)
+_PLAIN_SIZE = re.compile(rb"[0-9A-Fa-f]{1,16}")
 
 
 class ChunkedDecoder:
@@ -43,6 +44,8 @@ class ChunkedDecoder:
         buf = self._buf + data if self._buf else data
         out: list[bytes] = []
         pos, n = 0, len(buf)
+        if self._state == _SIZE:
+            pos = _whole_chunks(buf, n, out)
         while pos < n and not self.done:
             st = self._state
             if st == _DATA:
@@ -91,3 +94,33 @@ class ChunkedDecoder:
             return None
         end = lf - 1 if lf > pos and buf[lf - 1] == 13 else lf
         return end, lf + 1
+
+
+def _whole_chunks(buf: bytes, n: int, out: list[bytes]) -> int:
+    """The fast path: take every complete non-last chunk with a plain size line (what servers send: one SSE event
+    per chunk, many per read) from the start of ``buf``; returns where the general loop goes on (at a partial
+    chunk, an extension, the last chunk or anything malformed, which the general loop then reports)."""
+    pos = 0
+    find, plain = buf.find, _PLAIN_SIZE.fullmatch
+    while True:
+        lf = find(b"\n", pos)
+        if lf < 0:
+            return pos
+        end = lf - 1 if lf > pos and buf[lf - 1] == 13 else lf
+        line = buf[pos:end]
+        if plain(line) is None:
+            return pos
+        size = int(line, 16)
+        start = lf + 1
+        stop = start + size
+        if size == 0 or stop >= n:
+            return pos
+        c = buf[stop]
+        if c == 10:
+            nxt = stop + 1
+        elif c == 13 and stop + 1 < n and buf[stop + 1] == 10:
+            nxt = stop + 2
+        else:
+            return pos
+        out.append(buf[start:stop])
+        pos = nxt

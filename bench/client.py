@@ -506,7 +506,7 @@ async def _read_sse(stamped: Any, inflate: Any, dec: SSEDecoder, raw: list[SSEEv
             if tap is not None:
                 tap.events += len(evs)
             for ev in evs:
-                if _is_done(ev):
+                if len(ev.data) < 16 and _is_done(ev):  # a chunk's JSON is longer: one len() per event
                     return t
     if inflate is not None:
         raw.extend(dec.feed(_inflate(inflate, b"", final=True), time.perf_counter_ns()))
@@ -697,10 +697,19 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
     events carry chunks; other types are ignored except ``error``. Returns True at ``[DONE]`` (the response is
     complete there: what follows is ignored)."""
     sent = rec.sent_ns
+    loads = _loads
     for sse in raw:
         if rec.done:
             return True
         data = sse.data
+        if data[:1] == "{" and sse.event == "message":  # the common chunk: straight to JSON
+            try:
+                obj = loads(data)
+            except (ValueError, RecursionError):
+                _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
+                continue
+            _absorb(rec, obj, sse.t_ns - sent)  # a JSON text starting with "{" is an object
+            continue
         if sse.event != "message":
             if sse.event == "error":
                 _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
@@ -743,36 +752,47 @@ def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
         return
     ev = Event(t_rel)
     choices = obj.get("choices")
-    for ch in choices if isinstance(choices, list) else ():
-        if isinstance(ch, dict) and ch.get("index", 0) == 0:
-            _absorb_choice(rec, ev, ch)
-    usage = obj.get("usage")
-    if isinstance(usage, dict) and usage:
-        rec.usage = usage
-    timings = obj.get("timings")
-    if isinstance(timings, dict) and timings:
-        rec.timings = timings
-    sim = obj.get("sim")
-    if isinstance(sim, dict):
-        ev.sched_ns, ev.write_ns, ev.tokens = (_int(sim.get(k)) for k in ("sched_ns", "write_ns", "tokens"))
+    if choices.__class__ is list:
+        for ch in choices:
+            if ch.__class__ is dict and ch.get("index", 0) == 0:
+                _absorb_choice(rec, ev, ch)
+    if "usage" in obj:
+        usage = obj["usage"]
+        if isinstance(usage, dict) and usage:
+            rec.usage = usage
+    if "timings" in obj:
+        timings = obj["timings"]
+        if isinstance(timings, dict) and timings:
+            rec.timings = timings
+    if "sim" in obj:
+        sim = obj["sim"]
+        if isinstance(sim, dict):
+            ev.sched_ns, ev.write_ns, ev.tokens = _int(sim.get("sched_ns")), _int(sim.get("write_ns")), \
+                _int(sim.get("tokens"))
     rec.events.append(ev)
 
 
 def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
+    return v if v.__class__ is int else None  # not bool (a subclass of int), not None
 
 
 def _absorb_choice(rec: RequestRecord, ev: Event, ch: dict[str, Any]) -> None:
+    """Per chunk (the hot part of parsing): exact-type checks and no lookups of keys the chunk lacks."""
     delta = ch.get("delta") or ch.get("message")
-    if isinstance(delta, dict):
-        ev.content += _text(delta.get("content"))
-        ev.reasoning += _text(delta.get("reasoning_content")) + _text(delta.get("reasoning"))
-        calls = delta.get("tool_calls")
-        for tc in calls if isinstance(calls, list) else ():
-            fn = tc.get("function") if isinstance(tc, dict) else None
-            if isinstance(fn, dict):
-                ev.tool += _text(fn.get("name")) + _text(fn.get("arguments"))
-    ev.content += _text(ch.get("text"))
+    if delta.__class__ is dict:
+        c = delta.get("content")
+        if c.__class__ is str:
+            ev.content += c
+        if "reasoning_content" in delta or "reasoning" in delta:
+            ev.reasoning += _text(delta.get("reasoning_content")) + _text(delta.get("reasoning"))
+        if "tool_calls" in delta:
+            calls = delta["tool_calls"]
+            for tc in calls if isinstance(calls, list) else ():
+                fn = tc.get("function") if isinstance(tc, dict) else None
+                if isinstance(fn, dict):
+                    ev.tool += _text(fn.get("name")) + _text(fn.get("arguments"))
+    if "text" in ch:
+        ev.content += _text(ch["text"])
     fr = ch.get("finish_reason")
     if fr:
         rec.finish_reason = str(fr)[:100]

@@ -48,6 +48,7 @@ __all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastRe
 STAMP_CHOICES = ("auto", "kernel", "user")
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
 WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
+CHUNKED_FRAMING = True  # chunked bodies framed by bench.chunked; False: by h11 (benchmarks/hotpath.py's +h11)
 
 
 class _StampProtocol(asyncio.Protocol):
@@ -589,7 +590,7 @@ class FastPool:
 def _frame_chunked(resp: FastResponse, conn: _Conn, ev: h11.Response) -> None:
     """Hand a chunked body to bench.chunked: what h11 read past the head is fed first. Other bodies (length- or
     close-delimited, none) stay with h11: they cost one h11 event per read, not per SSE event."""
-    if ev.http_version != b"1.1" or resp.status_code in (204, 304):
+    if not CHUNKED_FRAMING or ev.http_version != b"1.1" or resp.status_code in (204, 304):
         return
     codings = [c.strip() for c in resp.headers.get("transfer-encoding", "").lower().split(",")]
     if codings != ["chunked"]:

@@ -90,14 +90,7 @@ class SSEDecoder:
         buf = self._buf + text if self._buf else text
         out: list[SSEEvent] = []
         if "\r" not in buf:  # fast path: LF-only line ends (what servers send); same rules, fewer scans
-            lines = buf.split("\n")
-            self._buf = lines.pop()
-            line_of = self._line
-            for line in lines:
-                ev = line_of(line, t_ns)
-                if ev is not None:
-                    out.append(ev)
-            return out
+            return self._feed_lf(buf, t_ns, out)
         start = 0
         n = len(buf)
         while start < n:
@@ -120,6 +113,31 @@ class SSEDecoder:
                 out.append(ev)
             start = nxt
         self._buf = buf[start:]
+        return out
+
+    def _feed_lf(self, buf: str, t_ns: int, out: list[SSEEvent]) -> list[SSEEvent]:
+        """LF-only text: whole events (blocks ended by an empty line) first; a block that is one ``data: `` line,
+        with nothing pending, is dispatched directly (the event every server sends), any other by the line rules."""
+        blocks = buf.split("\n\n")
+        rest = blocks.pop()
+        line_of = self._line
+        for blk in blocks:
+            if blk[:6] == "data: " and "\n" not in blk and not self._has_data and not self._event:
+                out.append(SSEEvent(t_ns, blk[6:], "message", self._last_id))
+                continue
+            for line in blk.split("\n"):  # an empty first line ends an event the last read left open
+                ev = line_of(line, t_ns)
+                if ev is not None:
+                    out.append(ev)
+            ev = line_of("", t_ns)
+            if ev is not None:
+                out.append(ev)
+        lines = rest.split("\n")
+        self._buf = lines.pop()
+        for line in lines:
+            ev = line_of(line, t_ns)
+            if ev is not None:
+                out.append(ev)
         return out
 
     def close(self, t_ns: int) -> list[SSEEvent]:

@@ -9,7 +9,12 @@ the embedded llama-server (SmolLM2-135M, ``bench.engine.LocalEngine``), where se
 * **both orders**: for each self-gate pair the two runs are also compared the other way (``bench compare`` of the
   candidate as baseline), so a drift that favours the second run shows up as an asymmetry.
 * **slowdown**: baseline on a server with ``--threads 2``, gate on one with ``--threads 1`` (a real engine
-  slowdown, about 1.6-2x on decode): should be exit 1; and the reverse (faster candidate): never exit 1.
+  slowdown, about 1.6-2x on decode): should be exit 1; and the reverse (faster candidate): never exit 1. With
+  ``--slow-args`` the slow side is the same server with those flags instead (on a GPU, where threads do not
+  matter: ``--server-args "-ngl 99" --slow-args "-ngl 99 -ub 8 -b 8"``, say).
+
+The engine is ``bench.engine.LocalEngine``'s: ``$BENCH_LLAMA_SERVER`` and ``$BENCH_MODEL`` choose another binary
+and model (the H200 run: a CUDA build and a random SmolLM2-shaped model, ``benchmarks/gpu/run_h200.sh gate``).
 
 Prints, per scenario, the exit codes (0 pass, 1 regression, 2 inconclusive) and verdict counts, with the median
 minimum detectable effect (MDE) of the decode rule, and writes the same table to ``--out`` (Markdown).
@@ -36,7 +41,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.client import ClientSettings  # noqa: E402
-from bench.engine import LocalEngine  # noqa: E402
+from bench.engine import LocalEngine, find_model  # noqa: E402
 from bench.gate import compare, overall_exit, profile_rules  # noqa: E402
 from bench.profile import parse_profile  # noqa: E402
 from bench.results import Results  # noqa: E402
@@ -60,7 +65,7 @@ PROFILE: dict[str, Any] = {
 WANT = {  # scenario -> (what a fair gate does, exit codes that satisfy it)
     "warm self-gate": ("pass", (0,)), "warm reversed": ("pass", (0,)),
     "fresh self-gate": ("pass", (0,)), "fresh reversed": ("pass", (0,)),
-    "slower (2 -> 1 thread)": ("regression", (1,)), "faster (1 -> 2 threads)": ("no regression", (0, 2)),
+    "slower candidate": ("regression", (1,)), "faster candidate": ("no regression", (0, 2)),
 }
 
 
@@ -102,26 +107,31 @@ async def _run(url: str, prof: Any) -> Results:
     return await run_profile(url, prof, ClientSettings(), out_dir=None)
 
 
-async def _self_gates(tally: Tally, prof: Any, rules: list[Any], threads: int) -> None:
-    with LocalEngine(parallel=1, ctx_size=8192, threads=threads) as eng:
+def _engine(threads: int, extra: list[str]) -> LocalEngine:
+    return LocalEngine(parallel=1, ctx_size=8192, threads=threads, extra_args=extra)
+
+
+async def _self_gates(tally: Tally, prof: Any, rules: list[Any], threads: int, extra: list[str]) -> None:
+    with _engine(threads, extra) as eng:
         base = await _run(eng.url, prof)
         o = await run_gate(eng.url, prof, ClientSettings(), base, rules)
         tally.add("warm self-gate", o.code, o.verdicts)
         rev = compare(o.results, base, rules)
         tally.add("warm reversed", overall_exit(rev), rev)
-    with LocalEngine(parallel=1, ctx_size=8192, threads=threads) as eng:
+    with _engine(threads, extra) as eng:
         o = await run_gate(eng.url, prof, ClientSettings(), base, rules)
         tally.add("fresh self-gate", o.code, o.verdicts)
         rev = compare(o.results, base, rules)
         tally.add("fresh reversed", overall_exit(rev), rev)
 
 
-async def _slowdown(tally: Tally, prof: Any, rules: list[Any], fast: int, slow: int) -> None:
-    results = {}
-    for t in (fast, slow):
-        with LocalEngine(parallel=1, ctx_size=8192, threads=t) as eng:
-            results[t] = await _run(eng.url, prof)
-    for name, b, c in (("slower (2 -> 1 thread)", fast, slow), ("faster (1 -> 2 threads)", slow, fast)):
+async def _slowdown(tally: Tally, prof: Any, rules: list[Any], fast: tuple[int, list[str]],
+                    slow: tuple[int, list[str]]) -> None:
+    results = []
+    for threads, extra in (fast, slow):
+        with _engine(threads, extra) as eng:
+            results.append(await _run(eng.url, prof))
+    for name, b, c in (("slower candidate", 0, 1), ("faster candidate", 1, 0)):
         vs = compare(results[b], results[c], rules)  # stored results both ways; no re-measure budget here
         tally.add(name, overall_exit(vs), vs)
 
@@ -131,6 +141,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     ap.add_argument("--rounds", type=int, default=10, help="rounds (each: 2 self-gates, 2 reversed, 2 slowdowns)")
     ap.add_argument("--threads", type=int, default=2, help="llama-server threads of the self-gates and the fast side")
+    ap.add_argument("--server-args", default="", help="more llama-server flags for every server (e.g. '-ngl 99')")
+    ap.add_argument("--slow-args", default=None,
+                    help="the slow side's flags instead of half the threads (e.g. '-ngl 99 -ub 8 -b 8')")
     ap.add_argument("--quick", action="store_true", help="4 requests per cell (a smoke run)")
     ap.add_argument("--out", default=None, help="write the Markdown table here (e.g. benchmarks/results/gate_real.md)")
     a = ap.parse_args()
@@ -143,13 +156,16 @@ def main() -> int:
     rules, _ = profile_rules(prof.gate)
     tally = Tally()
     t0 = time.monotonic()
+    extra = a.server_args.split()
+    fast = (a.threads, extra)
+    slow = (a.threads, a.slow_args.split()) if a.slow_args is not None else (max(1, a.threads // 2), extra)
     for i in range(a.rounds):
-        asyncio.run(_self_gates(tally, prof, rules, a.threads))
-        asyncio.run(_slowdown(tally, prof, rules, a.threads, max(1, a.threads // 2)))
+        asyncio.run(_self_gates(tally, prof, rules, a.threads, extra))
+        asyncio.run(_slowdown(tally, prof, rules, fast, slow))
         print(f"round {i + 1}/{a.rounds} done ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-    lines = [f"`python benchmarks/gate_real.py --rounds {a.rounds}{' --quick' if a.quick else ''}` "
-             f"({time.monotonic() - t0:.0f} s; llama-server SmolLM2-135M, --threads {a.threads})", "",
-             *tally.table()]
+    lines = [f"`python benchmarks/gate_real.py {' '.join(sys.argv[1:])}` ({time.monotonic() - t0:.0f} s; "
+             f"llama-server {Path(find_model()).name}; fast side --threads {fast[0]} {' '.join(fast[1])}, slow side "
+             f"--threads {slow[0]} {' '.join(slow[1])})", "", *tally.table()]
     print("\n".join(lines))
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -19,8 +19,8 @@ On a machine with spare cores the two are close; on a small shared one (2 cores,
 *events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
-event loop), ``+chunked`` (an experiment: chunked bodies framed by ``bench.chunked`` instead of h11, not yet wired
-into bench.fastio), ``httpx`` (fast_io off).
+event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``httpx`` (fast_io
+off).
 """
 
 from __future__ import annotations
@@ -77,51 +77,18 @@ async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
         await client.aclose()
 
 
-def _use_chunked_decoder() -> Any:
-    """Experiment (``+chunked``): FastResponse reads chunked bodies with bench.chunked instead of h11 (connections
-    are closed after such a body, not reused). Returns the original method, to put back."""
-    from bench.chunked import ChunkedDecoder
-    from bench.fastio import FastIOError, FastResponse
-
-    orig = FastResponse.aiter_stamped
-
-    async def aiter_stamped(self: Any) -> Any:
-        conn = self._conn
-        if conn is None or self._done or "chunked" not in self.headers.get("transfer-encoding", "").lower():
-            async for x in orig(self):
-                yield x
-            return
-        dec, proto = ChunkedDecoder(), conn.proto
-        try:
-            body = dec.feed(bytes(conn.h11.trailing_data[0]))
-            if body:
-                yield self._t, body
-            while not dec.done:
-                item = await proto.next_chunk(self._read_timeout)
-                if item is None:
-                    raise FastIOError("peer closed connection without sending complete message body")
-                body = dec.feed(item[1])
-                if body:
-                    yield item[0], body
-        finally:
-            self._discard()
-
-    FastResponse.aiter_stamped = aiter_stamped  # type: ignore[method-assign]
-    return orig
-
-
 def run_variant(variant: str, base: str, streams: int, tokens: int, profile: bool) -> dict[str, Any]:
     """One measured wave with ``variant`` (``kernel``, ``user``, ``httpx``, each optionally ``+uvloop``,
-    ``+chunked``)."""
+    ``+h11``)."""
     parts = variant.split("+")
-    if "chunked" in parts:
-        from bench.fastio import FastResponse
+    if "h11" in parts:
+        from bench import fastio
 
-        orig = _use_chunked_decoder()
+        fastio.CHUNKED_FRAMING = False
         try:
-            return run_variant("+".join(p for p in parts if p != "chunked"), base, streams, tokens, profile)
+            return run_variant("+".join(p for p in parts if p != "h11"), base, streams, tokens, profile)
         finally:
-            FastResponse.aiter_stamped = orig  # type: ignore[method-assign]
+            fastio.CHUNKED_FRAMING = True
     stamps = "user" if parts[0] == "user" else "kernel"
     settings = dataclasses.replace(ClientSettings(), stamps=stamps, fast_io=parts[0] != "httpx")
     prof = cProfile.Profile() if profile else None

@@ -50,3 +50,10 @@ def test_any_pieces_any_reads(pieces: list[bytes], cuts: list[int]) -> None:
         last = c
     out += d.feed(raw[last:])
     assert out == b"".join(pieces) and d.done and d.rest == b""
+
+
+@pytest.mark.parametrize("raw", [b"3\r\nabc\r\n2\r\nde\r\n0\r\n\r\n", b"3\nabc\n2\nde\n0\n\n", b"3\r\nabc\n2\nde\r\n0\r\n\r\n"])
+def test_whole_body_in_one_read_without_trailers(raw: bytes) -> None:
+    """The fast path (many whole chunks per read) hands the last chunk to the general loop, which ends the body."""
+    d = ChunkedDecoder()
+    assert d.feed(raw + b"NEXT") == b"abcde" and d.done and d.rest == b"NEXT"

@@ -156,6 +156,21 @@ _ITEM = st.one_of(_LINE, _LINE, _EOLS.map(str.encode), st.just(b": ping\n"), _JU
 STREAMS = st.builds(lambda bom, items: (b"\xef\xbb\xbf" if bom else b"") + b"".join(items),
                     st.booleans(), st.lists(_ITEM, max_size=25))
 
+# LF-only streams, as servers send them: the decoder's fast path (whole events split on blank lines, one-line
+# ``data: `` events dispatched directly) sees only these, since one CR anywhere in a read takes the general path
+_LF_LINE = st.builds(lambda n, s, v: (n + s + v + "\n").encode(), _NAMES, _SEPS, _VALUE.filter(lambda v: "\r" not in v))
+_LF_ITEM = st.one_of(_LF_LINE, _LF_LINE, st.just(b"\n"), st.just(b"data: x\n\n"), st.just(b": ping\n"),
+                     st.just(b"event: e\n"), st.just(b"id: 7\n"), _JUNK)
+LF_STREAMS = st.builds(lambda bom, items: (b"\xef\xbb\xbf" if bom else b"") + b"".join(items),
+                       st.booleans(), st.lists(_LF_ITEM, max_size=25))
+
+
+@FUZZ
+@given(LF_STREAMS, st.data())
+def test_decoder_matches_reference_on_lf_only_streams(raw, data) -> None:
+    cuts = data.draw(st.lists(st.integers(0, max(len(raw), 1)), max_size=12))
+    assert run_bench(raw, cuts) == reference(raw, cuts)
+
 
 @FUZZ
 @given(STREAMS, st.data())

@@ -5,7 +5,7 @@ all a speed benchmark needs (docs/gpu.md). Nothing is downloaded: the tokenizer 
 ``tokenizer.*`` fields (``benchmarks/gpu/make_tokenizer.py`` writes SmolLM2's), and the file is written with the
 ``gguf`` package of llama.cpp's ``gguf-py`` (pip ``gguf``, the ``gpu`` extra; or the source folder given).
 
-usage: python benchmarks/gpu/gen_model.py GGUF_PY_DIR TOKENIZER_JSON OUT.gguf [8b|tiny]
+usage: python benchmarks/gpu/gen_model.py GGUF_PY_DIR TOKENIZER_JSON OUT.gguf [8b|1b|135m|tiny]
   GGUF_PY_DIR     llama.cpp's gguf-py folder, or "-" for the installed gguf package
   TOKENIZER_JSON  {field name: value} of the tokenizer.* GGUF fields (tokens, token_type, merges, ids, template)
   OUT.gguf        the model file to write (8b: 14.77 GB with SmolLM2's 49,152-token vocabulary)
@@ -48,6 +48,8 @@ class Shapes:
 
 SHAPES = {
     "8b": Shapes(layers=32, embd=4096, heads=32, kv_heads=8, ff=14336, context=131072),
+    "1b": Shapes(layers=16, embd=2048, heads=32, kv_heads=8, ff=8192, context=131072),  # a draft model's size
+    "135m": Shapes(layers=30, embd=576, heads=9, kv_heads=3, ff=1536, context=8192),  # SmolLM2-135M's shapes
     "tiny": Shapes(layers=2, embd=64, heads=4, kv_heads=2, ff=128, context=2048),
 }
 POOL = 1 << 22  # values in the random pool every tensor is cut from

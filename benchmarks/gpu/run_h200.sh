@@ -22,6 +22,10 @@
 #                    only when `bench capacity` exists
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
 #                    only when fidelity.py has --scale-workers
+#         hotpath    benchmarks/hotpath.py: events one bench process ingests at 16 streams (issue 17; no GPU)
+#         schedacc   benchmarks/schedule_accuracy.py: send lag at 10..5000 req/s, 1-16 workers (issue 14; no GPU)
+#         gate       benchmarks/gate_real.py on the GPU: self-gates and a slowdown with a random SmolLM2-shaped
+#                    model (issue 13); GATE_ARGS
 #
 # Every step is skipped when its result already exists under $WORK (bench runs: NAME.ok once complete; one cut
 # short by the limit is continued with --resume on the next call) (a warm machine keeps it between calls), and
@@ -57,13 +61,20 @@ LB_P=${LB_P:-4096}; LB_N=${LB_N:-128}; LB_DEPTHS=${LB_DEPTHS:-0,4096,32768}; LB_
 LB_R=${LB_R:-3}; NPL=${NPL:-1,2,4,8}; NTG=${NTG:-400}
 DRAFTS=${DRAFTS:-auto}; DRAFT_CONFIGS=${DRAFT_CONFIGS:-off self small}; DRAFT_STREAMS=${DRAFT_STREAMS:-1,2,3,4}
 DRAFT_EXTRA=${DRAFT_EXTRA:---max-tokens 256 --repeats 4 --prompt prose}
-CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-130}
-CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 1 --max-points 7 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
+CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-240}
+CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 3 --max-points 12 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
 FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
+HOT_ARGS=${HOT_ARGS:---streams 16 --seconds 4 --variants kernel,kernel+h11,kernel+uvloop,user,httpx}
+SCHED_ARGS=${SCHED_ARGS:---rates 10,100,1000,5000 --workers 1,2,4,8,16 --duration 3}; SCHED_S=${SCHED_S:-200}
+SMALL_MODEL=${SMALL_MODEL:-$WORK/rand135m.gguf}; GATE_S=${GATE_S:-400}
+GATE_ARGS=${GATE_ARGS:---rounds 10 --threads 2 --server-args "-ngl 99" --slow-args "-ngl 22"}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 # pure-Python wheels carried in .carry/ (prometheus-client for bench.server_metrics) import straight from the zip
 for w in "$REPO"/.carry/*-py3-none-any.whl; do [ -f "$w" ] && PYTHONPATH=$PYTHONPATH:$w; done
+# the fast extra (orjson, uvloop) for this Python, unpacked in .carry/site3XX (binary wheels do not import from a zip)
+SITE=$REPO/.carry/site$($PY -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null)
+[ -d "$SITE" ] && PYTHONPATH=$PYTHONPATH:$SITE
 mkdir -p "$R" "$OUT"
 
 log() { echo "[$(date +%H:%M:%S) +$(($(date +%s) - START))s] $*" | tee -a "$R/run.log"; }
@@ -168,7 +179,7 @@ step_build() {
 
 gen_model() {  # gen_model OUT SHAPE: the project's generator if the tree has it, else the carried copy of shared/'s
   local gen=$REPO/benchmarks/gpu/gen_model.py
-  if [ ! -f "$gen" ] || [ "$2" = 1b ]; then gen=$REPO/.carry/gen_model.py; fi  # only shared/'s has the 1b shape
+  if [ ! -f "$gen" ]; then gen=$REPO/.carry/gen_model.py; fi
   log "gen_model: $gen $2"
   bounded $PY "$gen" "$GGUF_PY" "$REPO/.carry/tokenizer.json" "$1.tmp" "$2" && mv "$1.tmp" "$1"
 }
@@ -270,6 +281,32 @@ step_fidelity() {  # issue 17: bench's own timestamps against bench sim (no GPU)
   return $rc
 }
 
+step_hotpath() {  # issue 17: the client's per-event cost, one process, 16 streams (bench sim, no GPU)
+  want hotpath 60 "$R/hotpath-h200.md" || return 0
+  # shellcheck disable=SC2086
+  (cd "$REPO" && MAXT=120 bounded $PY benchmarks/hotpath.py $HOT_ARGS --out "$R/hotpath-h200.md.tmp") > "$R/hotpath.out" 2>&1
+  log "hotpath: rc $?"; cat "$R/hotpath.out"
+  [ -s "$R/hotpath-h200.md.tmp" ] && mv "$R/hotpath-h200.md.tmp" "$R/hotpath-h200.md"
+}
+
+step_schedacc() {  # issue 14: bench's own schedule keeping on this machine's cores (bench sim, no GPU)
+  want schedacc "$SCHED_S" "$R/schedacc.ok" || return 0
+  # shellcheck disable=SC2086
+  (cd "$REPO" && MAXT=$((SCHED_S + 60)) bounded $PY benchmarks/schedule_accuracy.py $SCHED_ARGS --out "$R/schedacc") > "$R/schedacc.out" 2>&1
+  local rc=$?; log "schedule_accuracy: rc $rc"; tail -30 "$R/schedacc.out"
+  [ $rc -eq 0 ] && touch "$R/schedacc.ok"
+}
+
+step_gate() {  # issue 13: bench gate's fairness on a real engine (a quiet GPU machine), benchmarks/gate_real.py
+  want gate "$GATE_S" "$R/gate_real.md" || return 0
+  [ -e "$SMALL_MODEL" ] || gen_model "$SMALL_MODEL" 135m || return 1
+  # shellcheck disable=SC2086
+  (cd "$REPO" && export BENCH_LLAMA_SERVER=$BIN/llama-server BENCH_MODEL=$SMALL_MODEL && MAXT=$((GATE_S + 60)) &&
+    eval "bounded $PY benchmarks/gate_real.py $GATE_ARGS --out $R/gate_real.md.tmp") > "$R/gate_real.out" 2>&1
+  log "gate_real: rc $?"; tail -40 "$R/gate_real.out"
+  [ -s "$R/gate_real.md.tmp" ] && mv "$R/gate_real.md.tmp" "$R/gate_real.md"
+}
+
 pack() {  # everything so far into one tar.gz (records.jsonl included); the small files beside it
   local tag=$1 f
   for f in "$R"/server-*.log; do [ -f "$f" ] && tail -300 "$f" > "${f%.log}.tail"; done
@@ -281,7 +318,10 @@ pack() {  # everything so far into one tar.gz (records.jsonl included); the smal
       --exclude='res/batched.log' --exclude='*.tmp' --exclude='records.jsonl' res
     (cd "$WORK" && find res -name records.jsonl -size -40M | tar czf "$OUT/h200-$tag-records.tar.gz" -T -)
   fi
-  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl; do [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"; done
+  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md gate_real.md gate_real.out; do
+    [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
+  done
+  cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
   ls -la "$OUT"
 }
 
