@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import sys
 import time
 from collections import Counter
@@ -72,21 +73,41 @@ WANT = {  # scenario -> (what a fair gate does, exit codes that satisfy it)
 class Tally:
     """Exit codes, verdict counts and decode MDEs per scenario."""
 
-    def __init__(self) -> None:
+    def __init__(self, log: Path | None = None) -> None:
         self.codes: dict[str, list[int]] = {k: [] for k in WANT}
         self.verdicts: dict[str, Counter[str]] = {k: Counter() for k in WANT}
         self.mde: dict[str, list[float]] = {k: [] for k in WANT}
+        self.lines: list[str] = []
+        self.log = log
+        if log is not None and log.exists():  # an earlier call's gates: this one continues the count
+            for line in log.read_text(encoding="utf-8").splitlines():
+                o = json.loads(line)
+                self._count(o["scenario"], o["code"], o["verdicts"], o["mde"], o["detail"])
+
+    @property
+    def rounds(self) -> int:
+        """Rounds complete (each ends with the faster-candidate gate)."""
+        return len(self.codes["faster candidate"])
 
     def add(self, scenario: str, code: int, verdicts: list[Any]) -> None:
-        """One gate's outcome (also printed at once, so a long run shows its progress)."""
+        """One gate's outcome: printed at once (a long run shows its progress) and appended to the log."""
         dec = [v for v in verdicts if v.rule.metric == "decode_tok_s"]
         detail = (f"decode ratio {dec[0].ratio:.3f} [{dec[0].lo:.3f}, {dec[0].hi:.3f}] MDE {dec[0].mde_pct:.1f} %"
                   if dec and dec[0].lo is not None and dec[0].mde_pct is not None else "")
-        print(f"  {scenario}: exit {code}, {', '.join(v.verdict for v in verdicts)}; {detail}", file=sys.stderr,
-              flush=True)
+        names = [v.verdict for v in verdicts]
+        mde = [v.mde_pct for v in verdicts if v.rule.metric == "decode_tok_s" and v.mde_pct]
+        self._count(scenario, code, names, mde, detail)
+        print(self.lines[-1], file=sys.stderr, flush=True)
+        if self.log is not None:
+            with self.log.open("a", encoding="utf-8") as f:
+                f.write(json.dumps({"scenario": scenario, "code": code, "verdicts": names, "mde": mde,
+                                    "detail": detail}) + "\n")
+
+    def _count(self, scenario: str, code: int, verdicts: list[str], mde: list[float], detail: str) -> None:
         self.codes[scenario].append(code)
-        self.verdicts[scenario].update(v.verdict for v in verdicts)
-        self.mde[scenario] += [v.mde_pct for v in verdicts if v.rule.metric == "decode_tok_s" and v.mde_pct]
+        self.verdicts[scenario].update(verdicts)
+        self.mde[scenario] += mde
+        self.lines.append(f"  {scenario}: exit {code}, {', '.join(verdicts)}; {detail}")
 
     def table(self) -> list[str]:
         """The Markdown table of rates."""
@@ -154,22 +175,31 @@ def main() -> int:
                     gate=[PROFILE["gate"][0], dict(PROFILE["gate"][1], cell="d512-s1-prose")])
     prof = parse_profile(spec, "gate-real")
     rules, _ = profile_rules(prof.gate)
-    tally = Tally()
+    tally = Tally(Path(a.out).with_suffix(".jsonl") if a.out else None)
     t0 = time.monotonic()
     extra = a.server_args.split()
     fast = (a.threads, extra)
     slow = (a.threads, a.slow_args.split()) if a.slow_args is not None else (max(1, a.threads // 2), extra)
-    for i in range(a.rounds):
+    head = (f"`python benchmarks/gate_real.py {' '.join(sys.argv[1:])}` (llama-server {Path(find_model()).name}; "
+            f"fast side --threads {fast[0]} {' '.join(fast[1])}, slow side --threads {slow[0]} {' '.join(slow[1])})")
+    while tally.rounds < a.rounds:  # the table is rewritten after every round: a cut run keeps what it measured
         asyncio.run(_self_gates(tally, prof, rules, a.threads, extra))
         asyncio.run(_slowdown(tally, prof, rules, fast, slow))
-        print(f"round {i + 1}/{a.rounds} done ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
-    lines = [f"`python benchmarks/gate_real.py {' '.join(sys.argv[1:])}` ({time.monotonic() - t0:.0f} s; "
-             f"llama-server {Path(find_model()).name}; fast side --threads {fast[0]} {' '.join(fast[1])}, slow side "
-             f"--threads {slow[0]} {' '.join(slow[1])})", "", *tally.table()]
-    print("\n".join(lines))
-    if a.out:
-        Path(a.out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+        print(f"round {tally.rounds}/{a.rounds} done ({time.monotonic() - t0:.0f} s)", file=sys.stderr, flush=True)
+        _write(a.out, head, tally)
+    _write(a.out, head, tally)
+    _write(None, head, tally)
     return 0
+
+
+def _write(out: str | None, head: str, tally: Tally) -> None:
+    """The table and every gate's line, to ``out`` (or stdout)."""
+    lines = [head, "", f"{tally.rounds} rounds.", "", *tally.table(), "", "Per gate (decode rule: ratio [95 % CI], MDE):",
+             "", "```", *tally.lines, "```"]
+    if out:
+        Path(out).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    else:
+        print("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -298,13 +298,14 @@ step_schedacc() {  # issue 14: bench's own schedule keeping on this machine's co
 }
 
 step_gate() {  # issue 13: bench gate's fairness on a real engine (a quiet GPU machine), benchmarks/gate_real.py
-  want gate "$GATE_S" "$R/gate_real.md" || return 0
+  want gate "$GATE_S" "$R/gate.ok" || return 0
   [ -e "$SMALL_MODEL" ] || gen_model "$SMALL_MODEL" 135m || return 1
+  # gate_real.py rewrites gate_real.md after every round and continues from gate_real.jsonl on the next call
   # shellcheck disable=SC2086
   (cd "$REPO" && export BENCH_LLAMA_SERVER=$BIN/llama-server BENCH_MODEL=$SMALL_MODEL && MAXT=$((GATE_S + 60)) &&
-    eval "bounded $PY benchmarks/gate_real.py $GATE_ARGS --out $R/gate_real.md.tmp") > "$R/gate_real.out" 2>&1
-  log "gate_real: rc $?"; tail -40 "$R/gate_real.out"
-  [ -s "$R/gate_real.md.tmp" ] && mv "$R/gate_real.md.tmp" "$R/gate_real.md"
+    eval "bounded $PY benchmarks/gate_real.py $GATE_ARGS --out $R/gate_real.md") >> "$R/gate_real.out" 2>&1
+  local rc=$?; log "gate_real: rc $rc"; tail -30 "$R/gate_real.out"
+  [ $rc -eq 0 ] && touch "$R/gate.ok"
 }
 
 pack() {  # everything so far into one tar.gz (records.jsonl included); the small files beside it
@@ -318,7 +319,7 @@ pack() {  # everything so far into one tar.gz (records.jsonl included); the smal
       --exclude='res/batched.log' --exclude='*.tmp' --exclude='records.jsonl' res
     (cd "$WORK" && find res -name records.jsonl -size -40M | tar czf "$OUT/h200-$tag-records.tar.gz" -T -)
   fi
-  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md gate_real.md gate_real.out; do
+  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md gate_real.md gate_real.jsonl gate_real.out; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
   done
   cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
