@@ -53,7 +53,8 @@ def one_rate(sim: SimProcess, rate: float, duration: float, workers: int = 1) ->
     sc = cell["schedule"]
     return {"rate": rate, "workers": workers, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
-            "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"] + cell["counts"]["cut"],
+            "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
+            "cut": cell["counts"]["cut"],
             "client_cpu_pct": round(100 * (time.process_time() - c0) / wall, 1),
             "sim_cpu_pct": round(100 * (sim.cpu_s() - s0) / wall, 1), "wall_s": round(wall, 2)}
 
@@ -66,13 +67,13 @@ def to_markdown(doc: dict[str, Any]) -> str:
            "`bench sim` in its own process. "
            f"Command: `{doc['command']}`.", "",
            "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms "
-           "| send lag p50 / p99 / max ms | failed | client CPU % | sim CPU % |",
+           "| send lag p50 / p99 / max ms | failed / cut | client CPU % | sim CPU % |",
            "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
         out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | "
                    f"{d['p50']} / {d['p99']} / {d['max']} "
-                   f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} | {r['client_cpu_pct']} | "
+                   f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} / {r.get('cut', '-')} | {r['client_cpu_pct']} | "
                    f"{r['sim_cpu_pct']} |")
     if doc.get("note"):
         out += ["", doc["note"]]

@@ -306,3 +306,17 @@ def test_sim_truth_queueing_and_batch_steps() -> None:
     assert T.saturation_rps(cfg3, 32, 8) == pytest.approx(20.8333, rel=1e-4)
     assert T.ttft_slo_boundary_rps(cfg3, 300, 32, 8) == pytest.approx(20.8333, rel=0.005)
     assert T.ttft_quantile_ms(cfg3, 15.0, 32, 8) < 60 < T.ttft_quantile_ms(cfg3, 22.0, 32, 8)
+
+
+@pytest.mark.parametrize("workers, planned, achieved, want", [
+    (1, 5000.0, 3828.0, 2), (1, 5000.0, 1000.0, 5), (2, 5000.0, 2563.6, 4), (4, 100.0, 99.0, 5), (1, 10.0, None, 2)])
+def test_fell_behind_warning_names_more_workers_than_were_used(workers, planned, achieved, want) -> None:
+    """The fix the warning names is a number above the count that fell behind, scaled by planned / achieved."""
+    from bench.load.point import LoadSettings, _point_warnings, more_workers
+
+    sched = {"planned_rps": planned, "achieved_rps": achieved, "dispatch_lag_ms": {"p99": 500.0}}
+    assert more_workers(sched, workers) == want
+    s = {"id": "rate-x", "schedule": sched, "counts": {"cut": 0}, "steady": True, "warnings": []}
+    _point_warnings(s, LoadSettings(mode="rate", rate=1.0, duration_s=1.0), workers)
+    assert len(s["warnings"]) == 1 and f"--workers {want}," in s["warnings"][0]
+    assert ("this process" in s["warnings"][0]) == (workers == 1)

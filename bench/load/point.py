@@ -10,6 +10,7 @@ and from schedule), ``trend`` / ``steady``, and with an SLO ``goodput``, ``slo``
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -250,8 +251,8 @@ def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi:
 
 
 def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO | None, *, cell: Cell,
-                  load: dict[str, Any]) -> dict[str, Any]:
-    """The point's cell dict (module docstring). Pure given the run."""
+                  load: dict[str, Any], workers: int = 1) -> dict[str, Any]:
+    """The point's cell dict (module docstring). Pure given the run; ``workers``: the processes that sent it."""
     if run.span_s == 0 and ls.max_concurrency:
         recs, lo, hi = _closed_window(run, ls.max_concurrency)
     else:
@@ -279,8 +280,16 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     if slo is not None:
         s.update(point_slo(recs, slo, span))
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
-    _point_warnings(s, ls)
+    _point_warnings(s, ls, workers)
     return s
+
+
+def more_workers(sched: dict[str, Any], workers: int) -> int:
+    """The sending processes to suggest when ``workers`` fell behind: scaled by planned / achieved rate, at least
+    one more (and at least 2)."""
+    planned, achieved = sched["planned_rps"], sched["achieved_rps"]
+    ratio = planned / achieved if planned and achieved else 2.0
+    return max(2, workers + 1, math.ceil(workers * ratio))
 
 
 def behind(sched: dict[str, Any]) -> bool:
@@ -294,13 +303,15 @@ def behind(sched: dict[str, Any]) -> bool:
     return late or slow
 
 
-def _point_warnings(s: dict[str, Any], ls: LoadSettings) -> None:
+def _point_warnings(s: dict[str, Any], ls: LoadSettings, workers: int = 1) -> None:
     sc = s["schedule"]
     if behind(sc):
+        who = "this process" if workers <= 1 else f"the {workers} sending processes"
         s["warnings"].append(
             f"{s['id']}: bench fell behind its schedule (dispatch lag p99 {sc['dispatch_lag_ms']['p99']:.1f} ms, "
-            f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): this process did not get the CPU "
-            "in time; send from more processes with --workers N (e.g. --workers 2), or lower --rate")
+            f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): {who} did not get the CPU "
+            f"in time; send from more processes (--workers {more_workers(sc, workers)}, if the machine has the "
+            "cores), or lower --rate")
     if s["counts"]["cut"]:
         s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
                              "the last send and were cut (counted as failures); raise --drain to wait for them")
@@ -327,7 +338,8 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
     out = int(np.median([p.output_tokens for p in plan])) if plan else 0
     cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
-    summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
+    pool = getattr(session, "pool", None)
+    summary = point_summary(run, plan, ls, slo, cell=cell, load=load, workers=getattr(pool, "workers", 1) or 1)
     return run, summary
 
 
