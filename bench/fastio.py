@@ -235,7 +235,7 @@ class FastResponse:
             while not dec.done:
                 item = await proto.next_chunk(self._read_timeout)
                 if item is None:
-                    raise FastIOError(_h11_text(_CutChunked(), proto))
+                    raise FastIOError(_cut_text(proto))
                 self._t = item[0]
                 body = self._feed_chunked(dec, item[1])
                 if body:
@@ -348,9 +348,10 @@ class FastResponse:
             conn.close()
 
 
-class _CutChunked(Exception):
-    def __str__(self) -> str:
-        return "peer closed connection without sending complete message body: incomplete chunked read"
+def _cut_text(proto: _StampProtocol) -> str:
+    """h11's words for a chunked body cut short, with the connection's error when it had one."""
+    msg = "peer closed connection without sending complete message body: incomplete chunked read"
+    return f"{msg} ({_exc_text(proto.exc)})" if proto.exc is not None else msg
 
 
 def _h11_text(e: BaseException, proto: _StampProtocol) -> str:
