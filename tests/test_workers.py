@@ -119,6 +119,22 @@ def test_one_clock_and_one_start(sim: str, pool: WorkerPool) -> None:
     assert spread_ms <= 2 * STEP_MS + 30.0, spread_ms
 
 
+def test_open_loop_share_and_lag_come_back(pool: WorkerPool) -> None:
+    """An open-loop job: each request sent at start + its offset by the worker it is dealt to (``scheduled_ns``,
+    ``meta.dispatch_lag_ns``), and each worker's loop-lag samples come back with the records."""
+    offsets = [0, 40_000_000, 80_000_000, 120_000_000, 160_000_000, 200_000_000]
+    recs = pool.run(specs(6, "open", 4), offsets=offsets)
+    t0 = recs[0].scheduled_ns
+    assert t0 is not None
+    assert [r.scheduled_ns - t0 for r in recs] == offsets  # type: ignore[operator]
+    for r in recs:
+        assert r.queued_ns == r.scheduled_ns and 0 <= r.sent_ns - r.scheduled_ns < 30e6  # type: ignore[operator]
+        assert 0 <= r.meta["dispatch_lag_ns"] < 30e6
+    assert len(pool.last_lag_ns) == 2
+    # each worker ran for ~0.28 s (its share: 3 sends 80 ms apart, 4 tokens at 20 ms): a sample every 10 ms
+    assert all(len(x) >= 10 and min(x) >= 0 for x in pool.last_lag_ns), [len(x) for x in pool.last_lag_ns]
+
+
 def test_pool_reused_across_waves(pool: WorkerPool) -> None:
     a = pool.run(specs(4, "w1", 2))
     b = pool.run(specs(3, "w2", 2))  # an uneven split: 2 + 1
@@ -174,3 +190,4 @@ def test_bad_arguments() -> None:
         WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1, start_method="fork")
     with pytest.raises(RuntimeError):
         WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1).run(specs(1, "x"))
+
