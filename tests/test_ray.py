@@ -6,8 +6,9 @@ process. What is checked: every listening socket of the Ray processes is on loop
 nodes; the wave gives the same figures as local workers (the sim's truth, decode 50 tok/s per stream) with one
 clock (every arrival at or after the sim's write, within the offset uncertainty); the run section names the nodes
 and offsets (via ``bench run --ray``); a node removed mid-wave loses only its in-flight requests, as failed records.
-Open loop: a node removed mid-point turns its requests in flight or not yet sent into failed records with their
-due times.
+Open loop (``bench run --rate --ray``): the plan's request count at the planned rate, every record with its
+``scheduled_ns``, a small send lag, each actor's loop lag in the cell; a node removed mid-point turns its requests
+in flight or not yet sent into failed records with their due times.
 
 The hosts of a one-machine cluster share one clock, so the clock arithmetic (schedule to each actor's clock, stamps
 back to the driver's) is also checked without Ray, through stand-in actors whose clock reads 7 s ahead.
@@ -35,8 +36,10 @@ ray = pytest.importorskip("ray")
 from bench.cli import main  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client  # noqa: E402
 from bench.lag import LagMonitor  # noqa: E402
+from bench.load.point import LoadSettings, make_plan  # noqa: E402
 from bench.metrics import request_metrics  # noqa: E402
 from bench.raypool import RayPool, estimate_offset  # noqa: E402
+from bench.records import read_records  # noqa: E402
 from bench.sim import SimConfig, running_sim  # noqa: E402
 from bench.workers import share_records  # noqa: E402
 
@@ -287,6 +290,31 @@ def test_open_loop_actor_lost_keeps_every_request(sim: str) -> None:
     assert pool.info[1]["alive"] is False and pool.last_lag_ns[1] == [] and pool.last_lag_ns[0]
 
 
+def test_bench_run_rate_with_ray(cluster: Any, sim: str, tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    """``bench run --rate 20 --duration 3 --ray ADDRESS --workers 2``: the schedule split over the two nodes'
+    actors, the plan's 60 requests at the planned rate, the send lag small, the actors' loop lag in the cell."""
+    rc = main(["run", sim, "--rate", "20", "--duration", "3", "--arrival", "constant", "--input-tokens", "16",
+               "--max-tokens", "8", "--ray", cluster.address, "--workers", "2", "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    res = json.loads(capsys.readouterr().out)
+    run = res["run"]
+    assert run["workers"] == 2 and run["ray"]["address"] == cluster.address and len(run["ray"]["nodes"]) == 2
+    assert all(n["offset_ns"] is not None and n["uncertainty_ns"] >= 0 for n in run["ray"]["nodes"])
+    cell = res["cells"][0]
+    plan = make_plan(LoadSettings(rate=20.0, duration_s=3.0, arrival="constant", input_tokens="16"), 8)
+    assert cell["counts"] == {"planned": len(plan), "finished": len(plan), "failed": 0, "cut": 0} and len(plan) == 60
+    sc = cell["schedule"]
+    assert sc["achieved_rps"] == pytest.approx(sc["planned_rps"], rel=0.02), sc
+    assert sc["send_lag_ms"]["p50"] < 5.0 and sc["send_lag_ms"]["p99"] < 50.0, sc
+    recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
+    assert len(recs) == 60 and all(r.scheduled_ns is not None for r in recs)
+    assert len({r.meta["node"] for r in recs}) == 2
+    t0 = min(r.scheduled_ns for r in recs)  # type: ignore[type-var]
+    got = sorted((r.scheduled_ns - t0) / 1e9 for r in recs)  # type: ignore[operator]
+    assert got == pytest.approx([p.at_s for p in plan], abs=1e-6)
+    assert len(cell["client_lag"]["workers"]) == 2 and all(w["samples"] > 0 for w in cell["client_lag"]["workers"])
+
+
 def test_node_lost_mid_point_keeps_every_request(cluster: Any, sim: str) -> None:
     """An open-loop share on the worker node: its first request done, its second in flight, its third not yet
     due when the node goes; the last two become worker_lost records with their due times; the other node's
@@ -317,3 +345,14 @@ def test_node_lost_mid_point_keeps_every_request(cluster: Any, sim: str) -> None
     assert sorted(r.meta["stream"] % 2 for r in lost) == [lost[0].meta["stream"] % 2] * 2  # one actor's share
     assert sorted(r.meta["stream"] // 2 for r in lost) == [1, 2]  # the one in flight and the one not yet due
     assert sum(r.ok for r in recs) == 4
+
+
+def test_sessions_refuse_ray() -> None:
+    """Conversations run in the driver: --ray with --sessions is refused before anything is sent."""
+    from bench.errors import ConfigError
+    from bench.load.point import run_load
+    from bench.profile import Profile
+
+    with pytest.raises(ConfigError, match="--ray"):
+        asyncio.run(run_load("http://127.0.0.1:9/v1", Profile(), ClientSettings(), LoadSettings(mode="sessions"),
+                             out_dir=None, ray_address="127.0.0.1:1"))
