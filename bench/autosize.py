@@ -10,8 +10,7 @@ bench's *lag*, measured here two ways:
   how long each read waited for Python;
 * **event-loop lag** (any stamp source; :class:`LoopLag`): how late a 1 ms ticker task wakes up.
 
-(A LagMonitor in ``bench/lag.py`` was planned by another change; it is not on this branch, so the event-loop lag
-is measured here.)
+(The warm-up's event-loop lag is sampled every 1 ms here, finer than :class:`bench.lag.LagMonitor`'s 10 ms.)
 
 Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
 reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
@@ -20,6 +19,11 @@ left beside the main process. The runner measures during each cell's warm-up wav
 process, which sends the cell's stream count at once like its measured waves) and only ever grows the pool,
 between warm-up and measured waves. With a fixed ``--workers N`` the same measurement gives the warning
 (:func:`advice`) that names the count to use.
+
+After the measured waves (:func:`recheck`) the lag of the loops that actually read them (with a pool the worst
+worker's, from the :class:`bench.lag.LagMonitor` each worker runs; :func:`bench.lag.workers_lag`) is held against
+the same budget: the cell's ``sizing`` says whether its readers kept up and how many the rule asks for from what
+they measured, and with ``--workers auto`` the next cell starts from at least that many (:func:`carry`).
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ import asyncio
 import math
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .records import RequestRecord
 
-__all__ = ["LoopLag", "choose_workers", "assess", "advice", "lag_budget_ms", "lag_summary", "read_lag_mark",
-           "read_lag_since", "WorkerChoice"]
+__all__ = ["LoopLag", "choose_workers", "assess", "advice", "recheck", "carry", "lag_budget_ms", "lag_summary",
+           "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
 LAG_BUDGET_MIN_MS = 1.0
 LAG_BUDGET_MAX_MS = 20.0
@@ -145,3 +149,26 @@ def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
     return (f"{cell_id}: bench's reads lagged {choice['lag_p99_ms']:.1f} ms (p99) behind arrival with 1 reading "
             f"process, over the {choice['budget_ms']:.1f} ms budget (half the gap between events): events may be "
             f"read together and slow the server; rerun with --workers {choice['workers']} (or --workers auto)")
+
+
+def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,
+            cores: int | None = None) -> WorkerChoice:
+    """After a cell's measured waves, add ``choice["measured"]``: ``workers`` (the readers), ``lag_p99_ms`` (the
+    p99 event-loop lag of the loops that read them, ``lag``: the worst worker's with a pool), ``kept_up`` (within
+    ``budget_ms``) and ``workers_needed``: the module's linear rule from those readers (one process would have
+    lagged ``workers x p99``; :func:`choose_workers`, so capped alike), never fewer than ``workers``."""
+    p99, budget = lag.get("p99_ms"), choice["budget_ms"]
+    kept, need = True, workers
+    if p99 is not None and p99 > budget:
+        kept, need = False, max(workers, choose_workers(workers * p99, budget, streams, cores)["workers"])
+    choice["measured"] = {"workers": workers, "lag_p99_ms": p99, "kept_up": kept, "workers_needed": need}
+    return choice
+
+
+def carry(choice: WorkerChoice, earlier: Iterable[WorkerChoice], streams: int) -> WorkerChoice:
+    """``--workers auto``: raise a cell's choice to what the measured waves of earlier cells needed
+    (:func:`recheck`), at most one reader per stream; ``carried`` says it was raised."""
+    need = max((c.get("measured", {}).get("workers_needed", 1) for c in earlier), default=1)
+    if min(need, streams) > choice["workers"]:
+        choice["workers"], choice["carried"] = min(need, streams), True
+    return choice

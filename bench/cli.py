@@ -158,8 +158,9 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--workers", default="1", show_default=True, metavar="N|auto", callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
               "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
-@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves in --workers N Ray actors "
-              "on this cluster (as `ray start` prints it; needs pip install 'bench[ray]').")
+@click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves (or a --rate/--trace "
+              "schedule) in --workers N Ray actors on this cluster (as `ray start` prints it; needs pip install "
+              "'bench[ray]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
 @click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (same profile, endpoint and "
               "model): finished cells are kept, the rest measured.")
@@ -216,7 +217,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     if ls is not None:  # open loop (rate, trace, sessions): bench.load
         if not isinstance(workers, int):
             raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
-        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers), out, as_json, make_report)
+        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
+                    make_report)
         return
     parallel, ctx = engine_size(prof)
     with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base:  # the server's log kept in out

@@ -99,14 +99,16 @@ def kw_names(given: dict[str, Any]) -> list[str]:
 
 
 def run_open_loop(url: str | None, prof: Any, ls: Any, settings: Any, out: Path, model: str | None,
-                  workers: int = 1) -> Any:
-    """``bench run`` in rate/trace mode: run the point, return the results document (files written to ``out``)."""
+                  workers: int = 1, ray_address: str | None = None) -> Any:
+    """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
+    ``ray_address``), return the results document (files written to ``out``)."""
     from .load.point import describe_point, run_load
     from .report.console import stderr
 
     with endpoint(url, parallel=max(4, ls.max_concurrency or 16)) as base:
         try:
-            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers))
+            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers,
+                                           ray_address=ray_address))
         except KeyboardInterrupt:
             stderr.print(f"interrupted: finished records kept in {out}/records.jsonl", highlight=False)
             raise SystemExit(EXIT_INTERRUPTED) from None

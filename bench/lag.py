@@ -13,6 +13,10 @@ moment of the run could have been, independently of CPU use::
     text = lag_warning(lag, workers=1, streams=512)   # a warning naming --workers N, or None
 
 The baseline on an idle loop is the timer granularity (well under 1 ms on Linux).
+
+With ``--workers N`` or ``--ray`` the loops that stamp are the workers' (:mod:`bench.workers`,
+:mod:`bench.raypool`): each runs its own monitor during its share and sends the samples back, and the figure (and
+the warning) is the worst worker's (:func:`workers_lag`).
 """
 
 from __future__ import annotations
@@ -21,9 +25,10 @@ import asyncio
 import math
 import os
 import time
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["LagMonitor", "lag_warning", "LAG_WARN_MS"]
+__all__ = ["LagMonitor", "lag_warning", "lag_stats", "workers_lag", "LAG_WARN_MS"]
 
 LAG_WARN_MS = 5.0  # p99 lag above this: stamps are late enough to show in ITL percentiles
 
@@ -77,6 +82,17 @@ def lag_stats(samples_ns: list[int]) -> dict[str, Any]:
     s = sorted(samples_ns)
     return {"p50_ms": round(_pct(s, 50) / 1e6, 3), "p99_ms": round(_pct(s, 99) / 1e6, 3),
             "max_ms": round(s[-1] / 1e6, 3), "samples": len(s)}
+
+
+def workers_lag(samples_ns: Sequence[Sequence[int]]) -> dict[str, Any] | None:
+    """The lag of a cell or point read by worker processes or Ray actors: :func:`lag_stats` of the worst worker
+    (highest p99), plus ``worker`` (its index) and ``workers`` (every worker's stats, in pool order); None when no
+    worker sent samples."""
+    if not any(samples_ns):
+        return None
+    each = [lag_stats(list(x)) for x in samples_ns]
+    worst = max((k for k, x in enumerate(each) if x["samples"]), key=lambda k: each[k]["p99_ms"])
+    return {**each[worst], "worker": worst, "workers": each}
 
 
 def _pct(s: list[int], q: float) -> float:

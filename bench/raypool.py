@@ -1,14 +1,17 @@
-"""Load from many hosts: bench's measured waves read by Ray actors (``bench run URL --ray ADDRESS --workers N``).
+"""Load from many hosts: bench's measured waves, or an open-loop schedule, read by Ray actors (``bench run URL
+--ray ADDRESS --workers N``, with or without ``--rate R`` / ``--trace FILE``).
 
 When one host cannot generate the load (thousands of streams, a cluster of replicas behind a router),
 :class:`RayPool` runs N actors spread over the nodes of a Ray cluster (round-robin over the live nodes), each with its own
 event loop and bench client (:func:`bench.client.make_http_client` + :func:`bench.client.stream_request`, exactly
-as :mod:`bench.workers`), and gives each a share of every wave (:func:`bench.workers.split_specs`). It has the
-interface of :class:`bench.workers.WorkerPool`: ``start()``, ``await arun(specs) -> list[RequestRecord]``,
-``close()``, ``workers``, ``last_cpu_s``. Needs ``pip install 'bench[ray]'`` (ray pinned) on the driver and on
-every node; the driver's copy of the ``bench`` package is shipped to the actors (``runtime_env`` ``py_modules``),
-so every node runs the same code. The API key is read from the environment of each actor (set the variable where
-``ray start`` runs); it is never sent through Ray.
+as :mod:`bench.workers`), and gives each a share of every wave (:func:`bench.workers.split_specs`); an actor runs
+its share with the worker processes' own code (:func:`bench.workers.share_records`). It has the interface of
+:class:`bench.workers.WorkerPool`: ``start()``, ``await arun(specs, offsets=None) -> list[RequestRecord]``,
+``close()``, ``workers``, ``last_cpu_s``, ``last_lag_ns`` (each actor's event-loop lag samples during the last
+wave, :class:`bench.lag.LagMonitor`: the cell's lag is the worst actor's). Needs ``pip install 'bench[ray]'``
+(ray pinned) on the driver and on every node; the driver's copy of the ``bench`` package is shipped to the actors
+(``runtime_env`` ``py_modules``), so every node runs the same code. The API key is read from the environment of
+each actor (set the variable where ``ray start`` runs); it is never sent through Ray.
 
 Clocks. Each host stamps on its own ``perf_counter_ns`` (CLOCK_MONOTONIC, or kernel stamps converted to it); hosts'
 clocks differ by an unknown offset. Before every wave the driver estimates each actor's offset by round trips
@@ -16,9 +19,11 @@ through Ray, NTP-style: ``offset = t_actor - (t_send + t_back) / 2`` from the ro
 ``OFFSET_ROUNDS``, uncertainty ``RTT / 2`` (the true offset is within it whatever the path asymmetry). Then
 
 * every actor starts its share at one driver-clock instant (converted to its own clock), so the streams of all
-  hosts start together;
-* each record's absolute times (``queued_ns``, ``sent_ns``) are moved onto the driver's clock, so windows over
-  many hosts (aggregate decode) are on one clock, within the offsets' uncertainty; event times are relative to
+  hosts start together; in an open-loop share (``offsets``) request i is due at that instant + ``offsets[i]``, so
+  every due time is a driver-clock time converted to the actor's clock;
+* each record's absolute times (``queued_ns``, ``sent_ns``, ``scheduled_ns``) are moved onto the driver's clock, so
+  the schedule is the driver's and windows over many hosts (aggregate decode) are on one clock, within the
+  offsets' uncertainty; event times are relative to
   ``sent_ns`` and every per-request metric (TTFT, ITL, decode rate) is a difference on the host's own clock,
   untouched by the offset. ``meta["node"]`` and ``meta["clock_offset_ns"]`` say where a record came from and by
   how much it was moved.
@@ -27,9 +32,10 @@ through Ray, NTP-style: ``offset = t_actor - (t_send + t_back) / 2`` from the ro
 section of results.json, ``run.ray``).
 
 Failures. Records stream back as each request finishes (a Ray streaming generator), so an actor or node lost
-mid-wave loses only its requests still in flight: each becomes a failed record (``error_kind = "worker_lost"``,
-the error names the node), never silently dropped; the lost actor gets no later wave (the others take its share;
-a wave with no actor left is all failed records).
+mid-wave loses only its requests still in flight (in open loop also those not yet sent): each becomes a failed
+record (``error_kind = "worker_lost"``, the error names the node; in open loop with its ``scheduled_ns``), never
+silently dropped; the lost actor gets no later wave (the others take its share; a wave with no actor left is all
+failed records).
 """
 
 from __future__ import annotations
@@ -43,10 +49,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from .client import ClientSettings, RequestSpec, make_http_client, stream_request
+from .client import ClientSettings, RequestSpec, make_http_client
 from .errors import RayClusterError
+from .lag import LagMonitor
 from .records import RequestRecord
-from .workers import split_specs
+from .workers import share_records, split_specs
 
 __all__ = ["RayPool", "estimate_offset", "OFFSET_ROUNDS"]
 
@@ -79,25 +86,23 @@ class BenchActor:
         """This host's ``perf_counter_ns`` now (for the offset estimate)."""
         return time.perf_counter_ns()
 
-    async def wave(self, specs: list[RequestSpec], start_ns: int) -> Any:
-        """Send ``specs`` at ``start_ns`` (this host's clock); yield each record's dict as it finishes, then
-        ``{"cpu_s": ...}``."""
+    async def wave(self, specs: list[RequestSpec], start_ns: int, offsets: list[int] | None = None) -> Any:
+        """Send ``specs`` at ``start_ns`` (this host's clock), or spec i at ``start_ns + offsets[i]`` (an open-loop
+        share: :func:`bench.workers.share_records`); yield each record's dict as it finishes, then ``{"cpu_s": ...,
+        "lag_ns": [...]}`` (this actor's CPU seconds and its event loop's lag samples meanwhile)."""
         if self.client is None:
             self.client = make_http_client(self.settings, self.concurrency)
-        delay = (start_ns - time.perf_counter_ns()) / 1e9
-        if delay > 0:
-            await asyncio.sleep(delay)
         cpu0 = time.process_time()
-        secret = self.settings.api_key
+        mon = LagMonitor()
         gc.disable()
         try:
-            tasks = [asyncio.create_task(stream_request(self.client, self.base, s, model=self.model, secret=secret))
-                     for s in specs]
-            for fut in asyncio.as_completed(tasks):
-                yield (await fut).to_dict()
+            async for _, rec in share_records(self.client, self.base, specs, model=self.model,
+                                              secret=self.settings.api_key, start_ns=start_ns, offsets=offsets,
+                                              monitor=mon):
+                yield rec.to_dict()
         finally:
             gc.enable()
-        yield {"cpu_s": time.process_time() - cpu0}
+        yield {"cpu_s": time.process_time() - cpu0, "lag_ns": mon.samples_ns}
         gc.collect()
 
     async def aclose(self) -> None:
@@ -121,9 +126,13 @@ async def estimate_offset(clock_call: Any, rounds: int = OFFSET_ROUNDS) -> tuple
     return best_off, (best_rtt + 1) // 2
 
 
-def _lost_record(spec: RequestSpec, model: str, node: str, why: str) -> RequestRecord:
-    rec = RequestRecord(spec.request_id, spec.endpoint, model, meta={**spec.meta, "node": node})
-    rec.error = f"bench's Ray actor on node {node} was lost mid-wave; the request was in flight ({why})"
+def _lost_record(spec: RequestSpec, model: str, node: str, why: str, scheduled_ns: int | None = None) -> RequestRecord:
+    """The failed record of a request lost with its actor (``scheduled_ns``: its due time on the driver's clock, in
+    an open-loop share; it was in flight or not yet sent)."""
+    rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=scheduled_ns or 0,
+                        meta={**spec.meta, "node": node}, scheduled_ns=scheduled_ns)
+    rec.error = (f"bench's Ray actor on node {node} was lost mid-run; the request was in flight or not yet sent "
+                 f"({why})")
     rec.error_kind = "worker_lost"
     return rec
 
@@ -152,6 +161,7 @@ class RayPool:
         self.concurrency = max(1, concurrency)
         self.ship_code = ship_code
         self.last_cpu_s: list[float] = []
+        self.last_lag_ns: list[list[int]] = []  # per actor: its loop's lag samples during the last wave
         self.actors: list[Any] = []
         self.info: list[dict[str, Any]] = []  # per actor: hello() + offset_ns, uncertainty_ns, alive
         self._inited = False
@@ -238,10 +248,15 @@ class RayPool:
         return list(nodes.values())
 
     # -- waves -------------------------------------------------------------------------------------------------
-    async def arun(self, specs: Sequence[RequestSpec], *,
-                   start_delay_s: float = DEFAULT_START_DELAY_S) -> list[RequestRecord]:
+    async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
+                   offsets: Sequence[int] | None = None) -> list[RequestRecord]:
         """One wave over the live actors, all starting at one driver-clock time ``start_delay_s`` from now.
-        Returns the records in the order of ``specs``, on the driver's clock; lost requests are failed records."""
+        Returns the records in the order of ``specs``, on the driver's clock; lost requests are failed records.
+
+        ``offsets`` (ns, sorted, one per spec) makes it an open-loop schedule, as :meth:`WorkerPool.run
+        <bench.workers.WorkerPool.run>`: spec i is due at the start + ``offsets[i]`` on the driver's clock; the
+        actor it is dealt to sends it at that instant on its own clock, and its record's ``scheduled_ns`` is the
+        driver-clock due time."""
         specs = list(specs)
         if not specs:
             return []
@@ -249,43 +264,64 @@ class RayPool:
             raise RuntimeError("RayPool.arun before start()")
         await self.measure_offsets()
         live = [i for i, x in enumerate(self.info) if x["alive"]]
-        if not live:
-            return [_lost_record(s, self.model, "?", "no live actor left") for s in specs]
-        shares = split_specs(specs, len(live))
         start = time.perf_counter_ns() + int(start_delay_s * 1e9)
+        offs = None if offsets is None else [int(x) for x in offsets]
+        if not live:
+            return [_lost_record(s, self.model, "?", "no live actor left", _due(start, offs, j))
+                    for j, s in enumerate(specs)]
+        shares = split_specs(specs, len(live))
         out: list[RequestRecord | None] = [None] * len(specs)
-        cpu = await asyncio.gather(*(self._share(live[k], [specs[j] for j in idx], idx, start, out)
-                                     for k, idx in enumerate(shares)))
-        self.last_cpu_s = [c for c in cpu if c is not None]
+        done = await asyncio.gather(*(self._share(live[k], specs, idx, start, offs, out)
+                                      for k, idx in enumerate(shares)))
+        self.last_cpu_s = [float(d["cpu_s"]) for d in done if d is not None]
+        self.last_lag_ns = [[] for _ in self.actors]
+        for k, d in zip(live, done):
+            self.last_lag_ns[k] = list(d["lag_ns"]) if d is not None else []
         return out  # type: ignore[return-value]
 
-    async def _share(self, i: int, specs: list[RequestSpec], idx: list[int], start: int,
-                     out: list[RequestRecord | None]) -> float | None:
-        """Run one actor's share; fill ``out`` at ``idx``; returns its CPU seconds (None when it was lost)."""
+    async def _share(self, i: int, specs: list[RequestSpec], idx: list[int], start: int, offsets: list[int] | None,
+                     out: list[RequestRecord | None]) -> dict[str, Any] | None:
+        """Run actor i's share (``specs[j]`` for j in ``idx``; in open loop due at ``start + offsets[j]``) and fill
+        ``out`` at ``idx``; returns the actor's closing ``{"cpu_s", "lag_ns"}`` (None when it was lost)."""
         info = self.info[i]
         off = int(info.get("offset_ns") or 0)
-        pos = {s.request_id: j for s, j in zip(specs, idx)}
-        cpu: float | None = None
+        pos = {specs[j].request_id: j for j in idx}
+        mine = None if offsets is None else [offsets[j] for j in idx]
+        tail: dict[str, Any] | None = None
         try:
-            gen = self.actors[i].wave.options(num_returns="streaming").remote(specs, start + off)
+            gen = self.actors[i].wave.options(num_returns="streaming").remote([specs[j] for j in idx], start + off,
+                                                                               mine)
             async for ref in gen:
                 d = await ref
-                if "cpu_s" in d and "request_id" not in d:
-                    cpu = float(d["cpu_s"])
+                if "request_id" not in d:
+                    tail = d
                     continue
-                rec = RequestRecord.from_dict(d)
-                rec.sent_ns -= off
-                rec.queued_ns -= off
-                rec.meta["node"] = info["node_id"]
-                rec.meta["clock_offset_ns"] = off
+                rec = _to_driver_clock(RequestRecord.from_dict(d), off, info["node_id"])
                 out[pos.pop(rec.request_id)] = rec
         except Exception as e:  # noqa: BLE001 - RayActorError, ActorDiedError, node failures...
             info["alive"] = False
             why = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
-            for s in specs:
-                if s.request_id in pos:
-                    out[pos.pop(s.request_id)] = _lost_record(s, self.model, info["node_id"], why)
-        return cpu
+            for j in pos.values():
+                out[j] = _lost_record(specs[j], self.model, info["node_id"], why, _due(start, offsets, j))
+            return None
+        return tail
+
+
+def _due(start: int, offsets: list[int] | None, j: int) -> int | None:
+    """Spec j's due time on the driver's clock in an open-loop run (None in a wave)."""
+    return None if offsets is None else start + offsets[j]
+
+
+def _to_driver_clock(rec: RequestRecord, off: int, node: str) -> RequestRecord:
+    """Move a record's absolute times (``queued_ns``, ``sent_ns``, ``scheduled_ns``) from its actor's clock onto
+    the driver's (``off`` = actor clock - driver clock) and say where it came from."""
+    rec.sent_ns -= off
+    rec.queued_ns -= off
+    if rec.scheduled_ns is not None:
+        rec.scheduled_ns -= off
+    rec.meta["node"] = node
+    rec.meta["clock_offset_ns"] = off
+    return rec
 
 
 def _alive_nodes(ray: Any) -> list[str]:

@@ -21,7 +21,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -33,7 +33,7 @@ from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from .kstamp import clock_report
-from .lag import LagMonitor, lag_warning
+from .lag import LagMonitor, lag_warning, workers_lag
 from .metrics import request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
 from .profile import Cell, Profile
@@ -78,8 +78,16 @@ class CellRun:
     cpu_s: float = 0.0
     wall_s: float = 0.0
     lag: dict[str, Any] | None = None
+    worker_lag_ns: list[list[int]] = field(default_factory=list)  # per pool worker: its loop-lag samples (ns)
     server_metrics: dict[str, Any] | None = None
     summary: CellResult | None = None
+
+    def add_worker_lag(self, per_worker: Sequence[Sequence[int]] | None) -> None:
+        """Add each pool worker's loop-lag samples of one wave (``pool.last_lag_ns``, in pool order)."""
+        for k, xs in enumerate(per_worker or []):
+            while len(self.worker_lag_ns) <= k:
+                self.worker_lag_ns.append([])
+            self.worker_lag_ns[k].extend(xs)
 
     def extend(self, more: CellRun) -> None:
         """Add another run of the same cell (re-measured waves, or one side's interleaved wave)."""
@@ -90,7 +98,10 @@ class CellRun:
         self.waves.extend(more.waves)
         self.cpu_s += more.cpu_s
         self.wall_s += more.wall_s
-        if more.lag is not None:
+        if more.worker_lag_ns:  # the workers' samples pooled: the worst worker over both parts
+            self.add_worker_lag(more.worker_lag_ns)
+            self.lag = workers_lag(self.worker_lag_ns)
+        elif more.lag is not None:
             old = self.lag or {}
             self.lag = {k: max(v, old.get(k) or 0) if isinstance(v, int | float) else v for k, v in more.lag.items()}
 
@@ -433,6 +444,8 @@ class Session:
                 recs += await self._wave(cell, self.planner.wave(cell, "warmup", w, depth=0,
                                                                  max_tokens=WARMUP_MAX_TOKENS))
         choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+        if self.workers_auto:
+            autosize.carry(choice, self.sizing.values(), cell.streams)
         self.sizing[cell.id] = choice
         have = self.workers
         if not self.workers_auto:
@@ -484,9 +497,14 @@ class Session:
         try:
             await self._measured_waves(run, want, fixed, first_wave)
         finally:
-            run.lag = mon.stop()
+            own = mon.stop()  # with a pool this loop only waits: the workers' loops stamp the reads
+            run.lag = workers_lag(run.worker_lag_ns) or own
             if self.scraper is not None:
                 run.server_metrics = await self.scraper.end()
+        if cell.id in self.sizing and run.lag:
+            from . import autosize
+
+            autosize.recheck(self.sizing[cell.id], run.lag, self.workers, cell.streams)
         self.summarize(run)
         return run
 
@@ -496,6 +514,8 @@ class Session:
             reqs = self.planner.wave(cell, "measure", first_wave + w)
             c0, t0 = time.process_time(), time.perf_counter()
             recs = await self._wave(cell, reqs)
+            if self.pool is not None:
+                run.add_worker_lag(getattr(self.pool, "last_lag_ns", None))
             run.cpu_s += time.process_time() - c0
             run.wall_s += time.perf_counter() - t0
             run.records.extend(recs)
@@ -520,7 +540,7 @@ class Session:
         run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
         lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams) if run.lag else None
-        if lag_note and self.pool is None:  # worker processes' own loops are not watched from here
+        if lag_note and (self.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:
             self._server_checks(run, run.summary)

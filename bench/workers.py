@@ -15,7 +15,13 @@ pool refuses to start (:func:`shared_clock`).
 
 Start: the parent picks a start time a little ahead (``start_delay_s``) on that shared clock and every worker
 sends its requests at that time, so the streams of all workers start together, as the streams of a
-single-process wave do.
+single-process wave do. With ``offsets`` (an open-loop schedule, :func:`bench.load.openloop.run_plan_pool`) each
+worker sends each request of its share at its own due time on that clock instead. One worker's share is
+:func:`share_records`, which :mod:`bench.raypool`'s actors run too.
+
+Lag: the loops that stamp the reads are the workers'. Each worker samples its own event loop's lag
+(:class:`bench.lag.LagMonitor`) while it runs its share and sends the samples back with the records
+(:attr:`WorkerPool.last_lag_ns`); the cell's lag is the worst worker's (:func:`bench.lag.workers_lag`).
 
 Records cross the process boundary as dicts (:meth:`RequestRecord.to_dict` / :meth:`RequestRecord.from_dict`;
 event times keep whole-ns precision). They come back in the order of the specs given. Failed requests come back
@@ -40,15 +46,18 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from .client import ClientSettings, RequestSpec, make_http_client, stream_request
+from .lag import LagMonitor
 from .records import RequestRecord
 
-__all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "split_specs", "shared_clock"]
+__all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "split_specs", "shared_clock",
+           "share_records", "sleep_until", "SPIN_S"]
 
 DEFAULT_START_DELAY_S = 0.05
+SPIN_S = 0.001  # the last stretch before a due time is spent yielding to the loop instead of in one sleep
 
 
 def shared_clock() -> bool:
@@ -68,47 +77,91 @@ def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
+# one worker's share (worker processes and bench.raypool's actors)
+# ---------------------------------------------------------------------------------------------------------------
+async def sleep_until(t_ns: int, spin_s: float = SPIN_S) -> int:
+    """Wait until ``perf_counter_ns()`` passes ``t_ns``: sleep to ``spin_s`` before it, then yield to the event
+    loop until it passes (so reads keep flowing meanwhile). Returns how late it woke (ns, >= 0 up to the clock's
+    resolution)."""
+    perf = time.perf_counter_ns
+    wait = (t_ns - perf()) / 1e9
+    if wait > spin_s:
+        await asyncio.sleep(wait - spin_s)
+    while perf() < t_ns:
+        await asyncio.sleep(0)
+    return perf() - t_ns
+
+
+async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *, model: str, secret: str | None,
+                        start_ns: int, offsets: Sequence[int] | None = None,
+                        monitor: LagMonitor | None = None) -> AsyncIterator[tuple[int, RequestRecord]]:
+    """Send one worker's share and yield ``(i, record of specs[i])`` as each request ends.
+
+    A wave (``offsets`` None): every spec goes at ``start_ns``. Open loop: spec i goes at ``start_ns + offsets[i]``
+    (sorted), as :mod:`bench.load.openloop` sends (:func:`sleep_until`); its record gets ``scheduled_ns`` (= its
+    ``queued_ns``) and ``meta["dispatch_lag_ns"]``. ``monitor`` samples this event loop's lag from ``start_ns`` to
+    the last record. Closing the generator early cancels the requests still in flight."""
+    done: asyncio.Queue[tuple[int, RequestRecord | Exception]] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(i: int, spec: RequestSpec, sched: int | None) -> None:
+        try:
+            rec = await stream_request(client, base, spec, model=model, secret=secret, queued_ns=sched)
+        except Exception as e:  # noqa: BLE001 - stream_request records failures; anything else goes to the reader
+            done.put_nowait((i, e))
+            return
+        rec.scheduled_ns = sched
+        done.put_nowait((i, rec))
+
+    async def dispatch() -> None:
+        try:
+            await sleep_until(start_ns)
+            if monitor is not None:
+                monitor.start()
+            for i, spec in enumerate(specs):
+                sched = None if offsets is None else start_ns + int(offsets[i])
+                if sched is not None:
+                    spec.meta["dispatch_lag_ns"] = await sleep_until(sched)
+                tasks.append(asyncio.create_task(one(i, spec, sched)))
+        except Exception as e:  # noqa: BLE001 - never leave the reader waiting
+            done.put_nowait((-1, e))
+
+    sender = asyncio.create_task(dispatch())
+    try:
+        for _ in range(len(specs)):
+            i, got = await done.get()
+            if isinstance(got, Exception):
+                raise got
+            yield i, got
+    finally:
+        sender.cancel()
+        for t in tasks:
+            t.cancel()
+        if monitor is not None:
+            monitor.stop()
+
+
+async def _share(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None, start_ns: int,
+                 offsets: list[int] | None, monitor: LagMonitor) -> list[RequestRecord]:
+    """:func:`share_records` collected in the order of ``specs``."""
+    out: list[Any] = [None] * len(specs)
+    async for i, rec in share_records(client, base, specs, model=model, secret=secret, start_ns=start_ns,
+                                      offsets=offsets, monitor=monitor):
+        out[i] = rec
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
 # the worker process
 # ---------------------------------------------------------------------------------------------------------------
-async def _wave(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None,
-                start_ns: int, offsets: list[int] | None = None) -> list[RequestRecord]:
-    if offsets is not None:
-        return await _scheduled(client, base, specs, model, secret, start_ns, offsets)
-    delay = (start_ns - time.perf_counter_ns()) / 1e9
-    if delay > 0:
-        await asyncio.sleep(delay)
-    return list(await asyncio.gather(*(stream_request(client, base, s, model=model, secret=secret) for s in specs)))
-
-
-async def _scheduled(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None,
-                     start_ns: int, offsets: list[int]) -> list[RequestRecord]:
-    """Open loop: spec i goes at ``start_ns + offsets[i]`` (sorted), as :mod:`bench.load.openloop` sends: sleep to
-    1 ms before, then yield until due. Each record gets ``scheduled_ns`` and ``meta["dispatch_lag_ns"]``."""
-    perf = time.perf_counter_ns
-    tasks = []
-    for spec, off in zip(specs, offsets):
-        sched = start_ns + off
-        wait = (sched - perf()) / 1e9
-        if wait > 0.001:
-            await asyncio.sleep(wait - 0.001)
-        while perf() < sched:
-            await asyncio.sleep(0)
-        spec.meta["dispatch_lag_ns"] = perf() - sched
-        tasks.append(asyncio.create_task(stream_request(client, base, spec, model=model, secret=secret,
-                                                        queued_ns=sched)))
-    recs = list(await asyncio.gather(*tasks))
-    for r, off in zip(recs, offsets):
-        r.scheduled_ns = start_ns + off
-    return recs
-
-
 def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
                  gc_quiet: bool) -> None:
     """Entry point of a worker: serve wave jobs from ``conn`` until told to stop (``None``) or the pipe closes.
 
     Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns, offsets)`` (offsets:
     None for a wave, else each spec's send time in ns after ``start_ns``) is answered by ``("done", job_id, [record
-    dict], cpu_s)`` or ``("error", job_id, text)``.
+    dict], cpu_s, lag_ns)`` (``lag_ns``: this loop's lag samples during the job, :class:`bench.lag.LagMonitor`) or
+    ``("error", job_id, text)``.
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the pool stops
     loop = asyncio.new_event_loop()
@@ -130,10 +183,11 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
                 break
             job_id, specs, start_ns, offsets = msg
             cpu0 = time.process_time()
+            mon = LagMonitor()
             try:
                 if gc_quiet:
                     gc.disable()
-                recs = loop.run_until_complete(_wave(client, base, specs, model, secret, start_ns, offsets))
+                recs = loop.run_until_complete(_share(client, base, specs, model, secret, start_ns, offsets, mon))
                 cpu = time.process_time() - cpu0
                 out = [r.to_dict() for r in recs]
                 del recs
@@ -143,7 +197,7 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
             finally:
                 if gc_quiet:
                     gc.enable()
-            conn.send(("done", job_id, out, cpu))
+            conn.send(("done", job_id, out, cpu, mon.samples_ns))
             del out
             if gc_quiet:
                 gc.collect()
@@ -168,6 +222,7 @@ class WorkerPool:
             records = pool.run(specs)            # one wave; blocking
             records = await pool.arun(specs)     # the same from async code (the loop stays free)
             pool.last_cpu_s                       # CPU seconds each worker spent on the last wave
+            pool.last_lag_ns                      # each worker's event-loop lag samples (ns) during it
 
     Args:
         base: normalized base URL.
@@ -197,6 +252,7 @@ class WorkerPool:
         self.start_method = start_method
         self.gc_quiet = gc_quiet
         self.last_cpu_s: list[float] = []
+        self.last_lag_ns: list[list[int]] = []
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._jobs = 0
@@ -289,8 +345,9 @@ class WorkerPool:
                     raise RuntimeError(f"bench worker {p.pid} is gone: {e}") from None
             out: list[RequestRecord | None] = [None] * len(specs)
             cpu: list[float] = []
+            lags: list[list[int]] = [[] for _ in range(self.workers)]
             problems: list[str] = []
-            for c, p, idx in used:  # read every worker's answer before raising, so none is left in a pipe
+            for w, (c, p, idx) in enumerate(used):  # every worker's answer is read before raising: none left in a pipe
                 try:
                     msg = c.recv()
                 except (EOFError, OSError):
@@ -302,7 +359,8 @@ class WorkerPool:
                 for i, d in zip(idx, msg[2]):
                     out[i] = RequestRecord.from_dict(d)
                 cpu.append(msg[3])
-            self.last_cpu_s = cpu
+                lags[w] = msg[4]
+            self.last_cpu_s, self.last_lag_ns = cpu, lags
             if problems:
                 raise RuntimeError("; ".join(problems))
         assert all(r is not None for r in out)

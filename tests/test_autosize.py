@@ -7,7 +7,7 @@ import json
 import pytest
 
 from bench import autosize
-from bench.autosize import advice, assess, choose_workers, lag_budget_ms, lag_summary
+from bench.autosize import advice, assess, carry, choose_workers, lag_budget_ms, lag_summary, recheck
 from bench.cli import main
 from bench.records import Event, RequestRecord
 from bench.sim import SimConfig, running_sim
@@ -52,6 +52,23 @@ def test_assess_prefers_read_lag_and_advice_names_the_count() -> None:
     assert lag_summary([])["p99_ms"] is None
 
 
+def test_recheck_holds_the_readers_lag_to_the_budget() -> None:
+    """After the measured waves: 2 readers whose worst lagged 12 ms (p99) against a 5 ms budget -> one process
+    would have lagged 24 ms -> 5 readers; within the budget they kept up and need no more; carry raises the next
+    cell's choice to it (at most one reader per stream)."""
+    c = recheck(choose_workers(3.0, 5.0, streams=64, cores=16), {"p99_ms": 12.0}, 2, streams=64, cores=16)
+    assert c["measured"] == {"workers": 2, "lag_p99_ms": 12.0, "kept_up": False, "workers_needed": 5}
+    ok = recheck(choose_workers(3.0, 5.0, streams=64, cores=16), {"p99_ms": 4.0}, 2, streams=64, cores=16)
+    assert ok["measured"]["kept_up"] and ok["measured"]["workers_needed"] == 2
+    capped = recheck(choose_workers(3.0, 5.0, streams=64, cores=4), {"p99_ms": 50.0}, 3, streams=64, cores=4)
+    assert capped["measured"]["workers_needed"] == 3  # the cores cap the rule; never fewer than the readers
+    nxt = carry(choose_workers(0.1, 5.0, streams=64, cores=16), [ok, c], streams=64)
+    assert nxt["workers"] == 5 and nxt["carried"] is True
+    assert carry(choose_workers(0.1, 5.0, streams=3, cores=16), [c], streams=3)["workers"] == 3
+    one = recheck(choose_workers(0.1, 5.0, streams=64, cores=16), {"p99_ms": 1.0}, 1, streams=64, cores=16)
+    assert "carried" not in carry(choose_workers(0.1, 5.0, streams=64, cores=16), [one], streams=64)
+
+
 async def _loop_lag_samples() -> list[float]:
     import asyncio
 
@@ -81,6 +98,7 @@ def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
         assert run["workers_auto"] is True and run["workers"] >= 1
         (choice,) = run["sizing"].values()
         assert choice["workers"] == run["workers"] and choice["budget_ms"] == pytest.approx(10.0, rel=0.3)
+        assert choice["measured"]["workers"] == run["workers"] and choice["measured"]["lag_p99_ms"] is not None
         assert run["stamp_clock"]["measurements"] >= 1 and run["stamp_clock"]["uncertainty_ns"] >= 0
         from bench.kstamp import kernel_stamps_supported
         from bench.records import read_records
@@ -94,6 +112,10 @@ def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
         res = _run(url, str(tmp_path / "b"), capsys)
     assert res["run"]["workers"] == 2 and res["run"]["workers_auto"] is True
     cell = res["cells"][0]
+    # the measured waves were read by the 2 workers: their own loops' lag is the cell's and the sizing's
+    assert len(cell["client_lag"]["workers"]) == 2
+    (choice,) = res["run"]["sizing"].values()
+    assert choice["measured"]["workers"] == 2 and choice["measured"]["lag_p99_ms"] == cell["client_lag"]["p99_ms"]
     assert cell["requests_ok"] == 4
     assert cell["decode_tok_s"]["median"] == pytest.approx(50.0, rel=0.06)
 

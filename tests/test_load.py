@@ -312,11 +312,13 @@ def test_sim_truth_queueing_and_batch_steps() -> None:
     (1, 5000.0, 3828.0, 2), (1, 5000.0, 1000.0, 5), (2, 5000.0, 2563.6, 4), (4, 100.0, 99.0, 5), (1, 10.0, None, 2)])
 def test_fell_behind_warning_names_more_workers_than_were_used(workers, planned, achieved, want) -> None:
     """The fix the warning names is a number above the count that fell behind, scaled by planned / achieved."""
+    from bench.load.openloop import PointRun
     from bench.load.point import LoadSettings, _point_warnings, more_workers
 
     sched = {"planned_rps": planned, "achieved_rps": achieved, "dispatch_lag_ms": {"p99": 500.0}}
     assert more_workers(sched, workers) == want
     s = {"id": "rate-x", "schedule": sched, "counts": {"cut": 0}, "steady": True, "warnings": []}
-    _point_warnings(s, LoadSettings(mode="rate", rate=1.0, duration_s=1.0), workers)
+    run = PointRun([], 0, 1.0, [], [], workers=workers)
+    _point_warnings(s, LoadSettings(mode="rate", rate=1.0, duration_s=1.0), run)
     assert len(s["warnings"]) == 1 and f"--workers {want}," in s["warnings"][0]
     assert ("this process" in s["warnings"][0]) == (workers == 1)

@@ -61,6 +61,8 @@ def test_achieved_rate_within_1pct(fast_sim: SimProcess, tmp_path: Path, rate: f
     assert sc["planned_rps"] == pytest.approx(rate, rel=1e-9)
     assert sc["achieved_rps"] == pytest.approx(rate, rel=0.01)
     assert c["counts"] == {"planned": sc["planned_requests"], "finished": sc["planned_requests"], "failed": 0, "cut": 0}
+    # this process sent and read the point: its own loop lag, sampled every 10 ms over the span
+    assert c["client_lag"]["samples"] >= 0.5 * duration * 100 and "workers" not in c["client_lag"]
     recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
     assert len(recs) == sc["planned_requests"]
     t0 = min(r.scheduled_ns for r in recs if r.scheduled_ns is not None)
@@ -223,6 +225,9 @@ def test_workers_keep_the_schedule(fast_sim: SimProcess, tmp_path: Path) -> None
     got = sorted((r.scheduled_ns - t0) / 1e9 for r in recs if r.scheduled_ns is not None)
     assert got == pytest.approx([p.at_s for p in plan], abs=1e-6)
     assert c["schedule"]["dispatch_lag_ms"]["p50"] is not None
+    lag = c["client_lag"]  # the workers' own loops, the figure being the worst one's
+    assert len(lag["workers"]) == 2 and all(w["samples"] >= 100 for w in lag["workers"])
+    assert lag["p99_ms"] == max(w["p99_ms"] for w in lag["workers"])
 
 
 def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:

@@ -14,14 +14,21 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import re
+import signal
 import statistics
+import threading
+import time
 from collections.abc import Iterator
 
 import pytest
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
 from bench.metrics import request_metrics
+from bench.profile import Profile, Sweep
 from bench.records import RequestRecord
+from bench.runloop import run_profile
 from bench.sim import SimConfig, running_sim
 from bench.workers import WorkerPool, arun_requests_multiproc, run_requests_multiproc, shared_clock, split_specs
 
@@ -119,6 +126,22 @@ def test_one_clock_and_one_start(sim: str, pool: WorkerPool) -> None:
     assert spread_ms <= 2 * STEP_MS + 30.0, spread_ms
 
 
+def test_open_loop_share_and_lag_come_back(pool: WorkerPool) -> None:
+    """An open-loop job: each request sent at start + its offset by the worker it is dealt to (``scheduled_ns``,
+    ``meta.dispatch_lag_ns``), and each worker's loop-lag samples come back with the records."""
+    offsets = [0, 40_000_000, 80_000_000, 120_000_000, 160_000_000, 200_000_000]
+    recs = pool.run(specs(6, "open", 4), offsets=offsets)
+    t0 = recs[0].scheduled_ns
+    assert t0 is not None
+    assert [r.scheduled_ns - t0 for r in recs] == offsets  # type: ignore[operator]
+    for r in recs:
+        assert r.queued_ns == r.scheduled_ns and 0 <= r.sent_ns - r.scheduled_ns < 30e6  # type: ignore[operator]
+        assert 0 <= r.meta["dispatch_lag_ns"] < 30e6
+    assert len(pool.last_lag_ns) == 2
+    # each worker ran for ~0.28 s (its share: 3 sends 80 ms apart, 4 tokens at 20 ms): a sample every 10 ms
+    assert all(len(x) >= 10 and min(x) >= 0 for x in pool.last_lag_ns), [len(x) for x in pool.last_lag_ns]
+
+
 def test_pool_reused_across_waves(pool: WorkerPool) -> None:
     a = pool.run(specs(4, "w1", 2))
     b = pool.run(specs(3, "w2", 2))  # an uneven split: 2 + 1
@@ -174,3 +197,84 @@ def test_bad_arguments() -> None:
         WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1, start_method="fork")
     with pytest.raises(RuntimeError):
         WorkerPool("http://x/v1", model=MODEL, settings=ClientSettings(), workers=1).run(specs(1, "x"))
+
+
+# ---- the lag of worker loops in a cell ---------------------------------------------------------------------------
+LAG_PROFILE = Profile(name="lag", max_tokens=24, requests=8, warmup=0, overhead_probes=1,
+                      sweeps=(Sweep(depths=(0,), streams=(4,)),))
+
+
+@pytest.fixture(scope="module")
+def clean_sim() -> Iterator[str]:
+    with running_sim(SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6)) as base:
+        yield base
+
+
+class _CellDone:
+    """An observer that only sets ``done`` when the cell is summarized (before the session closes the pool)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+    def cell_started(self, *_: object) -> None: ...
+    def wave_started(self, *_: object) -> None: ...
+    def request_done(self, *_: object) -> None: ...
+    def note(self, *_: object) -> None: ...
+
+    def cell_done(self, *_: object) -> None:
+        self.done.set()
+
+
+def _cell_through(base: str, pool: WorkerPool, obs: _CellDone | None = None) -> dict:
+    res = asyncio.run(run_profile(base, LAG_PROFILE, ClientSettings(), out_dir=None, pool=pool,
+                                  observer=obs or _CellDone()))
+    assert res.run.workers == 2
+    (cell,) = res.cells
+    assert cell.requests_ok == 8
+    return cell.to_dict()
+
+
+def test_cell_reports_the_workers_lag(clean_sim: str) -> None:
+    """--workers 2: the cell's client_lag is the lag the workers' own loops measured (each has samples over the
+    measured waves), the figure being the worst worker's."""
+    with WorkerPool(clean_sim, model=MODEL, settings=ClientSettings(), workers=2, concurrency=4) as p:
+        cell = _cell_through(clean_sim, p)
+    lag = cell["client_lag"]
+    assert len(lag["workers"]) == 2
+    assert all(w["samples"] >= 40 for w in lag["workers"]), lag  # 2 waves of ~0.5 s, a sample every 10 ms
+    worst = max(range(2), key=lambda k: lag["workers"][k]["p99_ms"])
+    assert lag["worker"] == worst and lag["p99_ms"] == lag["workers"][worst]["p99_ms"]
+    assert lag["samples"] == lag["workers"][worst]["samples"]
+
+
+def test_a_stalled_worker_draws_the_lag_warning(clean_sim: str) -> None:
+    """One worker stopped for 30 ms out of every 60 ms (SIGSTOP/SIGCONT from here: its loop wakes up to 30 ms
+    late, as a busy loop would): the cell's lag is that worker's, and the warning names a larger --workers."""
+    with WorkerPool(clean_sim, model=MODEL, settings=ClientSettings(), workers=2, concurrency=4) as p:
+        pid = p._procs[1].pid
+        obs = _CellDone()  # stalling stops once the cell is summarized, before the pool is closed
+
+        def stall() -> None:
+            try:
+                while not obs.done.is_set():
+                    os.kill(pid, signal.SIGSTOP)
+                    time.sleep(0.03)
+                    os.kill(pid, signal.SIGCONT)
+                    time.sleep(0.03)
+            finally:
+                os.kill(pid, signal.SIGCONT)
+
+        t = threading.Thread(target=stall, daemon=True)
+        t.start()
+        try:
+            cell = _cell_through(clean_sim, p, obs)
+        finally:
+            obs.done.set()
+            t.join()
+    lag = cell["client_lag"]
+    assert lag["worker"] == 1 and lag["p99_ms"] > 15.0, lag
+    assert lag["workers"][0]["p99_ms"] < lag["p99_ms"]
+    notes = [w for w in cell["warnings"] if "event-loop lag" in w]
+    assert len(notes) == 1, cell["warnings"]
+    m = re.search(r"use --workers (\d+)", notes[0])
+    assert m and int(m.group(1)) > 2, notes

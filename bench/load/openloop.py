@@ -32,15 +32,16 @@ from typing import Any
 import numpy as np
 
 from ..client import RequestSpec
+from ..lag import LagMonitor, workers_lag
 from ..records import RequestRecord
 from ..stats import summarize
+from ..workers import sleep_until
 
 __all__ = ["Planned", "PointRun", "run_plan", "run_plan_pool", "point_window", "trend", "lag_summary", "BEHIND_P99_MS",
            "START_DELAY_S"]
 
 START_DELAY_S = 0.2
 BEHIND_P99_MS = 10.0
-SPIN_S = 0.001
 TREND_SIGMAS = 3.0
 TREND_MIN_SHARE = 0.10
 TREND_MIN_MS = 2.0
@@ -69,6 +70,8 @@ class PointRun:
     dispatch_lag_ns: list[int]
     inflight: list[tuple[int, int]]  # (ns, requests in flight) sampled at each dispatch
     cut: int = 0
+    lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.lag; the worst worker's)
+    workers: int = 1  # processes or Ray actors that sent the schedule
 
 
 class _Counters:
@@ -88,18 +91,24 @@ def _cut_record(session: Any, k: int, p: Planned, sched: int, drain_s: float, me
 
 async def _dispatch(plan: Sequence[Planned], t0: int, start: Callable[[int, int], None]) -> list[int]:
     """Call ``start(k, scheduled_ns)`` for each request at its due time; returns each one's dispatch lag (ns)."""
-    perf = time.perf_counter_ns
     lags = []
     for k, p in enumerate(plan):
         sched = t0 + round(p.at_s * 1e9)
-        wait = (sched - perf()) / 1e9
-        if wait > SPIN_S:
-            await asyncio.sleep(wait - SPIN_S)
-        while perf() < sched:
-            await asyncio.sleep(0)
-        lags.append(perf() - sched)
+        lags.append(await sleep_until(sched))
         start(k, sched)
     return lags
+
+
+async def _drain(tasks: list[asyncio.Task[None]], drain_s: float) -> None:
+    """Wait up to ``drain_s`` for the requests still in flight, then cancel the rest (they record themselves as
+    cut) and wait for them to finish doing so."""
+    pending = [t for t in tasks if not t.done()]
+    if pending:
+        _, still = await asyncio.wait(pending, timeout=drain_s)
+        for t in still:
+            t.cancel()
+        if still:
+            await asyncio.wait(still)
 
 
 async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
@@ -146,22 +155,19 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
     t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
     gc_was_on = gc.isenabled()
     gc.disable()  # no collector pause while streams are read (see runner._wave)
+    mon = LagMonitor()
+    mon.start()
     try:
         lags = await _dispatch(plan, t0, start)
-        pending = [t for t in tasks.values() if not t.done()]
-        if pending:
-            _, still = await asyncio.wait(pending, timeout=drain_s)
-            for t in still:
-                t.cancel()
-            if still:
-                await asyncio.wait(still)
+        await _drain(list(tasks.values()), drain_s)
     finally:
+        lag = mon.stop()
         if gc_was_on:
             gc.enable()
             gc.collect()
     done = [r for r in records if r is not None]
     span = max((p.at_s for p in plan), default=0.0)
-    return PointRun(done, t0, span, lags, inflight, cut[0])
+    return PointRun(done, t0, span, lags, inflight, cut[0], lag)
 
 
 def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
@@ -176,9 +182,11 @@ def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
 
 
 async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
-    """:func:`run_plan` through the session's worker processes (``--workers N``): the plan is dealt round-robin,
-    each worker keeps its share's schedule on the shared clock. No concurrency cap, no live counters, no cut (the
-    workers wait for every request); dispatch lags come back in each record's meta."""
+    """:func:`run_plan` through the session's pool: worker processes (``--workers N``) or Ray actors (``--ray``).
+    The plan is dealt round-robin; each worker keeps its share's schedule (on the shared clock; a Ray actor on its
+    host's clock, converted both ways by :mod:`bench.raypool`). No concurrency cap, no live counters, no cut (the
+    workers wait for every request; a lost Ray actor's requests come back as ``worker_lost`` failures); dispatch
+    lags come back in each record's meta, each worker's loop lag with the records (the point's lag: the worst)."""
     specs = []
     for k, (p, text) in enumerate(zip(plan, texts)):
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
@@ -189,9 +197,10 @@ async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[s
     for r in recs:
         session.write(r)
     t0 = min((r.scheduled_ns for r in recs if r.scheduled_ns is not None), default=0)
-    lags = [int(r.meta.pop("dispatch_lag_ns", 0)) for r in recs]
+    lags = [int(r.meta.pop("dispatch_lag_ns")) for r in recs if "dispatch_lag_ns" in r.meta]  # lost: never sent
     span = max((p.at_s for p in plan), default=0.0)
-    return PointRun(list(recs), t0, span, lags, _inflight(recs), 0)
+    lag = workers_lag(getattr(session.pool, "last_lag_ns", None) or [])
+    return PointRun(list(recs), t0, span, lags, _inflight(recs), 0, lag, session.workers)
 
 
 def point_window(run: PointRun, warmup_s: float, cooldown_s: float) -> tuple[float, float]:

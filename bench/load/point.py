@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ServerError
+from ..lag import LagMonitor, lag_warning
 from ..metrics import request_metrics
 from ..profile import Cell
 from ..prompts import TokenizerError, build_prompt, unique_prefix
@@ -251,8 +252,8 @@ def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi:
 
 
 def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO | None, *, cell: Cell,
-                  load: dict[str, Any], workers: int = 1) -> dict[str, Any]:
-    """The point's cell dict (module docstring). Pure given the run; ``workers``: the processes that sent it."""
+                  load: dict[str, Any]) -> dict[str, Any]:
+    """The point's cell dict (module docstring). Pure given the run."""
     if run.span_s == 0 and ls.max_concurrency:
         recs, lo, hi = _closed_window(run, ls.max_concurrency)
     else:
@@ -275,12 +276,13 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
                        "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
         "latency": latency_summaries(recs, ms),
         "trend": _trend_figures(run, recs, ms, lo, hi, slo),
+        "client_lag": run.lag,
     })
     s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
     if slo is not None:
         s.update(point_slo(recs, slo, span))
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
-    _point_warnings(s, ls, workers)
+    _point_warnings(s, ls, run)
     return s
 
 
@@ -303,8 +305,13 @@ def behind(sched: dict[str, Any]) -> bool:
     return late or slow
 
 
-def _point_warnings(s: dict[str, Any], ls: LoadSettings, workers: int = 1) -> None:
+def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun) -> None:
     sc = s["schedule"]
+    workers = run.workers or 1
+    peak = max((n for _, n in run.inflight), default=1)
+    lag_note = lag_warning(run.lag, workers=run.workers, streams=peak) if run.lag else None
+    if lag_note:
+        s["warnings"].append(f"{s['id']}: {lag_note}")
     if behind(sc):
         who = "this process" if workers <= 1 else f"the {workers} sending processes"
         s["warnings"].append(
@@ -330,7 +337,7 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
     if getattr(session, "pool", None) is not None and not closed:
         if ls.max_concurrency:
-            raise ConfigError("--max-concurrency is not available with --workers > 1 in open-loop runs")
+            raise ConfigError("--max-concurrency is not available with --workers > 1 or --ray in open-loop runs")
         run = await run_plan_pool(session, plan, texts, tag=tag)
     else:
         run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
@@ -338,8 +345,7 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
     out = int(np.median([p.output_tokens for p in plan])) if plan else 0
     cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
-    pool = getattr(session, "pool", None)
-    summary = point_summary(run, plan, ls, slo, cell=cell, load=load, workers=getattr(pool, "workers", 1) or 1)
+    summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
     return run, summary
 
 
@@ -351,8 +357,13 @@ async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_to
     sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
     msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
              for t in range(ls.turns)] for u in range(ls.users)]
-    recs = await run_sessions(session, msgs, max_tokens=max_tokens, think_s=ls.think_s, stagger_s=ls.stagger_s,
-                              tag="measure")
+    mon = LagMonitor()
+    mon.start()
+    try:
+        recs = await run_sessions(session, msgs, max_tokens=max_tokens, think_s=ls.think_s, stagger_s=ls.stagger_s,
+                                  tag="measure")
+    finally:
+        lag = mon.stop()
     cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, len(recs))
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None).to_dict()
     sent = [r.sent_ns for r in recs if r.sent_ns]
@@ -361,7 +372,10 @@ async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_to
     s.update({"id": load_id(ls), "mode": "sessions", "load": load_dict(ls), "turns": turn_summary(recs),
               "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
                          "failed": sum(not r.ok for r in recs), "cut": 0},
-              "latency": latency_summaries(recs, [request_metrics(r) for r in recs])})
+              "latency": latency_summaries(recs, [request_metrics(r) for r in recs]), "client_lag": lag})
+    lag_note = lag_warning(lag, workers=1, streams=ls.users)
+    if lag_note:
+        s["warnings"].append(f"{s['id']}: {lag_note}")
     if slo is not None and span > 0:
         s.update(point_slo(recs, slo, span))
         s["slo_met"] = all(v["held"] for v in s["slo"].values())
@@ -395,18 +409,26 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
 
 
 async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, out_dir: Path | None,
-                   model: str | None = None, observer: Any = None, workers: int = 1) -> Results:
+                   model: str | None = None, observer: Any = None, workers: int = 1,
+                   ray_address: str | None = None) -> Results:
     """``bench run`` in an open-loop mode: one point; returns the results document (records.jsonl and
     results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`). ``workers > 1``
-    sends the schedule from that many processes (:func:`bench.load.openloop.run_plan_pool`)."""
+    sends the schedule from that many processes, ``ray_address`` from ``workers`` Ray actors on that cluster
+    (:func:`bench.load.openloop.run_plan_pool`; ``run.ray`` names the nodes and their clock offsets).
+
+    Raises:
+        ConfigError: ``ray_address`` in sessions mode (the conversations run in this process).
+    """
     from ..report.export import write_results
     from ..runner import Session
 
     ls.check()
+    if ray_address is not None and ls.mode == "sessions":
+        raise ConfigError("--ray is not available with --sessions: the conversations run in this process")
     slo = parse_slo(ls.slo) if ls.slo else None
     plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else []
     session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                 workers=workers)
+                                 workers=workers, ray_address=ray_address)
     try:
         if ls.mode == "sessions":
             summary = await sessions_point(session, ls, slo, profile.max_tokens)
