@@ -86,7 +86,8 @@ def run_variant(variant: str, base: str, streams: int, tokens: int, profile: boo
 
         fastio.CHUNKED_FRAMING = False
         try:
-            return run_variant("+".join(p for p in parts if p != "h11"), base, streams, tokens, profile)
+            return dict(run_variant("+".join(p for p in parts if p != "h11"), base, streams, tokens, profile),
+                        variant=variant)
         finally:
             fastio.CHUNKED_FRAMING = True
     stamps = "user" if parts[0] == "user" else "kernel"
