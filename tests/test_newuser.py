@@ -384,16 +384,33 @@ def test_wave_medians_from_sim_records(tmp_path, capsys):
     assert n["waves"] == 2 and n["ci_wide"] is False
 
 
-def test_cache_ram_warning():
-    from bench.noise import cache_ram_warnings
+def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float = 20.0) -> list[str]:
+    """The cell warnings of three requests whose TTFT is ``ttft_ms`` and llama.cpp's ``prompt_ms`` is
+    ``prompt_ms``."""
+    from bench.profile import Cell
+    from bench.records import Event, RequestRecord
+    from bench.summary import summarize_cell
 
-    cell = {"id": "d2048-s1-prose", "depth": 2048, "overhead_ms": 20.0, "ttft_ms": {"median": 1400.0},
-            "ttft_minus_server_prompt_ms": {"median": 900.0}}
-    [w] = cache_ram_warnings(cell)
-    assert "--cache-ram 0" in w and "900 ms" in w and "1400 ms" in w
-    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": 30.0}}) == []  # healthy
-    assert cache_ram_warnings({**cell, "depth": 0}) == []
-    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": None}}) == []
+    ms = 1_000_000
+    recs = []
+    for i in range(3):
+        r = RequestRecord(f"r{i}", "chat", "m", queued_ns=1, sent_ns=1, done=True, finish_reason="length",
+                          usage={"prompt_tokens": depth or 8, "completion_tokens": 4},
+                          timings={"prompt_n": depth or 8, "prompt_ms": prompt_ms, "predicted_per_second": 50.0})
+        r.events = [Event(int((ttft_ms + 20 * k) * ms), content=" w") for k in range(4)]
+        r.end_ns = int((ttft_ms + 61) * ms)
+        recs.append(r)
+    cell = Cell("s", depth, 1, "prose", 4, 3)
+    return summarize_cell(cell, recs, [[r.request_id for r in recs]], overhead_ms, depth_target_tokens=None).warnings
+
+
+def test_cache_ram_warning():
+    """The ``--cache-ram 0`` note of the cell summary: TTFT mostly outside the server's own prompt time."""
+    [w] = [x for x in _gap_cell(2048, 1400.0, 500.0) if "--cache-ram 0" in x]
+    assert w.startswith("d2048-s1-prose: 900 ms of the 1400 ms TTFT") and "prompt timing" in w
+    assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1370.0))  # healthy: 30 ms outside
+    assert not any("--cache-ram" in x for x in _gap_cell(0, 1400.0, 500.0))  # depth 0: tiny prompts
+    assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1100.0, overhead_ms=200.0))  # < 2x overhead
 
 
 # --- nothing left in the temp folder ------------------------------------------------------------------------------
