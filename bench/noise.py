@@ -13,8 +13,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics import ok_metrics_by_wave
-from .records import RequestRecord
+from .metrics import RequestMetrics, ok_metrics_by_wave
 from .stats import bootstrap_ci
 
 __all__ = ["cell_noise", "wave_medians", "noise_warnings"]
@@ -30,10 +29,11 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def wave_medians(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[float]:
-    """The median per-stream decode tok/s of each measured wave (waves without a successful request left out)."""
+def wave_medians(metrics: Sequence[RequestMetrics], waves: Sequence[Sequence[str]]) -> list[float]:
+    """The median per-stream decode tok/s of each measured wave (``metrics``: the cell's requests'; waves without a
+    successful request left out)."""
     out = []
-    for ms in ok_metrics_by_wave(records, waves):
+    for ms in ok_metrics_by_wave(metrics, waves):
         vals = [m.decode_tok_s for m in ms if m.decode_tok_s]
         if vals:
             out.append(_median(vals))

@@ -275,18 +275,20 @@ def _sim_run(tmp_path: Path, max_running: int, streams: int) -> tuple[list[Any],
 
 @pytest.mark.parametrize("max_running, want", [(2, True), (8, False)])
 def test_queueing_detected_from_records_of_the_sim(tmp_path, capsys, max_running, want):
+    from bench.metrics import request_metrics
     from bench.queueing import queueing_summary, waves_of_cell
 
     recs, cid = _sim_run(tmp_path, max_running, 4)
     waves = waves_of_cell(recs, cid)
     assert len(waves) == 2 and all(len(w) == 4 for w in waves)
-    q = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": None})
+    ms = [request_metrics(r) for r in recs]
+    q = queueing_summary({"id": cid, "streams": 4}, ms, waves, {"slots": None})
     assert q["source"] == "records" and q["detection"]["detected"] is want, q
     if want:
         assert q["detection"]["est_slots"] == 2 and "slots" in q["warnings"][0] and "4 streams" in q["warnings"][0]
     else:
         assert q["warnings"] == []
-    known = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": 2})
+    known = queueing_summary({"id": cid, "streams": 4}, ms, waves, {"slots": 2})
     assert known["source"] == "server" and "4 streams but the server has 2 slots" in known["warnings"][0]
 
 
@@ -373,12 +375,13 @@ def test_noise_is_marked_in_table_and_csv(piped_run):
 
 
 def test_wave_medians_from_sim_records(tmp_path, capsys):
+    from bench.metrics import request_metrics
     from bench.noise import cell_noise, wave_medians
     from bench.queueing import waves_of_cell
 
     recs, cid = _sim_run(tmp_path, 8, 2)
     waves = waves_of_cell(recs, cid)
-    per_wave = wave_medians(recs, waves)
+    per_wave = wave_medians([request_metrics(r) for r in recs], waves)
     assert len(per_wave) == 2 and all(abs(x - 100.0) < 5 for x in per_wave)  # 10 ms steps: 100 tok/s
     n = cell_noise(per_wave, [x for x in per_wave], 0.5)
     assert n["waves"] == 2 and n["ci_wide"] is False

@@ -174,11 +174,13 @@ def _objective_value(o: Objective, recs: Sequence[RequestRecord], ms: Sequence[R
     return _stat(vals, o.q)
 
 
-def point_slo(records: Sequence[RequestRecord], slo: SLO, window_s: float) -> dict[str, Any]:
+def point_slo(records: Sequence[RequestRecord], slo: SLO, window_s: float,
+              metrics: Sequence[RequestMetrics] | None = None) -> dict[str, Any]:
     """``{"goodput": {"rps", "tok_s", "met_fraction"}, "slo": {key: {"value", "held"}}}`` of a point's window.
 
-    ``records``: the requests of the window (every one: finished, failed, cut). ``window_s``: its length."""
-    ms = [request_metrics(r) for r in records]
+    ``records``: the requests of the window (every one: finished, failed, cut). ``window_s``: its length.
+    ``metrics``: their ``request_metrics``, in order, when the caller has them (computed here otherwise)."""
+    ms = list(metrics) if metrics is not None else [request_metrics(r) for r in records]
     met = [meets(r, m, slo) for r, m in zip(records, ms)]
     n_met = sum(met)
     toks = sum(m.output_tokens for m, ok in zip(ms, met) if ok)
