@@ -34,6 +34,7 @@ from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from .kstamp import clock_report
 from .lag import LagMonitor, lag_warning
+from .load.slo import SLO, parse_slo, point_slo, waves_wall_s
 from .metrics import RequestMetrics, request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
 from .profile import Cell, Profile
@@ -153,6 +154,7 @@ class Session:
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server_metrics), when it has one
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
+        self.slo: SLO | None = parse_slo(profile.slo, "[load] slo") if profile.slo else None
         self.started = datetime.now(UTC)
 
     @property
@@ -539,6 +541,8 @@ class Session:
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:
             self._server_checks(run.server_metrics, ms, run.summary)
+        if self.slo is not None:
+            self._score_slo(run, ms, run.summary)
         for annotate in self.annotators:
             annotate(self, run.summary)
         if self.observer is not None:
@@ -557,6 +561,15 @@ class Session:
         if notes:
             sm["notes"] = notes
         summary.server_metrics = sm
+
+    def _score_slo(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> None:
+        """``goodput``, ``slo`` and ``slo_met`` of a concurrency cell: the open-loop figures
+        (:func:`bench.load.slo.point_slo`) over every measured request, the window being the measured waves' wall
+        time (:func:`bench.load.slo.waves_wall_s`; docs/load.md)."""
+        assert self.slo is not None
+        s = point_slo(run.records, self.slo, waves_wall_s(run.records, run.waves), ms)
+        summary.goodput, summary.slo = s["goodput"], s["slo"]
+        summary.slo_met = bool(run.records) and all(v["held"] for v in s["slo"].values())
 
     def _ci_met(self, run: CellRun) -> bool:
         vals = [m.decode_tok_s for m in run.metrics() if m.ok and m.decode_tok_s]
