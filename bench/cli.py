@@ -16,7 +16,7 @@ import click
 
 from . import __version__
 from . import cli_check as _cli_check
-from .cli_capacity import capacity, load_options, load_settings, run_open_loop
+from .cli_capacity import capacity, load_options, load_settings, run_open_loop, with_cell_slo
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
@@ -193,6 +193,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
       bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
+      bench run URL --streams 1,8 --slo ttft_p90=2s,tpot_p90=60ms   goodput and SLOs of each cell
       bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
       bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
@@ -220,6 +221,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
                     make_report)
         return
+    prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
     parallel, ctx = engine_size(prof)
     with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base:  # the server's log kept in out
         annotators = [RooflineAnnotator(roof)] if roof is not None else []

@@ -1,4 +1,5 @@
-"""``bench capacity`` and the open-loop options of ``bench run`` (``--rate``, ``--trace``, ``--slo``...).
+"""``bench capacity`` and the open-loop options of ``bench run`` (``--rate``, ``--trace``, ``--slo``...; ``--slo``
+also scores the cells of a concurrency run).
 
 Options only: the work is in :mod:`bench.load` (plans, the executor, the search); this module builds its settings,
 runs it and prints.
@@ -18,7 +19,7 @@ from .cli_common import client_options, endpoint
 from .cli_common import settings_from_options as _settings
 from .errors import EXIT_INTERRUPTED, ConfigError
 
-__all__ = ["capacity", "load_options", "load_settings", "run_open_loop", "LOAD_OPTION_NAMES"]
+__all__ = ["capacity", "load_options", "load_settings", "with_cell_slo", "run_open_loop", "LOAD_OPTION_NAMES"]
 
 LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "ramp", "max_concurrency",
                      "input_tokens", "output_tokens", "dataset", "seed", "slo", "trace", "block_tokens", "speed",
@@ -42,7 +43,8 @@ def load_options(f: Any) -> Any:
         click.option("--dataset", type=click.Path(dir_okay=False), help="JSONL prompts ({\"prompt\": ...})."),
         click.option("--seed", type=int, help="Seed of the schedule and sizes (default 0)."),
         click.option("--slo",
-                     help="SLOs: ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s or 'ttft_ms <= 2000 and tpot_ms <= 60'."),
+                     help="SLOs: ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s or 'ttft_ms <= 2000 and tpot_ms <= 60'; "
+                     "goodput and each SLO per point, or per cell of a concurrency run."),
         click.option("--trace", type=click.Path(dir_okay=False), help="Replay a Mooncake JSONL or Azure CSV trace."),
         click.option("--block-tokens", type=click.IntRange(1), help="Tokens per trace hash block (default 512)."),
         click.option("--speed", type=float, help="Trace speed factor (2 = twice as fast)."),
@@ -67,7 +69,8 @@ _FLAG_TO_FIELD = {"duration": "duration_s", "ramp": "ramp_s", "drain": "drain_s"
 
 def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
     """LoadSettings from the profile's ``mode``/``[load]`` and the flags given (flags win); None when neither asks
-    for an open-loop mode. ``kw`` holds the options of :func:`load_options` (None = not given)."""
+    for an open-loop mode (``--slo`` alone is then for the concurrency cells: :func:`with_cell_slo`). ``kw`` holds
+    the options of :func:`load_options` (None = not given)."""
     from .load.point import LoadSettings
 
     given = {_FLAG_TO_FIELD.get(k, k): v for k, v in kw.items() if v is not None}
@@ -80,8 +83,9 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
     elif "rate" in given:
         mode = "rate"
     if mode == "concurrency":
-        if given:
-            raise ConfigError(f"--{next(iter(kw_names(given)))} applies to open-loop runs: add --rate R (or "
+        others = {k: v for k, v in given.items() if k != "slo"}
+        if others:
+            raise ConfigError(f"--{next(iter(kw_names(others)))} applies to open-loop runs: add --rate R (or "
                               "--trace FILE)")
         return None
     names = {f.name for f in fields(LoadSettings)}
@@ -90,6 +94,17 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
         raise ConfigError("open loop: give --duration S or --requests N with --rate")
     ls.check()
     return ls
+
+
+def with_cell_slo(profile: Any, slo: str | None) -> Any:
+    """The concurrency profile with ``--slo`` (it wins over the ``[load]`` key ``slo``), checked: every cell then
+    gets ``goodput``, ``slo`` and ``slo_met`` (docs/load.md). ``slo`` None: the profile as it is."""
+    from .load.slo import parse_slo
+
+    if slo is None:
+        return profile
+    parse_slo(slo)
+    return replace(profile, load=tuple(sorted({**dict(profile.load), "slo": slo}.items())))
 
 
 def kw_names(given: dict[str, Any]) -> list[str]:

@@ -222,12 +222,12 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
     )
 
 
-def ok_metrics_by_wave(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[list[RequestMetrics]]:
-    """The metrics of each wave's successful requests (``waves``: request ids per wave, in order); ids without a
-    record are skipped."""
-    by_id = {r.request_id: r for r in records}
+def ok_metrics_by_wave(metrics: Sequence[RequestMetrics],
+                       waves: Sequence[Sequence[str]]) -> list[list[RequestMetrics]]:
+    """The metrics of each wave's successful requests (``metrics``: the cell's, computed once; ``waves``: request
+    ids per wave, in order); ids without metrics are skipped."""
+    by_id = {m.request_id: m for m in metrics}
     out = []
     for ids in waves:
-        ms = [request_metrics(by_id[i]) for i in ids if i in by_id]
-        out.append([m for m in ms if m.ok])
+        out.append([by_id[i] for i in ids if i in by_id and by_id[i].ok])
     return out

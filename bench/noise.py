@@ -1,5 +1,5 @@
 """Noise shown, not hidden: each cell's spread across its waves and whether its confidence interval meets the
-profile's ``target_ci``; and the llama-server host prompt cache (``--cache-ram``) note (pure).
+profile's ``target_ci`` (pure). (The llama-server ``--cache-ram`` note is a cell warning of :mod:`bench.summary`.)
 
 :func:`cell_noise` gives the cell's ``noise`` dict (definitions in docs/health.md): the per-wave medians of the
 per-stream decode rate, their spread and coefficient of variation, the 95 % bootstrap CI half-width of the cell's
@@ -13,13 +13,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics import ok_metrics_by_wave
-from .records import RequestRecord
+from .metrics import RequestMetrics, ok_metrics_by_wave
 from .stats import bootstrap_ci
 
-__all__ = ["cell_noise", "wave_medians", "noise_warnings", "cache_ram_warnings", "CACHE_GAP_SHARE"]
-
-CACHE_GAP_SHARE = 0.20  # TTFT minus the server's prompt time above this share of TTFT is worth a note
+__all__ = ["cell_noise", "wave_medians", "noise_warnings"]
 
 
 def _median(xs: Sequence[float]) -> float:
@@ -32,10 +29,11 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 2)
 
 
-def wave_medians(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> list[float]:
-    """The median per-stream decode tok/s of each measured wave (waves without a successful request left out)."""
+def wave_medians(metrics: Sequence[RequestMetrics], waves: Sequence[Sequence[str]]) -> list[float]:
+    """The median per-stream decode tok/s of each measured wave (``metrics``: the cell's requests'; waves without a
+    successful request left out)."""
     out = []
-    for ms in ok_metrics_by_wave(records, waves):
+    for ms in ok_metrics_by_wave(metrics, waves):
         vals = [m.decode_tok_s for m in ms if m.decode_tok_s]
         if vals:
             out.append(_median(vals))
@@ -90,17 +88,3 @@ def noise_warnings(cell_id: str, noise: Mapping[str, Any], max_waves: int | None
             f"target_ci = {noise['target_ci_pct'] / 100:g} after {noise['waves']} waves "
             f"(waves spread {noise.get('spread_pct') or 0:.1f} %); {fix}"]
 
-
-def cache_ram_warnings(summary: Mapping[str, Any], share: float = CACHE_GAP_SHARE) -> list[str]:
-    """The ``--cache-ram`` note: when TTFT minus the server's own prompt time (``ttft_minus_server_prompt_ms``,
-    llama.cpp ``timings.prompt_ms``) is over ``share`` of the median TTFT and over twice the fixed overhead, say
-    what that time is and name llama-server's ``--cache-ram 0``. Cells at depth 0 are skipped (tiny prompts)."""
-    gap = (summary.get("ttft_minus_server_prompt_ms") or {}).get("median")
-    ttft = (summary.get("ttft_ms") or {}).get("median")
-    over = summary.get("overhead_ms") or 0.0
-    if not summary.get("depth") or gap is None or not ttft or gap <= share * ttft or gap <= 2 * over:
-        return []
-    return [f"{summary.get('id')}: {gap:.0f} ms of the {ttft:.0f} ms median TTFT is outside the server's own prompt "
-            f"time ({gap / ttft:.0%}): llama-server's host prompt cache (on by default) saves and restores prompt "
-            "state inside TTFT, so prompt tok/s reads low; restart llama-server with --cache-ram 0 to measure "
-            "prefill alone"]

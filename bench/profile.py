@@ -122,7 +122,8 @@ class Profile:
         gate: the ``[[gate]]`` rules, parsed and checked against the cells when the profile is read
             (:func:`bench.gate.parse_rules`); empty: the gate's default rules.
         mode: ``"concurrency"`` (waves of N streams: the sweeps) or an open-loop mode, ``"rate"`` / ``"trace"``
-            (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs).
+            (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs). In concurrency
+            mode only its ``slo`` is read: each cell's goodput and SLOs (:attr:`slo`).
     """
 
     name: str = "custom"
@@ -161,6 +162,12 @@ class Profile:
                             seen.add(c.id)
                             out.append(c)
         return out
+
+    @property
+    def slo(self) -> str | None:
+        """The ``[load]`` key ``slo`` (an SLO string, docs/load.md), or None."""
+        v = dict(self.load).get("slo")
+        return str(v) if v else None
 
     def requests_for_depth(self, depth: int) -> int:
         """``requests``, or the ``requests_by_depth`` entry with the largest depth <= ``depth``."""
@@ -332,11 +339,15 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}: load: unknown key {k!r} (known: {', '.join(sorted(known))})")
-    if mode != "concurrency":
-        try:
+    try:
+        if mode != "concurrency":
             LoadSettings(mode=mode, **d).check()
-        except (ConfigError, TypeError) as e:
-            raise ConfigError(f"{where}: load: {e}") from None
+        elif "slo" in d:  # the one key concurrency cells read
+            from .load.slo import parse_slo
+
+            parse_slo(d["slo"], "slo")
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"{where}: load: {e}") from None
     return tuple(sorted(d.items()))
 
 

@@ -15,10 +15,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .metrics import ok_metrics_by_wave
+from .metrics import RequestMetrics, ok_metrics_by_wave
 from .records import RequestRecord
 
-__all__ = ["slot_warnings", "detect_queueing", "queueing_from_records", "queueing_summary", "waves_of_cell",
+__all__ = ["slot_warnings", "detect_queueing", "queueing_from_metrics", "queueing_summary", "waves_of_cell",
            "QUEUED_SHARE_WARN"]
 
 QUEUED_SHARE_WARN = 0.10  # warn when at least this share of requests queued (and in at least half the waves)
@@ -89,11 +89,12 @@ def detect_queueing(waves: Sequence[Sequence[tuple[float, float]]], streams: int
     }
 
 
-def queueing_from_records(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]],
+def queueing_from_metrics(metrics: Sequence[RequestMetrics], waves: Sequence[Sequence[str]],
                           streams: int) -> dict[str, Any] | None:
-    """:func:`detect_queueing` from a cell's measured records and its waves (request ids per wave)."""
+    """:func:`detect_queueing` from the metrics of a cell's measured requests and its waves (request ids per
+    wave)."""
     per_wave = [[(m.ttft_ms, m.e2e_ms) for m in ms if m.ttft_ms is not None and m.e2e_ms is not None]
-                for ms in ok_metrics_by_wave(records, waves)]
+                for ms in ok_metrics_by_wave(metrics, waves)]
     return detect_queueing(per_wave, streams)
 
 
@@ -107,9 +108,10 @@ def waves_of_cell(records: Sequence[RequestRecord], cell_id: str) -> list[list[s
     return [waves[k] for k in sorted(waves)]
 
 
-def queueing_summary(cell: Mapping[str, Any], records: Sequence[RequestRecord], waves: Sequence[Sequence[str]],
+def queueing_summary(cell: Mapping[str, Any], metrics: Sequence[RequestMetrics], waves: Sequence[Sequence[str]],
                      server: Mapping[str, Any] | None) -> dict[str, Any]:
-    """The cell's ``queueing`` dict: ``{"streams", "slots", "source", "detection", "warnings"}``.
+    """The cell's ``queueing`` dict: ``{"streams", "slots", "source", "detection", "warnings"}`` (``metrics``: of
+    the cell's measured requests; ``waves``: their ids per wave).
 
     With the server's slot count known, ``source`` is ``"server"`` and the warning is :func:`slot_warnings`'s;
     otherwise ``source`` is ``"records"`` and a warning is given when :func:`detect_queueing` detects queueing.
@@ -121,7 +123,7 @@ def queueing_summary(cell: Mapping[str, Any], records: Sequence[RequestRecord], 
         out["source"] = "server"
         out["warnings"] = slot_warnings(cell, server)
         return out
-    det = queueing_from_records(records, waves, streams)
+    det = queueing_from_metrics(metrics, waves, streams)
     out["detection"] = det
     if det is not None:
         out["source"] = "records"

@@ -34,7 +34,8 @@ from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from .kstamp import clock_report
 from .lag import LagMonitor, lag_warning, workers_lag
-from .metrics import request_metrics
+from .load.slo import SLO, parse_slo, point_slo, waves_wall_s
+from .metrics import RequestMetrics, request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
 from .profile import Cell, Profile
 from .prompts import CalibratedTokenizer, HttpTokenizer, build_prompt, unique_prefix
@@ -70,7 +71,10 @@ CellAnnotator = Callable[["Session", CellResult], None]
 
 @dataclass
 class CellRun:
-    """What one cell produced: measured records, request ids per wave, bench's CPU use, and the cell summary."""
+    """What one cell produced: measured records, request ids per wave, bench's CPU use, and the cell summary.
+
+    ``records`` only grow (appended wave by wave, or by :meth:`extend`); :meth:`metrics` computes each record's
+    :func:`~bench.metrics.request_metrics` once, for the stop rule and the cell-summary step alike."""
 
     cell: Cell
     records: list[RequestRecord] = field(default_factory=list)
@@ -81,6 +85,15 @@ class CellRun:
     worker_lag_ns: list[list[int]] = field(default_factory=list)  # per pool worker: its loop-lag samples (ns)
     server_metrics: dict[str, Any] | None = None
     summary: CellResult | None = None
+    _metrics: list[RequestMetrics] = field(default_factory=list, init=False, repr=False)
+
+    def metrics(self) -> list[RequestMetrics]:
+        """``request_metrics`` of each record, in order (records added since the last call are computed now)."""
+        n = len(self._metrics)
+        if n and (n > len(self.records) or self._metrics[-1].request_id != self.records[n - 1].request_id):
+            self._metrics = []  # the records were replaced, not appended to: compute them all again
+        self._metrics += [request_metrics(r) for r in self.records[len(self._metrics):]]
+        return self._metrics
 
     def add_worker_lag(self, per_worker: Sequence[Sequence[int]] | None) -> None:
         """Add each pool worker's loop-lag samples of one wave (``pool.last_lag_ns``, in pool order)."""
@@ -94,7 +107,9 @@ class CellRun:
         if more.server_metrics is not None:  # the server's counters cover the first part only: marked partial
             first = self.server_metrics is None and not self.records
             self.server_metrics = more.server_metrics if first else {**(self.server_metrics or {}), "partial": True}
+        mine = self.metrics()  # both sides' metrics carried over, none computed again
         self.records.extend(more.records)
+        self._metrics = mine + more.metrics()
         self.waves.extend(more.waves)
         self.cpu_s += more.cpu_s
         self.wall_s += more.wall_s
@@ -150,6 +165,7 @@ class Session:
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server_metrics), when it has one
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
+        self.slo: SLO | None = parse_slo(profile.slo, "[load] slo") if profile.slo else None
         self.started = datetime.now(UTC)
 
     @property
@@ -532,10 +548,11 @@ class Session:
         cell, p = run.cell, self.profile
         cpu = 100.0 * run.cpu_s / run.wall_s if run.wall_s > 0 else None
         expected = None if p.prefix_cache else self.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
+        ms = run.metrics()  # each record's metrics, computed once for everything below
         run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
                                      depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
-                                     client_cpu_pct=cpu, target_ci=p.target_ci, max_waves=p.max_waves)
-        q = queueing_summary({"id": cell.id, "streams": cell.streams}, run.records, run.waves, self.server)
+                                     client_cpu_pct=cpu, target_ci=p.target_ci, max_waves=p.max_waves, metrics=ms)
+        q = queueing_summary({"id": cell.id, "streams": cell.streams}, ms, run.waves, self.server)
         run.summary.queueing = q
         run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
@@ -543,17 +560,20 @@ class Session:
         if lag_note and (self.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:
-            self._server_checks(run, run.summary)
+            self._server_checks(run.server_metrics, ms, run.summary)
+        if self.slo is not None:
+            self._score_slo(run, ms, run.summary)
         for annotate in self.annotators:
             annotate(self, run.summary)
         if self.observer is not None:
             self.observer.cell_done(cell, run.summary)
         return run.summary
 
-    def _server_checks(self, run: CellRun, summary: CellResult) -> None:
-        """The server's own counters beside bench's: stored, cross-checked (warnings), TTFT compared (notes)."""
-        sm = dict(run.server_metrics or {})
-        ok = [m for m in map(request_metrics, run.records) if m.ok]
+    def _server_checks(self, server_metrics: dict[str, Any], ms: list[RequestMetrics], summary: CellResult) -> None:
+        """The server's own counters beside bench's (``ms``: the cell's request metrics): stored, cross-checked
+        (warnings), TTFT compared (notes)."""
+        sm = dict(server_metrics)
+        ok = [m for m in ms if m.ok]
         view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ok)}
         if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare
             summary.warnings += cross_checks(sm, view, prefix_cache_expected=self.profile.prefix_cache)
@@ -562,8 +582,17 @@ class Session:
             sm["notes"] = notes
         summary.server_metrics = sm
 
+    def _score_slo(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> None:
+        """``goodput``, ``slo`` and ``slo_met`` of a concurrency cell: the open-loop figures
+        (:func:`bench.load.slo.point_slo`) over every measured request, the window being the measured waves' wall
+        time (:func:`bench.load.slo.waves_wall_s`; docs/load.md)."""
+        assert self.slo is not None
+        s = point_slo(run.records, self.slo, waves_wall_s(run.records, run.waves), ms)
+        summary.goodput, summary.slo = s["goodput"], s["slo"]
+        summary.slo_met = bool(run.records) and all(v["held"] for v in s["slo"].values())
+
     def _ci_met(self, run: CellRun) -> bool:
-        vals = [m.decode_tok_s for m in map(request_metrics, run.records) if m.ok and m.decode_tok_s]
+        vals = [m.decode_tok_s for m in run.metrics() if m.ok and m.decode_tok_s]
         if len(vals) < 3:
             return False
         lo, hi = bootstrap_ci(vals)

@@ -68,6 +68,7 @@ def summarize_cell(
     client_cpu_pct: float | None = None,
     target_ci: float = 0.0,
     max_waves: int | None = None,
+    metrics: Sequence[RequestMetrics] | None = None,
 ) -> CellResult:
     """The summary of one cell (a ``cells[]`` entry of results.json; fields in :class:`bench.results.CellResult`).
 
@@ -82,8 +83,10 @@ def summarize_cell(
         client_cpu_pct: bench's own CPU use while measuring (% of one core), warned about past 70 %.
         target_ci: the profile's ``target_ci`` (0: none); the cell's noise is compared with it (:mod:`bench.noise`).
         max_waves: the profile's ``max_waves`` (named in the noise warning when more would be needed).
+        metrics: ``request_metrics`` of each record, in order, when the caller has them already (computed here
+            otherwise).
     """
-    ms = [request_metrics(r) for r in records]
+    ms = _metrics_of(records, metrics)
     ok = [m for m in ms if m.ok]
     errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
     agg = _aggregates(records, ms, waves)
@@ -110,9 +113,18 @@ def summarize_cell(
     res.output_tokens = summarize([m.output_tokens for m in ok]).to_dict()
     res.tokens_per_event = summarize([m.tokens_per_event for m in ok]).to_dict()
     res.queue_ms = summarize([m.queue_ms for m in ms]).to_dict()
-    res.noise = cell_noise(wave_medians(records, waves), samples["decode_tok_s"], target_ci)
+    res.noise = cell_noise(wave_medians(ms, waves), samples["decode_tok_s"], target_ci)
     res.warnings += noise_warnings(cell.id, res.noise, max_waves)
     return res
+
+
+def _metrics_of(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None) -> list[RequestMetrics]:
+    """The records' metrics: those given (one per record, in order), else computed now."""
+    if metrics is None:
+        return [request_metrics(r) for r in records]
+    if len(metrics) != len(records):
+        raise ValueError(f"summarize_cell: {len(metrics)} metrics for {len(records)} records")
+    return list(metrics)
 
 
 def _aggregates(records: Sequence[RequestRecord], ms: Sequence[RequestMetrics],

@@ -78,3 +78,87 @@ def test_records_round_trip_and_truncated_line(tmp_path) -> None:
     back = read_records(p)
     assert len(back) == 2
     assert request_metrics(back[0]).to_dict() == request_metrics(r).to_dict()
+
+
+def _cell_records() -> list[RequestRecord]:
+    """Two waves of two requests (distinct ids and send times; the second wave slower), one of them failed."""
+    out = []
+    for w in range(2):
+        for s in range(2):
+            step = 10 + 5 * w + s
+            r = rec([(50 + step * i, " w") for i in range(8)], usage={"prompt_tokens": 20, "completion_tokens": 8},
+                    end_ms=50 + step * 8)
+            r.request_id, r.sent_ns = f"w{w}s{s}", (1 + w) * 1000 * MS + s
+            r.meta = {"cell": "d0-s2-prose", "phase": "measure", "wave": w}
+            out.append(r)
+    out[3].error, out[3].error_kind = "HTTP 500", "http_5xx"
+    return out
+
+
+def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stop rule, the cell summary, its noise and queueing, and the server cross-check share one computation of
+    each record's metrics, and give what the metrics computed afresh give."""
+    import asyncio
+
+    import httpx
+
+    import bench.load.slo
+    import bench.metrics
+    import bench.runner
+    import bench.summary
+    from bench.client import ClientSettings
+    from bench.noise import wave_medians
+    from bench.profile import Cell, Profile
+    from bench.queueing import queueing_summary
+    from bench.runner import CellRun, Session
+    from bench.summary import summarize_cell
+
+    recs = _cell_records()
+    fresh = [request_metrics(r) for r in recs]
+    calls: list[str] = []
+
+    def counted(r: RequestRecord):
+        calls.append(r.request_id)
+        return request_metrics(r)
+
+    for mod in (bench.metrics, bench.runner, bench.summary, bench.load.slo):
+        monkeypatch.setattr(mod, "request_metrics", counted)
+    cell = Cell("main", 0, 2, "prose", 8, 4)
+    session = Session("http://127.0.0.1:9/v1", ClientSettings(), Profile(target_ci=0.05), httpx.AsyncClient())
+    try:
+        run = CellRun(cell)
+        run.records, run.waves = recs[:2], [["w0s0", "w0s1"]]
+        session._ci_met(run)
+        run.records.extend(recs[2:])
+        run.waves.append(["w1s0", "w1s1"])
+        session._ci_met(run)
+        tokens = sum(m.output_tokens for m in fresh if m.ok)
+        run.server_metrics = {"generation_tokens": 2 * tokens}  # twice what bench counted: a cross-check warning
+        summary = session.summarize(run)
+    finally:
+        asyncio.run(session.client.aclose())
+    assert sorted(calls) == sorted(r.request_id for r in recs)  # each record once
+    assert [m.to_dict(with_itl=True) for m in run.metrics()] == [m.to_dict(with_itl=True) for m in fresh]
+    monkeypatch.undo()
+    alone = summarize_cell(cell, recs, run.waves, None, expected_cached_tokens=None, target_ci=0.05)
+    for key in ("decode_tok_s", "aggregate_decode_tok_s", "ttft_ms", "itl_ms", "noise", "samples", "errors"):
+        assert getattr(summary, key) == getattr(alone, key), key
+    assert summary.noise is not None and summary.noise["wave_medians"] == [round(x, 3) for x in wave_medians(
+        fresh, run.waves)] and len(summary.noise["wave_medians"]) == 2
+    assert summary.queueing == queueing_summary({"id": cell.id, "streams": 2}, fresh, run.waves, {})
+    assert any(f"the server generated {2 * tokens} tokens, bench counted {tokens}" in w for w in summary.warnings)
+
+
+def test_cell_run_extend_carries_the_metrics_over() -> None:
+    from bench.profile import Cell
+    from bench.runner import CellRun
+
+    recs = _cell_records()
+    cell = Cell("main", 0, 2, "prose", 8, 4)
+    a, b = CellRun(cell, records=recs[:2], waves=[["w0s0", "w0s1"]]), CellRun(cell, records=recs[2:])
+    b.waves = [["w1s0", "w1s1"]]
+    a.metrics()
+    a.extend(b)
+    assert [m.request_id for m in a.metrics()] == [r.request_id for r in recs]
+    a.records = list(reversed(recs))  # replaced, not appended to: computed again, in the new order
+    assert [m.request_id for m in a.metrics()] == [r.request_id for r in reversed(recs)]

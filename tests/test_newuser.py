@@ -275,18 +275,20 @@ def _sim_run(tmp_path: Path, max_running: int, streams: int) -> tuple[list[Any],
 
 @pytest.mark.parametrize("max_running, want", [(2, True), (8, False)])
 def test_queueing_detected_from_records_of_the_sim(tmp_path, capsys, max_running, want):
+    from bench.metrics import request_metrics
     from bench.queueing import queueing_summary, waves_of_cell
 
     recs, cid = _sim_run(tmp_path, max_running, 4)
     waves = waves_of_cell(recs, cid)
     assert len(waves) == 2 and all(len(w) == 4 for w in waves)
-    q = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": None})
+    ms = [request_metrics(r) for r in recs]
+    q = queueing_summary({"id": cid, "streams": 4}, ms, waves, {"slots": None})
     assert q["source"] == "records" and q["detection"]["detected"] is want, q
     if want:
         assert q["detection"]["est_slots"] == 2 and "slots" in q["warnings"][0] and "4 streams" in q["warnings"][0]
     else:
         assert q["warnings"] == []
-    known = queueing_summary({"id": cid, "streams": 4}, recs, waves, {"slots": 2})
+    known = queueing_summary({"id": cid, "streams": 4}, ms, waves, {"slots": 2})
     assert known["source"] == "server" and "4 streams but the server has 2 slots" in known["warnings"][0]
 
 
@@ -373,27 +375,45 @@ def test_noise_is_marked_in_table_and_csv(piped_run):
 
 
 def test_wave_medians_from_sim_records(tmp_path, capsys):
+    from bench.metrics import request_metrics
     from bench.noise import cell_noise, wave_medians
     from bench.queueing import waves_of_cell
 
     recs, cid = _sim_run(tmp_path, 8, 2)
     waves = waves_of_cell(recs, cid)
-    per_wave = wave_medians(recs, waves)
+    per_wave = wave_medians([request_metrics(r) for r in recs], waves)
     assert len(per_wave) == 2 and all(abs(x - 100.0) < 5 for x in per_wave)  # 10 ms steps: 100 tok/s
     n = cell_noise(per_wave, [x for x in per_wave], 0.5)
     assert n["waves"] == 2 and n["ci_wide"] is False
 
 
-def test_cache_ram_warning():
-    from bench.noise import cache_ram_warnings
+def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float = 20.0) -> list[str]:
+    """The cell warnings of three requests whose TTFT is ``ttft_ms`` and llama.cpp's ``prompt_ms`` is
+    ``prompt_ms``."""
+    from bench.profile import Cell
+    from bench.records import Event, RequestRecord
+    from bench.summary import summarize_cell
 
-    cell = {"id": "d2048-s1-prose", "depth": 2048, "overhead_ms": 20.0, "ttft_ms": {"median": 1400.0},
-            "ttft_minus_server_prompt_ms": {"median": 900.0}}
-    [w] = cache_ram_warnings(cell)
-    assert "--cache-ram 0" in w and "900 ms" in w and "1400 ms" in w
-    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": 30.0}}) == []  # healthy
-    assert cache_ram_warnings({**cell, "depth": 0}) == []
-    assert cache_ram_warnings({**cell, "ttft_minus_server_prompt_ms": {"median": None}}) == []
+    ms = 1_000_000
+    recs = []
+    for i in range(3):
+        r = RequestRecord(f"r{i}", "chat", "m", queued_ns=1, sent_ns=1, done=True, finish_reason="length",
+                          usage={"prompt_tokens": depth or 8, "completion_tokens": 4},
+                          timings={"prompt_n": depth or 8, "prompt_ms": prompt_ms, "predicted_per_second": 50.0})
+        r.events = [Event(int((ttft_ms + 20 * k) * ms), content=" w") for k in range(4)]
+        r.end_ns = int((ttft_ms + 61) * ms)
+        recs.append(r)
+    cell = Cell("s", depth, 1, "prose", 4, 3)
+    return summarize_cell(cell, recs, [[r.request_id for r in recs]], overhead_ms, depth_target_tokens=None).warnings
+
+
+def test_cache_ram_warning():
+    """The ``--cache-ram 0`` note of the cell summary: TTFT mostly outside the server's own prompt time."""
+    [w] = [x for x in _gap_cell(2048, 1400.0, 500.0) if "--cache-ram 0" in x]
+    assert w.startswith("d2048-s1-prose: 900 ms of the 1400 ms TTFT") and "prompt timing" in w
+    assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1370.0))  # healthy: 30 ms outside
+    assert not any("--cache-ram" in x for x in _gap_cell(0, 1400.0, 500.0))  # depth 0: tiny prompts
+    assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1100.0, overhead_ms=200.0))  # < 2x overhead
 
 
 # --- nothing left in the temp folder ------------------------------------------------------------------------------

@@ -264,7 +264,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     ms = [request_metrics(r) for r in recs]
     # the run's fixed overhead is in results["run"]; a point's TTFT holds queueing, so no overhead-share flag here
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, depth_target_tokens=None,
-                       expected_cached_tokens=None).to_dict()
+                       expected_cached_tokens=None, metrics=ms).to_dict()
     span = hi - lo
     ok = [m for m in ms if m.ok]
     s.update({
@@ -280,7 +280,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     })
     s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
     if slo is not None:
-        s.update(point_slo(recs, slo, span))
+        s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
     _point_warnings(s, ls, run)
     return s
@@ -365,19 +365,21 @@ async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_to
     finally:
         lag = mon.stop()
     cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, len(recs))
-    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None).to_dict()
+    ms = [request_metrics(r) for r in recs]
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
+                       metrics=ms).to_dict()
     sent = [r.sent_ns for r in recs if r.sent_ns]
     ends = [r.sent_ns + (r.end_ns or 0) for r in recs if r.sent_ns]
     span = (max(ends) - min(sent)) / 1e9 if sent else 0.0
     s.update({"id": load_id(ls), "mode": "sessions", "load": load_dict(ls), "turns": turn_summary(recs),
               "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
                          "failed": sum(not r.ok for r in recs), "cut": 0},
-              "latency": latency_summaries(recs, [request_metrics(r) for r in recs]), "client_lag": lag})
+              "latency": latency_summaries(recs, ms), "client_lag": lag})
     lag_note = lag_warning(lag, workers=1, streams=ls.users)
     if lag_note:
         s["warnings"].append(f"{s['id']}: {lag_note}")
     if slo is not None and span > 0:
-        s.update(point_slo(recs, slo, span))
+        s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = all(v["held"] for v in s["slo"].values())
     return s
 

@@ -10,7 +10,8 @@ An SLO string is a list of objectives joined by ``,`` or ``and``:
 
 Per request, an objective's threshold is met when the request succeeded and its value is <= the threshold (ttft,
 tpot, e2e: the request's own value; itl: the request's own percentile of its gaps, its largest gap for ``max``).
-A request "meets the SLO" when it meets every objective's threshold. Per point:
+A request "meets the SLO" when it meets every objective's threshold. Per point (and per concurrency cell, whose
+window is its measured waves: :func:`waves_wall_s`):
 
 * ``goodput``: ``{"rps", "tok_s", "met_fraction"}``: requests/s and output tokens/s of the requests that met the SLO,
   over the point's window, and their share of all the window's requests (failed and cut ones count, as misses):
@@ -39,7 +40,7 @@ from ..errors import ConfigError
 from ..metrics import RequestMetrics, request_metrics
 from ..records import RequestRecord
 
-__all__ = ["Objective", "SLO", "parse_slo", "request_values", "meets", "point_slo", "METRICS"]
+__all__ = ["Objective", "SLO", "parse_slo", "request_values", "meets", "point_slo", "waves_wall_s", "METRICS"]
 
 METRICS = ("ttft", "tpot", "itl", "e2e")
 _PCT = re.compile(r"^(ttft|tpot|itl|e2e)_(p\d{1,2}(?:\.\d+)?|max)\s*=\s*(\d+(?:\.\d+)?)\s*(ms|s)$")
@@ -174,11 +175,13 @@ def _objective_value(o: Objective, recs: Sequence[RequestRecord], ms: Sequence[R
     return _stat(vals, o.q)
 
 
-def point_slo(records: Sequence[RequestRecord], slo: SLO, window_s: float) -> dict[str, Any]:
+def point_slo(records: Sequence[RequestRecord], slo: SLO, window_s: float,
+              metrics: Sequence[RequestMetrics] | None = None) -> dict[str, Any]:
     """``{"goodput": {"rps", "tok_s", "met_fraction"}, "slo": {key: {"value", "held"}}}`` of a point's window.
 
-    ``records``: the requests of the window (every one: finished, failed, cut). ``window_s``: its length."""
-    ms = [request_metrics(r) for r in records]
+    ``records``: the requests of the window (every one: finished, failed, cut). ``window_s``: its length.
+    ``metrics``: their ``request_metrics``, in order, when the caller has them (computed here otherwise)."""
+    ms = list(metrics) if metrics is not None else [request_metrics(r) for r in records]
     met = [meets(r, m, slo) for r, m in zip(records, ms)]
     n_met = sum(met)
     toks = sum(m.output_tokens for m, ok in zip(ms, met) if ok)
@@ -193,3 +196,17 @@ def point_slo(records: Sequence[RequestRecord], slo: SLO, window_s: float) -> di
         per[o.key] = {"value": None if v is None or math.isinf(v) else round(v, 3),
                       "limit_ms": o.limit_ms, "held": v is not None and v <= o.limit_ms}
     return {"goodput": good, "slo": per}
+
+
+def waves_wall_s(records: Sequence[RequestRecord], waves: Sequence[Sequence[str]]) -> float:
+    """The wall time of a concurrency cell's measured waves, in s: per wave, from its first send to the end of its
+    last response (``sent_ns + end_ns``, failed requests included, on one clock), summed over the waves. The time
+    between waves (building the next wave's prompts, the collector) is no part of it. ``waves``: request ids per
+    wave; ids without a record, and records never sent, are skipped."""
+    by_id = {r.request_id: r for r in records}
+    total_ns = 0
+    for ids in waves:
+        sent = [by_id[i] for i in ids if i in by_id and by_id[i].sent_ns]
+        if sent:
+            total_ns += max(r.sent_ns + (r.end_ns or 0) for r in sent) - min(r.sent_ns for r in sent)
+    return total_ns / 1e9

@@ -17,7 +17,7 @@ from typing import Any
 from ..results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
-           "VIEWS", "table_width", "stacked_lines"]
+           "VIEWS", "table_width", "stacked_lines", "slo_field"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -44,6 +44,8 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("server_prefix_cache_hit_rate", "server_metrics", "prefix_cache_hit_rate"),
     ("decode_pct_of_limit", "roofline", "decode_pct_of_limit"),
     ("prefill_pct_of_limit", "roofline", "prefill_pct_of_limit"),
+    ("goodput_rps", "goodput", "rps"), ("goodput_tok_s", "goodput", "tok_s"),
+    ("slo_met_fraction", "goodput", "met_fraction"), ("slo_met", "slo_met", None),
 ]
 
 
@@ -84,14 +86,38 @@ def _pct(roofline: dict[str, Any] | None, key: str, when: bool = True) -> str:
     return f" ({v:.0f} % of limit)" if when and isinstance(v, int | float) else ""
 
 
+def _met_pct(fraction: float) -> str:
+    """``83.3 %``; never ``100 %`` or ``0 %`` unless every request (or none) met the SLO."""
+    pct = min(max(100.0 * fraction, 0.1), 99.9) if 0 < fraction < 1 else 100.0 * fraction
+    return f"{pct:.1f}".removesuffix(".0") + " %"
+
+
+def slo_field(c: CellResult) -> str:
+    """A cell's SLO result in one short field: ``5.17 req/s, 83 tok/s, 100 % met; held``, or ``...; missed
+    tpot_p90 (18.0 > 15 ms)`` naming each objective that did not hold (``-`` without an SLO). Definitions:
+    docs/load.md ("SLOs and goodput")."""
+    g = c.goodput
+    if not g:
+        return "-"
+    met = "-" if g.get("met_fraction") is None else _met_pct(g["met_fraction"])
+    out = f"{_n(g.get('rps'), 2)} req/s, {_n(g.get('tok_s'), 0)} tok/s, {met} met"
+    missed = [f"{k} ({_n(v.get('value'))} > {v.get('limit_ms'):g} ms)" if v.get("value") is not None
+              else f"{k} (failed requests)" for k, v in (c.slo or {}).items() if not v.get("held")]
+    return out + ("; missed " + ", ".join(missed) if missed else "; held")
+
+
 def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table shared by the terminal and Markdown views.
 
     With a roofline (``bench run --hardware/--bandwidth``), decode (per stream at 1 stream, aggregate at N) and
-    prompt tok/s get their share of the physical limit beside them."""
+    prompt tok/s get their share of the physical limit beside them. With an SLO (``--slo``), a last column: goodput
+    and which objectives held (:func:`slo_field`)."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
+    with_slo = any(c.goodput for c in results.cells)
+    if with_slo:
+        head.append("SLO goodput")
     rows = []
     for c in results.cells:
         d, t = c.decode_tok_s, c.ttft_ms
@@ -109,7 +135,7 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             + _pct(c.roofline, "prefill_pct_of_limit", bool(c.depth)),
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
-        ])
+        ] + ([slo_field(c)] if with_slo else []))
     return head, rows
 
 
@@ -155,7 +181,7 @@ def headline(results: Results) -> list[str]:
     """Sentences in the shape serving recipes publish, from whichever cells exist.
 
     single-stream short decode; decode after each depth; prompt tokens over TTFT at each depth; aggregate decode
-    at each stream count (depth 0, first prompt type).
+    at each stream count (depth 0, first prompt type); with an SLO, the cells it held in and the highest goodput.
     """
     cells = results.cells
     out: list[str] = []
@@ -187,6 +213,28 @@ def headline(results: Results) -> list[str]:
     if after:
         parts.append((f"prompt at {_depth(after[-1][0])}", after[-1][1].roofline, "prefill"))
     out += _roofline_sentence(parts)
+    out += _slo_sentence(cells)
+    return out
+
+
+def _duration(ms: float) -> str:
+    """``60 ms``, ``2 s``, ``1.5 s``."""
+    return f"{ms / 1000:g} s" if ms >= 1000 else f"{ms:g} ms"
+
+
+def _slo_sentence(cells: list[CellResult]) -> list[str]:
+    """``SLO ttft_p90 <= 2 s, tpot_p90 <= 60 ms: held in 2 of 3 cells`` and ``highest goodput: 5.17 req/s
+    (d0-s4-prose)``, from the cells' ``slo`` and ``goodput`` (nothing without an SLO)."""
+    scored = [c for c in cells if c.slo]
+    if not scored:
+        return []
+    limits = ", ".join(f"{k} <= {_duration(float(v.get('limit_ms') or 0))}" for k, v in (scored[0].slo or {}).items())
+    held = sum(1 for c in scored if c.slo_met)
+    out = [f"SLO {limits}: held in {held} of {len(scored)} cell{'s' if len(scored) != 1 else ''}"]
+    best = max(scored, key=lambda c: (c.goodput or {}).get("rps") or 0.0)
+    rps = (best.goodput or {}).get("rps")
+    if rps:
+        out.append(f"highest goodput: {_n(rps, 2)} req/s ({best.id})")
     return out
 
 
