@@ -127,7 +127,7 @@ def test_ctrl_c_keeps_finished_records(tmp_path) -> None:
     from bench.sim import SimConfig, running_sim
 
     prof = tmp_path / "slow.toml"
-    prof.write_text('max_tokens = 20\nrequests = 40\nwarmup = 0\noverhead_probes = 1\n'
+    prof.write_text('max_tokens = 20\nrequests = 200\nwarmup = 0\noverhead_probes = 1\n'
                     '[[sweep]]\nstreams = [1]\n')
     out = tmp_path / "res"
     with running_sim(SimConfig(decode_step_ms=10.0)) as url:
