@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["LagMonitor", "lag_warning", "lag_stats", "workers_lag", "LAG_WARN_MS"]
+__all__ = ["LagMonitor", "lag_warning", "lag_stats", "stamp_context", "workers_lag", "LAG_WARN_MS"]
 
 LAG_WARN_MS = 5.0  # p99 lag above this: stamps are late enough to show in ITL percentiles
 
@@ -103,14 +103,35 @@ def _pct(s: list[int], q: float) -> float:
 
 
 def lag_warning(lag: dict[str, Any], *, workers: int = 1, streams: int = 1,
-                threshold_ms: float = LAG_WARN_MS) -> str | None:
-    """A warning when the p99 lag is over ``threshold_ms``, naming a ``--workers N`` that spreads the streams
-    further (the workers needed scale with the lag: N = workers x p99 / threshold, at most one per stream and one
-    per CPU core); None otherwise (a healthy run draws no warning)."""
+                threshold_ms: float = LAG_WARN_MS, kernel: bool = False, gap_ms: float | None = None) -> str | None:
+    """A warning when the p99 lag is over what the stamps can take, naming the fix; None otherwise (a healthy run
+    draws no warning).
+
+    User-space stamps are late by the lag itself: over ``threshold_ms`` it shows in ITL percentiles. Kernel stamps
+    (``kernel``: every read of the cell was kernel-stamped) are not moved by the loop at all; they go wrong only
+    when a stream is not read within the gap between two of its events (``gap_ms``: the cell's median ITL), so that
+    one read returns both with the later one's stamp: the limit is then half that gap (``threshold_ms`` when the
+    gap is unknown). The fix named is ``--workers N``, N = workers x p99 / limit, at most one per stream and one per
+    CPU core; with one stream (or fewer) per reading process more of them cannot help, and the warning says so.
+    """
     p99 = lag.get("p99_ms")
-    if p99 is None or p99 <= threshold_ms:
+    limit = max(threshold_ms, 0.5 * gap_ms) if kernel and gap_ms else threshold_ms
+    if p99 is None or p99 <= limit:
         return None
+    what = ("reads come later than half the gap between two events (the kernel then merges them into one stamp)"
+            if kernel else "the client is too busy to stamp reads on time")
+    head = f"timestamps lag by up to {p99:.1f} ms (p99 event-loop lag; max {lag.get('max_ms') or p99:.1f} ms): {what}"
+    if streams <= workers:
+        return (f"{head}; with {streams} stream(s) for {workers} reading process(es) more workers cannot help: "
+                "the machine is busy (give bench a core of its own, e.g. fewer server threads)")
     cap = max(workers + 1, min(streams, os.cpu_count() or 1))
-    n = min(max(workers + 1, math.ceil(workers * p99 / threshold_ms)), cap)
-    return (f"timestamps lag by up to {p99:.1f} ms (p99 event-loop lag; max {lag.get('max_ms') or p99:.1f} ms): "
-            f"the client is too busy to stamp reads on time; use --workers {n}")
+    n = min(max(workers + 1, math.ceil(workers * p99 / limit)), cap)
+    return f"{head}; use --workers {n}"
+
+
+def stamp_context(records: Sequence[Any], metrics: Sequence[Any]) -> dict[str, Any]:
+    """``kernel`` (every record kernel-stamped) and ``gap_ms`` (median ITL of the successful requests) of a cell:
+    what :func:`lag_warning` needs to judge its lag."""
+    kernel = bool(records) and all(getattr(r, "stamp_source", "user") == "kernel" for r in records)
+    gaps = sorted(g for m in metrics if getattr(m, "ok", False) for g in (getattr(m, "itl_ms", None) or ()))
+    return {"kernel": kernel, "gap_ms": gaps[len(gaps) // 2] if gaps else None}

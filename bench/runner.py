@@ -33,7 +33,7 @@ from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from .kstamp import clock_report
-from .lag import LagMonitor, lag_warning, workers_lag
+from .lag import LagMonitor, lag_warning, stamp_context, workers_lag
 from .load.slo import SLO, parse_slo, point_slo, waves_wall_s
 from .metrics import RequestMetrics, request_metrics
 from .plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
@@ -556,7 +556,8 @@ class Session:
         run.summary.queueing = q
         run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
-        lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams) if run.lag else None
+        lag_note = (lag_warning(run.lag, workers=self.workers, streams=cell.streams, **stamp_context(run.records, ms))
+                    if run.lag else None)
         if lag_note and (self.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:

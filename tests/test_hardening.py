@@ -770,3 +770,29 @@ def test_run_with_tokenize_failing_after_first_success_is_not_a_traceback(canary
     if rc == 5:
         assert len(err.strip().splitlines()) == 1 and "tokenize" in err
     assert_clean(out + err)
+
+
+def test_lag_warning_knows_kernel_stamps_and_when_workers_cannot_help() -> None:
+    """Kernel stamps are not moved by the loop: 8 ms of lag with 12 ms between a stream's events draws nothing
+    (user stamps: a warning); lag over half the gap does; one stream per reader is not helped by more workers."""
+    lag = {"p50_ms": 1.0, "p99_ms": 8.0, "max_ms": 9.0, "samples": 500}
+    assert lag_warning(lag, workers=1, streams=8, kernel=True, gap_ms=20.0) is None
+    user = lag_warning(lag, workers=1, streams=8, kernel=False, gap_ms=20.0)
+    assert user is not None and "too busy to stamp" in user and "--workers 2" in user
+    near = lag_warning(lag, workers=1, streams=8, kernel=True, gap_ms=12.0)
+    assert near is not None and "half the gap" in near and "--workers 2" in near
+    assert lag_warning(lag, workers=1, streams=8, kernel=True, gap_ms=None) is not None  # gap unknown: 5 ms
+    one = lag_warning(lag, workers=1, streams=1)
+    assert one is not None and "cannot help" in one and "--workers" not in one
+
+
+def test_stamp_context_reads_the_stamp_source_and_the_median_gap() -> None:
+    from types import SimpleNamespace as NS
+
+    from bench.lag import stamp_context
+
+    recs = [NS(stamp_source="kernel"), NS(stamp_source="kernel")]
+    ms = [NS(ok=True, itl_ms=[10.0, 12.0, 30.0]), NS(ok=False, itl_ms=[1.0]), NS(ok=True, itl_ms=[11.0])]
+    assert stamp_context(recs, ms) == {"kernel": True, "gap_ms": 11.0}
+    assert stamp_context(recs + [NS(stamp_source="user")], [])["kernel"] is False
+    assert stamp_context([], ms)["kernel"] is False

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigError, ServerError
-from ..lag import LagMonitor, lag_warning
+from ..lag import LagMonitor, lag_warning, stamp_context
 from ..metrics import request_metrics
 from ..profile import Cell
 from ..prompts import TokenizerError, build_prompt, unique_prefix
@@ -282,7 +282,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     if slo is not None:
         s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
-    _point_warnings(s, ls, run)
+    _point_warnings(s, ls, run, stamp_context(recs, ms))
     return s
 
 
@@ -305,11 +305,11 @@ def behind(sched: dict[str, Any]) -> bool:
     return late or slow
 
 
-def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun) -> None:
+def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: dict[str, Any] | None = None) -> None:
     sc = s["schedule"]
     workers = run.workers or 1
     peak = max((n for _, n in run.inflight), default=1)
-    lag_note = lag_warning(run.lag, workers=run.workers, streams=peak) if run.lag else None
+    lag_note = lag_warning(run.lag, workers=run.workers, streams=peak, **(stamps or {})) if run.lag else None
     if lag_note:
         s["warnings"].append(f"{s['id']}: {lag_note}")
     if behind(sc):
@@ -375,7 +375,7 @@ async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_to
               "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
                          "failed": sum(not r.ok for r in recs), "cut": 0},
               "latency": latency_summaries(recs, ms), "client_lag": lag})
-    lag_note = lag_warning(lag, workers=1, streams=ls.users)
+    lag_note = lag_warning(lag, workers=1, streams=ls.users, **stamp_context(recs, ms))
     if lag_note:
         s["warnings"].append(f"{s['id']}: {lag_note}")
     if slo is not None and span > 0:
