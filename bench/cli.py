@@ -327,7 +327,10 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
         stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
     stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False)
     if report_path is not None:
-        stderr.print(f"report: {report_path} (open it in a browser; works offline)", highlight=False, soft_wrap=True)
+        # the path whole (for copying): beside "report:" when that fits the terminal, else on a line of its own
+        line = f"report: {report_path}"
+        stderr.print(line if len(line) <= stderr.width else f"report:\n{report_path}", highlight=False, soft_wrap=True)
+        stderr.print("  (open it in a browser; it works offline)", highlight=False)
 
 
 @cli.command()

@@ -642,8 +642,10 @@ def test_end_of_run_output_fits_80_columns_with_long_warnings(piped_run, monkeyp
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr(console, "stdout", Console(file=out, width=80, color_system=None))
     monkeypatch.setattr(console, "stderr", Console(file=err, width=80, color_system=None))
-    cli._print_results(res, Path("bench-results/20261201-000000-a-long-profile-name-for-a-long-path"), False)
+    folder = Path("bench-results/20261201-000000-a-long-profile-name-for-a-long-path")
+    cli._print_results(res, folder, False, report_path=folder / "report.html")  # as bench run --report prints it
     lines = out.getvalue().splitlines() + err.getvalue().splitlines()
+    assert str(folder / "report.html") in lines  # the long path whole, on a line of its own
     assert max(len(ln) for ln in lines) <= 80, [ln for ln in lines if len(ln) > 80]
     text = " ".join(err.getvalue().split())
     assert "128 streams but the server has 4 slots" in text  # the slots warning, wrapped but whole
