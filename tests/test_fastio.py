@@ -331,22 +331,6 @@ def test_stamps_are_taken_when_bytes_arrive() -> None:
     asyncio.run(main())
 
 
-@pytest.fixture(scope="module")
-def tls_cert(tmp_path_factory) -> tuple[str, str]:
-    """A self-signed certificate for 127.0.0.1 (openssl CLI), as (cert.pem, key.pem)."""
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not available")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return cert, key
-
-
 def _server_ctx(tls_cert: tuple[str, str]) -> Any:
     import ssl
 

@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import contextlib
 import gzip
 import json
 import re
 import secrets
+import threading
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -366,6 +369,32 @@ class Hostile:
         await self.runner.cleanup()
 
 
+@contextlib.contextmanager
+def serving_in_thread(make: Callable[[], Any]) -> Iterator[str]:
+    """``make()`` (an async context manager with ``.url``: Hostile, a TLS Server) served on an event loop of its own
+    in a thread, for tests that call the CLI's ``main`` (which runs its own loop); yields the URL, stops it after."""
+    box: dict[str, Any] = {}
+    loop = asyncio.new_event_loop()
+    stop = asyncio.Event()
+
+    async def serve() -> None:
+        async with make() as srv:
+            box["url"] = srv.url
+            await stop.wait()
+
+    th = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
+    th.start()
+    for _ in range(200):
+        if "url" in box:
+            break
+        time.sleep(0.01)
+    try:
+        yield box["url"]
+    finally:
+        loop.call_soon_threadsafe(stop.set)
+        th.join(5)
+
+
 @pytest.fixture
 def canary(monkeypatch) -> str:
     monkeypatch.setenv("BENCH_CANARY_KEY", KEY)
@@ -448,31 +477,11 @@ def test_canary_key_never_on_the_terminal(canary, capsys, caplog, mode, extra) -
     """`bench probe` (table, --json, -v logging) against the hostile server: nothing printed or logged holds it."""
     caplog.set_level("DEBUG")
 
-    async def serve(box: dict[str, Any], ready: asyncio.Event, stop: asyncio.Event) -> None:
-        async with Hostile() as h:
-            box["url"] = h.url
-            ready.set()
-            await stop.wait()
-
-    import threading
-
-    box: dict[str, Any] = {}
-    loop = asyncio.new_event_loop()
-    ready, stop = asyncio.Event(), asyncio.Event()
-    th = threading.Thread(target=lambda: loop.run_until_complete(serve(box, ready, stop)), daemon=True)
-    th.start()
-    for _ in range(200):
-        if "url" in box:
-            break
-        time.sleep(0.01)
-    try:
+    with serving_in_thread(Hostile) as url:
         model = ["--model", KEY] if mode == "echo-output" else ["--model", "m"]
-        args = [a for a in extra if a == "-v"] + ["probe", f"{box['url']}/{mode}/v1", "--api-key-env", canary,
+        args = [a for a in extra if a == "-v"] + ["probe", f"{url}/{mode}/v1", "--api-key-env", canary,
                                                   *model, *[a for a in extra if a != "-v"]]
         rc = main(args)
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        th.join(5)
     out, err = capsys.readouterr()
     assert rc == (0 if mode == "echo-output" else 5), (out, err)
     for text in (out, err, caplog.text):
@@ -482,29 +491,9 @@ def test_canary_key_never_on_the_terminal(canary, capsys, caplog, mode, extra) -
 def test_canary_key_never_in_a_run_folder(canary, tmp_path, capsys) -> None:
     """`bench run` against a server echoing the key as output, model id, owner and build info: the results
     folder (records, results, CSV, Markdown) and the terminal never hold it."""
-    import threading
-
-    box: dict[str, Any] = {}
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        async with Hostile() as h:
-            box["url"] = h.url
-            await stop.wait()
-
-    th = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    th.start()
-    for _ in range(200):
-        if "url" in box:
-            break
-        time.sleep(0.01)
-    try:
-        rc = main(["run", f"{box['url']}/key-model/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
-                   "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        th.join(5)
+    with serving_in_thread(Hostile) as url:
+        rc = main(["run", f"{url}/key-model/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
+                       "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     files = list((tmp_path / "out").iterdir())
     assert rc == 0, err
@@ -579,38 +568,23 @@ def test_tokenize_failing_after_first_success_raises_tokenizer_error_with_a_fall
 
 
 # ---- TLS ----------------------------------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory) -> tuple[str, str]:
-    import shutil
-    import subprocess
-
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl CLI not available")
-    d = tmp_path_factory.mktemp("tls")
-    cert, key = str(d / "cert.pem"), str(d / "key.pem")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
-    return cert, key
-
-
-def _tls_server(tls: tuple[str, str]) -> Server:
+def _tls_server(tls_cert: tuple[str, str]) -> Server:
     import ssl
 
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    ctx.load_cert_chain(*tls)
+    ctx.load_cert_chain(*tls_cert)
     return Server(_serve_bytes(STREAM), ssl=ctx)
 
 
 @BOTH
-def test_tls_ca_bundle_and_insecure(tls, fast_io, monkeypatch) -> None:
+def test_tls_ca_bundle_and_insecure(tls_cert, fast_io, monkeypatch) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
 
     async def main_():
-        async with _tls_server(tls) as srv:
+        async with _tls_server(tls_cert) as srv:
             base = srv.url + "/v1"
             default = await one(base, ClientSettings(fast_io=fast_io))
-            bundle = await one(base, ClientSettings(fast_io=fast_io, ca_bundle=tls[0]))
+            bundle = await one(base, ClientSettings(fast_io=fast_io, ca_bundle=tls_cert[0]))
             insecure = await one(base, ClientSettings(fast_io=fast_io, insecure=True))
             return default, bundle, insecure
 
@@ -620,28 +594,11 @@ def test_tls_ca_bundle_and_insecure(tls, fast_io, monkeypatch) -> None:
     assert insecure.ok, insecure.error
 
 
-def test_tls_cli_options(tls, tmp_path, capsys, monkeypatch) -> None:
-    import threading
-
+def test_tls_cli_options(tls_cert, tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.delenv("SSL_CERT_FILE", raising=False)
-    box: dict[str, Any] = {}
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        async with _tls_server(tls) as srv:
-            box["url"] = srv.url
-            await stop.wait()
-
-    th = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    th.start()
-    for _ in range(200):
-        if "url" in box:
-            break
-        time.sleep(0.01)
-    try:
-        base = box["url"] + "/v1"
-        assert main(["probe", base, "--model", "m", "--ca-bundle", tls[0]]) == 0
+    with serving_in_thread(lambda: _tls_server(tls_cert)) as url:
+        base = url + "/v1"
+        assert main(["probe", base, "--model", "m", "--ca-bundle", tls_cert[0]]) == 0
         capsys.readouterr()
         assert main(["--io", "httpx", "probe", base, "--model", "m", "--insecure"]) == 0
         err = capsys.readouterr().err
@@ -652,9 +609,6 @@ def test_tls_cli_options(tls, tmp_path, capsys, monkeypatch) -> None:
         err = capsys.readouterr().err
         assert len(err.strip().splitlines()) == 1 and "--ca-bundle" in err
         assert main(["probe", base, "--model", "m", "--setup-timeout", "0"]) == 3
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        th.join(5)
 
 
 # ---- end-of-stream work stays off the stamping path; the lag monitor ---------------------------------------------
@@ -741,29 +695,9 @@ def test_uncaught_traceback_is_redacted(capsys) -> None:
 def test_run_with_tokenize_failing_after_first_success_is_not_a_traceback(canary, tmp_path, capsys) -> None:
     """/tokenize answers once, then fails with the key in its body: `bench run` never shows a traceback or the key
     (today it stops with one line and exit 5; with the runner's fallback to the estimator it completes)."""
-    import threading
-
-    box: dict[str, Any] = {}
-    loop = asyncio.new_event_loop()
-    stop = asyncio.Event()
-
-    async def serve() -> None:
-        async with Hostile() as h:
-            box["url"] = h.url
-            await stop.wait()
-
-    th = threading.Thread(target=lambda: loop.run_until_complete(serve()), daemon=True)
-    th.start()
-    for _ in range(200):
-        if "url" in box:
-            break
-        time.sleep(0.01)
-    try:
-        rc = main(["run", f"{box['url']}/flaky/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
-                   "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
-    finally:
-        loop.call_soon_threadsafe(stop.set)
-        th.join(5)
+    with serving_in_thread(Hostile) as url:
+        rc = main(["run", f"{url}/flaky/v1", "--api-key-env", canary, "--streams", "1", "--depths", "0",
+                       "--repeats", "1", "--max-tokens", "4", "--prompt", "prose", "--out", str(tmp_path / "out")])
     out, err = capsys.readouterr()
     assert rc in (0, 5), err
     assert "Traceback" not in err

@@ -25,7 +25,7 @@ from bench.fastio import FastPool, _StampProtocol
 from bench.kstamp import ClockOffset, KernelStampProtocol, kernel_stamps_supported
 from bench.records import RequestRecord
 from bench.sim import SimConfig, running_sim
-from tests.test_fastio import Server, _chunk, _server_ctx, _sse_handler, tls_cert  # noqa: F401  (fixture)
+from tests.test_fastio import Server, _chunk, _server_ctx, _sse_handler
 
 needs_kernel = pytest.mark.skipif(not kernel_stamps_supported(), reason="no SO_TIMESTAMPNS on this system")
 MODEL = "bench-sim"
@@ -238,7 +238,7 @@ def test_user_stamps_when_asked_or_unsupported(sim: str, monkeypatch: pytest.Mon
 
 # --- TLS -------------------------------------------------------------------------------------------------------
 @needs_kernel
-def test_tls_over_memory_bio(tls_cert) -> None:  # noqa: F811
+def test_tls_over_memory_bio(tls_cert) -> None:
     events = [_chunk("a"), _chunk("b"), _chunk("c", "stop")]
 
     async def main() -> None:
