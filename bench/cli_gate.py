@@ -51,14 +51,15 @@ DEFAULT_GATE_PROFILE = "ci-gate"
 
 def _write_reports(verdicts: Sequence[Verdict], *, title: str, context: dict[str, Any], junit: str | None,
                    markdown: str | None, side: Any = None, elapsed: float | None = None) -> list[str]:
-    from .report.verdicts import append_step_summary, to_junit, to_markdown, write_text
+    from .report.verdicts import append_step_summary, to_junit, to_markdown
+    from .results import write_atomic
 
     written = []
     md = to_markdown(verdicts, title=title, context=context, side_by_side=side)
     if junit:
-        written.append(str(write_text(junit, to_junit(verdicts, suite=title, properties=context, time_s=elapsed))))
+        written.append(str(write_atomic(junit, to_junit(verdicts, suite=title, properties=context, time_s=elapsed))))
     if markdown:
-        written.append(str(write_text(markdown, md)))
+        written.append(str(write_atomic(markdown, md)))
     p = append_step_summary(md)
     if p is not None:
         written.append(f"{p} (GitHub step summary)")
@@ -175,8 +176,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
           client: dict[str, Any]) -> None:
     from .report.console import stderr
     from .report.export import VIEWS
-    from .report.verdicts import write_text
-    from .results import to_json
+    from .results import to_json, write_atomic
     from .runloop import run_gate
     from .runner import default_out_dir
 
@@ -199,7 +199,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves})
-    write_text(out / "gate.json", doc)
+    write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
     else:
@@ -213,7 +213,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0)
     if update_baseline:
-        write_text(baseline_file, to_json(outcome.results))
+        write_atomic(baseline_file, to_json(outcome.results))
         written.append(f"{baseline_file} (baseline updated)")
     stderr.print(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written), highlight=False,
                  soft_wrap=True)
@@ -286,7 +286,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     from .client import normalize_url
     from .report.console import stderr
     from .report.export import VIEWS
-    from .report.verdicts import write_text
+    from .results import write_atomic
     from .runloop import run_ab
 
     prof = _load_profile(profile_name)
@@ -302,7 +302,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     _warn(check_comparable(ra, rb, force=True), prefix="note: ")
     verdicts = _print_ab(ra, rb, rules, base_a, base_b)
     if out_dir:
-        write_text(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, {"a": base_a, "b": base_b}))
+        write_atomic(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, {"a": base_a, "b": base_b}))
     context = {"A": f"{base_a} ({ra.endpoint.model})", "B": f"{base_b} ({rb.endpoint.model})", "profile": prof.name}
     written = _write_reports(verdicts, title="bench ab", context=context, junit=junit_file, markdown=markdown_file,
                              side=_side_rows(ra, rb), elapsed=time.monotonic() - t0)

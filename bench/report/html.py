@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..metrics import request_metrics
 from ..records import read_records
-from ..results import results_from_dict
+from ..results import results_from_dict, write_atomic
 from .export import headline
 from .figures import (
     Source,
@@ -239,12 +239,7 @@ def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike
     require_plotly()
     sources, gates = load_inputs(paths)
     page = build_report(sources, gates, title)
-    p = Path(out)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(p.suffix + ".tmp")
-    tmp.write_text(page, encoding="utf-8")
-    os.replace(tmp, p)
-    return p
+    return write_atomic(out, page)
 
 
 def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.PathLike[str],

@@ -34,7 +34,6 @@ __all__ = [
     "to_junit",
     "to_markdown",
     "append_step_summary",
-    "write_text",
 ]
 
 OUTCOME = {0: "PASS", 1: "REGRESSION", 2: "INCONCLUSIVE"}
@@ -234,16 +233,6 @@ def to_markdown(
         lines += _md_table(*side_by_side)
         lines.append("")
     return "\n".join(lines)
-
-
-def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temp file + rename); parent folders are created."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, p)
-    return p
 
 
 def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
