@@ -129,9 +129,8 @@ def lag_warning(lag: dict[str, Any], *, workers: int = 1, streams: int = 1,
     return f"{head}; use --workers {n}"
 
 
-def stamp_context(records: Sequence[Any], metrics: Sequence[Any]) -> dict[str, Any]:
-    """``kernel`` (every record kernel-stamped) and ``gap_ms`` (median ITL of the successful requests) of a cell:
-    what :func:`lag_warning` needs to judge its lag."""
+def stamp_context(records: Sequence[Any], itl_ms: dict[str, Any] | None) -> dict[str, Any]:
+    """``kernel`` (every record kernel-stamped) and ``gap_ms`` (the median of the cell's ``itl_ms`` summary, as the
+    cell summary computed it) of a cell: what :func:`lag_warning` needs to judge its lag."""
     kernel = bool(records) and all(getattr(r, "stamp_source", "user") == "kernel" for r in records)
-    gaps = sorted(g for m in metrics if getattr(m, "ok", False) for g in (getattr(m, "itl_ms", None) or ()))
-    return {"kernel": kernel, "gap_ms": gaps[len(gaps) // 2] if gaps else None}
+    return {"kernel": kernel, "gap_ms": (itl_ms or {}).get("median")}

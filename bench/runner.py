@@ -556,8 +556,8 @@ class Session:
         run.summary.queueing = q
         run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
-        lag_note = (lag_warning(run.lag, workers=self.workers, streams=cell.streams, **stamp_context(run.records, ms))
-                    if run.lag else None)
+        stamps = stamp_context(run.records, run.summary.itl_ms)
+        lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams, **stamps) if run.lag else None
         if lag_note and (self.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:

@@ -726,7 +726,7 @@ def test_stamp_context_reads_the_stamp_source_and_the_median_gap() -> None:
     from bench.lag import stamp_context
 
     recs = [NS(stamp_source="kernel"), NS(stamp_source="kernel")]
-    ms = [NS(ok=True, itl_ms=[10.0, 12.0, 30.0]), NS(ok=False, itl_ms=[1.0]), NS(ok=True, itl_ms=[11.0, 13.0])]
-    assert stamp_context(recs, ms) == {"kernel": True, "gap_ms": 12.0}  # median of 10, 11, 12, 13, 30
-    assert stamp_context(recs + [NS(stamp_source="user")], [])["kernel"] is False
-    assert stamp_context([], ms)["kernel"] is False
+    itl = {"n": 5, "mean": 15.2, "median": 12.0, "p99": 29.3}  # the cell summary's itl_ms
+    assert stamp_context(recs, itl) == {"kernel": True, "gap_ms": 12.0}
+    assert stamp_context(recs + [NS(stamp_source="user")], None) == {"kernel": False, "gap_ms": None}
+    assert stamp_context([], itl)["kernel"] is False

@@ -282,7 +282,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     if slo is not None:
         s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
-    _point_warnings(s, ls, run, stamp_context(recs, ms))
+    _point_warnings(s, ls, run, stamp_context(recs, s.get("itl_ms")))
     return s
 
 
@@ -375,7 +375,7 @@ async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_to
               "counts": {"planned": ls.users * ls.turns, "finished": sum(r.ok for r in recs),
                          "failed": sum(not r.ok for r in recs), "cut": 0},
               "latency": latency_summaries(recs, ms), "client_lag": lag})
-    lag_note = lag_warning(lag, workers=1, streams=ls.users, **stamp_context(recs, ms))
+    lag_note = lag_warning(lag, workers=1, streams=ls.users, **stamp_context(recs, s.get("itl_ms")))
     if lag_note:
         s["warnings"].append(f"{s['id']}: {lag_note}")
     if slo is not None and span > 0:
