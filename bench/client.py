@@ -702,25 +702,18 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
         if rec.done:
             return True
         data = sse.data
-        if data[:1] == "{" and sse.event == "message":  # the common chunk: straight to JSON
-            try:
-                obj = loads(data)
-            except (ValueError, RecursionError):
-                _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
+        if data[:1] != "{" or sse.event != "message":  # the common chunk skips these checks: straight to JSON
+            if sse.event != "message":
+                if sse.event == "error":
+                    _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
+                continue  # ping, keep-alive and other non-message events carry no chunk
+            if not data.strip():
+                continue  # an empty data field is a keep-alive, not an event
+            if data.strip() == "[DONE]":
+                rec.done = True
                 continue
-            _absorb(rec, obj, sse.t_ns - sent)  # a JSON text starting with "{" is an object
-            continue
-        if sse.event != "message":
-            if sse.event == "error":
-                _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
-            continue  # ping, keep-alive and other non-message events carry no chunk
-        if not data.strip():
-            continue  # an empty data field is a keep-alive, not an event
-        if data.strip() == "[DONE]":
-            rec.done = True
-            continue
         try:
-            obj = _loads(data)
+            obj = loads(data)
         except (ValueError, RecursionError):
             _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
             continue
