@@ -27,7 +27,7 @@ class ChunkedDecoder:
     """``feed(data) -> body bytes`` (possibly empty); ``done`` once the last chunk and trailers were read;
     ``rest`` holds bytes after the body (the next response on a kept-alive connection)."""
 
-    __slots__ = ("_buf", "_left", "_state", "done", "rest", "pending")
+    __slots__ = ("_buf", "_left", "_state", "done", "rest")
 
     def __init__(self) -> None:
         self._buf = b""
@@ -35,7 +35,6 @@ class ChunkedDecoder:
         self._state = _SIZE
         self.done = False
         self.rest = b""
-        self.pending: bytes | None = None  # bytes read before the decoder took over, for its owner to feed
 
     def feed(self, data: bytes) -> bytes:
         if self.done:

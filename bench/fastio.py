@@ -227,11 +227,6 @@ class FastResponse:
         """:meth:`aiter_stamped` for a chunked body: the bytes h11 read past the head first, then every read."""
         proto = conn.proto
         try:
-            if dec.pending is not None:  # what h11 had read past the head, with the head's stamp
-                body = self._feed_chunked(dec, dec.pending)
-                dec.pending = None
-                if body:
-                    yield self._t, body
             while not dec.done:
                 item = await proto.next_chunk(self._read_timeout)
                 if item is None:
@@ -300,9 +295,6 @@ class FastResponse:
     async def _drain_chunked(self, conn: _Conn, dec: ChunkedDecoder, grace: float) -> None:
         deadline = time.monotonic() + grace
         try:
-            if dec.pending is not None:
-                self._feed_chunked(dec, dec.pending)
-                dec.pending = None
             while not dec.done:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -589,7 +581,7 @@ class FastPool:
 
 
 def _frame_chunked(resp: FastResponse, conn: _Conn, ev: h11.Response) -> None:
-    """Hand a chunked body to bench.chunked: what h11 read past the head is fed first. Other bodies (length- or
+    """Hand a chunked body to bench.chunked: what h11 read past the head is read first. Other bodies (length- or
     close-delimited, none) stay with h11: they cost one h11 event per read, not per SSE event."""
     if not CHUNKED_FRAMING or ev.http_version != b"1.1" or resp.status_code in (204, 304):
         return
@@ -597,9 +589,9 @@ def _frame_chunked(resp: FastResponse, conn: _Conn, ev: h11.Response) -> None:
     if codings != ["chunked"]:
         return  # h11 refuses other transfer codings; leave the error to it
     data, closed = conn.h11.trailing_data
-    dec = ChunkedDecoder()
-    dec.pending = bytes(data)
-    resp._chunked = dec
+    if data:  # what h11 had read past the head goes back to the front of the reads, with the head's stamp
+        conn.proto.chunks.appendleft((resp._t, bytes(data)))
+    resp._chunked = ChunkedDecoder()
     resp._keep_alive = "close" not in resp.headers.get("connection", "").lower() and not closed
 
 
