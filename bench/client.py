@@ -482,34 +482,61 @@ async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: lis
         rec.end_ns = t - rec.sent_ns
         _parse_whole(rec, whole, t)
         return
-    dec = SSEDecoder()
+    sink = _SSESink(inflate, raw, tap)
     t_done: int | None = None
     try:
-        t_done = await _read_sse(stamped, inflate, dec, raw, tap)
+        if fast and response.can_pump:  # decoded in the read callback (kernel stamps: bench.fastio.BodyPump)
+            t_done = await response.pump(sink.feed)
+            if t_done is None:
+                sink.flush()
+        else:
+            t_done = await _read_sse(stamped, sink)
     finally:
         t_end = time.perf_counter_ns()
         if t_done is None:
-            raw.extend(dec.close(t_end))
+            raw.extend(sink.dec.close(t_end))
         rec.end_ns = (t_done if t_done is not None else t_end) - rec.sent_ns
     await _after_done(response, stamped, fast)
 
 
-async def _read_sse(stamped: Any, inflate: Any, dec: SSEDecoder, raw: list[SSEEvent],
-                    tap: StreamTap | None) -> int | None:
-    """Feed the stamped reads to ``dec`` until the body ends (None) or ``[DONE]`` arrives (its stamp)."""
-    async for t, chunk in stamped:
-        if inflate is not None:
-            chunk = _inflate(inflate, chunk)
-        evs = dec.feed(chunk, t)
+class _SSESink:
+    """Body bytes -> SSE events in ``raw`` (decoded when compressed), counted on ``tap``; :meth:`feed` says when
+    ``[DONE]`` arrived. The same code whether the reading task feeds it or the read callback does."""
+
+    __slots__ = ("inflate", "dec", "raw", "tap")
+
+    def __init__(self, inflate: Any, raw: list[SSEEvent], tap: StreamTap | None) -> None:
+        self.inflate = inflate
+        self.dec = SSEDecoder()
+        self.raw = raw
+        self.tap = tap
+
+    def feed(self, t: int, chunk: bytes) -> bool:
+        """One body piece stamped ``t``; True once it completed the ``[DONE]`` event."""
+        if self.inflate is not None:
+            chunk = _inflate(self.inflate, chunk)
+        evs = self.dec.feed(chunk, t)
         if evs:
-            raw.extend(evs)
-            if tap is not None:
-                tap.events += len(evs)
+            self.raw.extend(evs)
+            if self.tap is not None:
+                self.tap.events += len(evs)
             for ev in evs:
                 if len(ev.data) < 16 and _is_done(ev):  # a chunk's JSON is longer: one len() per event
-                    return t
-    if inflate is not None:
-        raw.extend(dec.feed(_inflate(inflate, b"", final=True), time.perf_counter_ns()))
+                    return True
+        return False
+
+    def flush(self) -> None:
+        """The body ended: what the compressed stream still held."""
+        if self.inflate is not None:
+            self.raw.extend(self.dec.feed(_inflate(self.inflate, b"", final=True), time.perf_counter_ns()))
+
+
+async def _read_sse(stamped: Any, sink: _SSESink) -> int | None:
+    """Feed the stamped reads to ``sink`` until the body ends (None) or ``[DONE]`` arrives (its stamp)."""
+    async for t, chunk in stamped:
+        if sink.feed(t, chunk):
+            return t
+    sink.flush()
     return None
 
 

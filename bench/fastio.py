@@ -42,21 +42,26 @@ import h11
 from .chunked import ChunkedDecoder
 from .errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
 
-__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "stamp_source_of",
-           "stamp_tracker"]
+__all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "BodyPump",
+           "stamp_source_of", "stamp_tracker"]
 
 STAMP_CHOICES = ("auto", "kernel", "user")
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
 WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
 CHUNKED_FRAMING = True  # chunked bodies framed by bench.chunked; False: by h11 (benchmarks/hotpath.py's +h11)
+PUMP_BODIES = True  # kernel-stamped chunked bodies decoded in the read callback (BodyPump); False: hotpath's +queue
 
 
 class _StampProtocol(asyncio.Protocol):
     """Queues every read as ``(perf_counter_ns at arrival, bytes)``; parses nothing. Its reads carry user-space
     stamps (``stamp_source = "user"``); :class:`bench.kstamp.KernelStampProtocol` is the kernel-stamped one."""
 
-    __slots__ = ("transport", "chunks", "waiter", "closed", "exc", "_drain")
+    __slots__ = ("transport", "chunks", "waiter", "closed", "exc", "_drain", "pump")
     stamp_source = "user"
+    # True where the stamp does not depend on when Python reads (kernel stamps): a response body may then be
+    # decoded in the read callback itself (:class:`BodyPump`); user-space stamps must be taken for every ready
+    # socket before any decoding, so those connections queue their reads for the reading task instead
+    pumps = False
 
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -65,6 +70,7 @@ class _StampProtocol(asyncio.Protocol):
         self.closed = False
         self.exc: BaseException | None = None
         self._drain: asyncio.Future[None] | None = None
+        self.pump: BodyPump | None = None  # set while a body is decoded in the read callback
 
     # --- called by the event loop -------------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -83,6 +89,8 @@ class _StampProtocol(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self.exc = exc
+        if self.pump is not None:
+            self.pump.lost()
         w = self.waiter
         if w is not None and not w.done():
             w.set_result(None)
@@ -134,6 +142,90 @@ class _StampProtocol(asyncio.Protocol):
 def _expire(w: asyncio.Future[None]) -> None:
     if not w.done():
         w.set_exception(FastTimeout("no byte within the read timeout"))
+
+
+class BodyPump:
+    """Decodes a chunked body in the read callback of a kernel-stamped connection (``_StampProtocol.pumps``):
+    each read is framed and handed to ``sink(t_ns, body_bytes)`` there and then, so the reading task is not woken
+    for every read (a future, a timer and two generator steps per read, most of the per-read cost at one event per
+    read). ``sink`` returns True when it has the whole answer (an SSE ``[DONE]``); the pump then detaches and
+    :meth:`FastResponse.close_after_done` reads what is left as before. The read timeout is one timer per timeout
+    period (re-armed from the last read), not one per read."""
+
+    __slots__ = ("proto", "dec", "sink", "fut", "last_ns", "timeout", "timer")
+
+    def __init__(self, proto: _StampProtocol, dec: ChunkedDecoder, sink: Any, timeout: float | None) -> None:
+        loop = asyncio.get_running_loop()
+        self.proto = proto
+        self.dec = dec
+        self.sink = sink
+        self.fut: asyncio.Future[int | None] = loop.create_future()
+        self.last_ns = time.perf_counter_ns()
+        self.timeout = timeout
+        self.timer = loop.call_later(timeout, self._check) if timeout is not None else None
+
+    def start(self) -> None:
+        """Take the reads already queued, then every read as it arrives."""
+        proto = self.proto
+        while proto.chunks and not self.fut.done():
+            t, data = proto.chunks.popleft()
+            self.data(t, data)
+        if self.fut.done():
+            return
+        if proto.closed:
+            self.lost()
+        else:
+            proto.pump = self
+
+    def data(self, t: int, data: bytes) -> None:
+        """One read (called by the protocol)."""
+        self.last_ns = t
+        dec = self.dec
+        try:
+            body = dec.feed(data)
+        except ValueError as e:
+            self._fail(FastIOError(f"invalid chunked body: {e}"))
+            return
+        try:
+            stop = bool(body) and self.sink(t, body)
+        except Exception as e:  # the sink's own error (e.g. a body it cannot decode) goes to the reading task
+            self._fail(e)
+            return
+        if stop:
+            self._end(t)
+        elif dec.done:
+            self._end(None)
+
+    def lost(self) -> None:
+        """The connection closed (called by the protocol) before the body ended."""
+        if not self.fut.done():
+            self._fail(FastIOError(_cut_text(self.proto)))
+
+    def detach(self) -> None:
+        if self.proto.pump is self:
+            self.proto.pump = None
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _end(self, t: int | None) -> None:
+        self.detach()
+        if not self.fut.done():
+            self.fut.set_result(t)
+
+    def _fail(self, e: BaseException) -> None:
+        self.detach()
+        if not self.fut.done():
+            self.fut.set_exception(e)
+
+    def _check(self) -> None:
+        assert self.timeout is not None
+        idle = (time.perf_counter_ns() - self.last_ns) / 1e9
+        if idle >= self.timeout:
+            self.timer = None
+            self._fail(FastTimeout("no byte within the read timeout"))
+        else:
+            self.timer = asyncio.get_running_loop().call_later(self.timeout - idle, self._check)
 
 
 class _Conn:
@@ -260,6 +352,34 @@ class FastResponse:
         conn.h11 = h11.Connection(h11.CLIENT)
         self._conn = None
         self._pool._put_back(conn, renewed=True)
+
+    @property
+    def can_pump(self) -> bool:
+        """True when :meth:`pump` decodes in the read callback: a chunked body on a kernel-stamped connection."""
+        conn = self._conn
+        return (self._chunked is not None and not self._done and conn is not None and conn.proto.pumps
+                and PUMP_BODIES)
+
+    async def pump(self, sink: Any) -> int | None:
+        """Hand every body piece to ``sink(t_ns, bytes) -> bool`` from the read callback (:class:`BodyPump`;
+        only where :attr:`can_pump`). Returns the stamp of the piece for which ``sink`` returned True (the
+        connection is then left for :meth:`close_after_done`), or None once the body ended (the connection is
+        pooled again or closed). Raises as :meth:`aiter_stamped` does, and what ``sink`` raised."""
+        conn, dec = self._conn, self._chunked
+        assert conn is not None and dec is not None and self.can_pump
+        p = BodyPump(conn.proto, dec, sink, self._read_timeout)
+        try:
+            p.start()
+            t = await p.fut
+        except BaseException:
+            self._discard()
+            raise
+        finally:
+            p.detach()
+        if t is None:
+            self._done = True
+            self._release_chunked(dec)
+        return t
 
     async def close_after_done(self, grace: float) -> None:
         """The caller has the whole answer (an SSE stream's ``[DONE]``) but the body may not have ended: read and

@@ -56,6 +56,9 @@ _GENERIC_ARCHES = ("x86_64", "amd64", "aarch64", "arm64", "riscv64", "i686", "i3
 _TIMESPEC = struct.Struct("@ll")  # time_t, long: native struct timespec
 _ANC_SIZE = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 READ_SIZE = 256 * 1024  # as asyncio's selector transports
+_SOL_SOCKET = socket.SOL_SOCKET
+_TIMESPEC_SIZE = _TIMESPEC.size
+_unpack_timespec = _TIMESPEC.unpack_from
 _supported: bool | None = None
 _keeper: socket.socket | None = None
 
@@ -160,6 +163,7 @@ class ClockOffset:
 CLOCK = ClockOffset()  # one per process: every connection converts with it
 # bench's own lateness: user-space stamp - kernel stamp of each read (ns), the last 64k reads of this process
 READ_LAG_NS: deque[int] = deque(maxlen=65536)
+_append_lag = READ_LAG_NS.append
 # for benchmarks: set to a dict and every kernel-stamped read adds {kernel stamp: user stamp} (the same reads
 # stamped both ways, so the two sources compare on one wave); None (default) costs one check per read
 PAIRS: dict[int, int] | None = None
@@ -190,8 +194,9 @@ class KernelStampProtocol(_StampProtocol):
     """One TCP connection read with ``recvmsg`` and stamped by the kernel (module docstring). It is its own
     ``transport``. ``stamp_source`` is ``"kernel"`` while every read carried a kernel stamp."""
 
-    __slots__ = ("loop", "sock", "tls", "_in", "_out", "_wbuf", "_closing", "_buf", "_view", "clock",
+    __slots__ = ("loop", "sock", "tls", "_in", "_out", "_wbuf", "_closing", "_bufs", "_view", "clock",
                  "stamp_source", "user_reads", "last_user_ns")
+    pumps = True  # a kernel stamp does not move with the event loop: bodies may be decoded in the read callback
 
     def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket, tls: ssl.SSLObject | None = None,
                  incoming: ssl.MemoryBIO | None = None, outgoing: ssl.MemoryBIO | None = None,
@@ -205,7 +210,8 @@ class KernelStampProtocol(_StampProtocol):
         self._out = outgoing
         self._wbuf = bytearray()
         self._closing = False
-        self._buf, self._view = _read_buffer()
+        buf, self._view = _read_buffer()
+        self._bufs = [buf]  # recvmsg_into's buffer list, made once
         self.clock = clock or CLOCK
         self.stamp_source = "kernel"
         self.user_reads = 0  # reads that came without a kernel stamp
@@ -284,40 +290,44 @@ class KernelStampProtocol(_StampProtocol):
     # --- reading ------------------------------------------------------------------------------------------------
     def _on_readable(self) -> None:
         try:
-            n, anc, _flags, _addr = self.sock.recvmsg_into([self._buf], _ANC_SIZE)
+            n, anc, _flags, _addr = self.sock.recvmsg_into(self._bufs, _ANC_SIZE)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as e:
             self._lost(e)
             return
-        t_user = self.last_user_ns = time.perf_counter_ns()
+        t = t_user = self.last_user_ns = time.perf_counter_ns()
         if n == 0:
             self._lost(None)
             return
-        t = t_user
         kernel = False
-        for level, kind, raw in anc:
-            if level == socket.SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(raw)
+        if anc:
+            level, kind, raw = anc[0]  # the one control message asked for (SO_TIMESTAMPNS)
+            if level == _SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= _TIMESPEC_SIZE:
+                sec, nsec = _unpack_timespec(raw)
                 clock = self.clock
-                clock.maybe_refresh(t_user)
-                t = min(sec * 1_000_000_000 + nsec - clock.offset_ns, t_user)
+                if t_user - clock.measured_at > clock.refresh_ns:
+                    clock.measure()
+                t = sec * 1_000_000_000 + nsec - clock.offset_ns
+                if t > t_user:
+                    t = t_user
+                _append_lag(t_user - t)
+                if PAIRS is not None:
+                    PAIRS[t] = t_user
                 kernel = True
-        if kernel:
-            READ_LAG_NS.append(t_user - t)
-            if PAIRS is not None:
-                PAIRS[t] = t_user
-        else:
+        if not kernel:
             self.user_reads += 1
             self.stamp_source = "user"
-        data = bytes(self._view[:n])
-        if self.tls is None:
-            self.chunks.append((t, data))
-            self._wake()
-        else:
+        data = self._view[:n].tobytes()
+        if self.tls is not None:
             assert self._in is not None
             self._in.write(data)
             self._decrypt(t)
+        elif self.pump is not None:
+            self.pump.data(t, data)
+        else:
+            self.chunks.append((t, data))
+            self._wake()
 
     def _decrypt(self, t: int) -> None:
         tls = self.tls
@@ -341,8 +351,12 @@ class KernelStampProtocol(_StampProtocol):
             got.append(piece)
         self._flush_tls()  # a key update or other post-handshake message may want an answer
         if got:
-            self.chunks.append((t, b"".join(got) if len(got) > 1 else got[0]))
-            self._wake()
+            data = b"".join(got) if len(got) > 1 else got[0]
+            if self.pump is not None:
+                self.pump.data(t, data)
+            else:
+                self.chunks.append((t, data))
+                self._wake()
 
     def _wake(self) -> None:
         w = self.waiter

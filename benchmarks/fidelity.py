@@ -50,7 +50,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import kstamp  # noqa: E402
+from bench import fastio, kstamp  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
 from bench.metrics import request_metrics  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
@@ -78,7 +78,8 @@ class Trial:
     ``"httpx"`` = the same with ``fast_io=False`` (every read through httpx/httpcore/anyio/h11, user stamps);
     ``"workers:N"`` = ``bench.workers.WorkerPool`` with N processes; ``"ray:N"`` = ``bench.raypool.RayPool`` with N
     actors. A ``":user"`` suffix (``"process:user"``, ``"workers:4:user"``) forces user-space stamps; without it
-    fastio uses kernel receive stamps where the OS gives them (bench.kstamp; the default)."""
+    fastio uses kernel receive stamps where the OS gives them (bench.kstamp; the default). ``"process:queue"``:
+    kernel stamps with every read queued for the reading task (``bench.fastio.PUMP_BODIES`` off)."""
 
     streams: int
     step_ms: float
@@ -193,12 +194,14 @@ def run_trial(streams: int, step_ms: float, seconds: float, client: str) -> Tria
                 settings = dataclasses.replace(settings, fast_io=False)
             s0 = sim.cpu_s()
             kstamp.PAIRS = {}
+            fastio.PUMP_BODIES = "queue" not in parts
             try:
                 recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
                 s1 = sim.cpu_s()
                 return analyse(t, recs, cpu, s1 - s0, wall)
             finally:
                 kstamp.PAIRS = None
+                fastio.PUMP_BODIES = True
         else:
             recs, cpu, wall, s0, s1 = _pooled(parts[0], int(parts[1]), sim, settings, streams, warm, specs)
     return analyse(t, recs, cpu, s1 - s0, wall)
@@ -332,7 +335,8 @@ def who(t: Trial) -> str:
     parts = t.client.split(":")
     user = ", user stamps" if parts[-1] == "user" else ""
     if parts[0] == "process":
-        return f"1 process (bench's client){user}"
+        queued = ", reads queued (no BodyPump)" if "queue" in parts else ""
+        return f"1 process (bench's client){user}{queued}"
     if parts[0] == "httpx":
         return "1 process, httpx reads (fast_io off)"
     n = int(parts[1])
@@ -383,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="2", help="worker counts of part 3, comma list ('' = skip)")
     ap.add_argument("--no-httpx", action="store_true", help="skip the rows with fast_io off (httpx reads)")
     ap.add_argument("--no-user", action="store_true", help="skip the user-stamp rows (kernel stamps only)")
+    ap.add_argument("--queue", action="store_true", help="part 1 also runs one process with kernel-stamped reads "
+                    "queued for the reading task (bench.fastio.PUMP_BODIES off: the path before BodyPump)")
     ap.add_argument("--no-search", action="store_true", help="skip part 2 (the largest-clean-load searches)")
     ap.add_argument("--scale-workers", default="1,2,4,8,16", help="worker counts of part 3 ('' = skip part 3)")
     ap.add_argument("--scale-streams", type=int, default=512, help="streams (20 ev/s each) of part 3")
@@ -395,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
         a.seconds, a.counts, a.bisect = 2.5, "1,64,512", 1
     counts = [int(x) for x in a.counts.split(",") if x.strip()]
     wlist = [int(x) for x in a.workers.split(",") if x.strip()]
-    clients1 = ["process"] + ([] if a.no_user else ["process:user"]) + ([] if a.no_httpx else ["httpx"])
+    clients1 = (["process"] + (["process:queue"] if a.queue else []) + ([] if a.no_user else ["process:user"])
+                + ([] if a.no_httpx else ["httpx"]))
     scale = [int(x) for x in a.scale_workers.split(",") if x.strip()]
     if a.ray:
         _start_ray(a.ray)

@@ -19,8 +19,9 @@ On a machine with spare cores the two are close; on a small shared one (2 cores,
 *events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
-event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``httpx`` (fast_io
-off).
+event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``+queue`` (a
+kernel-stamped body's reads queued for the reading task, as before bench.fastio.BodyPump decoded them in the read
+callback), ``httpx`` (fast_io off).
 """
 
 from __future__ import annotations
@@ -77,19 +78,26 @@ async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
         await client.aclose()
 
 
+# variant flags that turn one of bench.fastio's switches off for the wave
+OFF_FLAGS = {"h11": "CHUNKED_FRAMING", "queue": "PUMP_BODIES"}
+
+
 def run_variant(variant: str, base: str, streams: int, tokens: int, profile: bool) -> dict[str, Any]:
     """One measured wave with ``variant`` (``kernel``, ``user``, ``httpx``, each optionally ``+uvloop``,
-    ``+h11``)."""
+    ``+h11``, ``+queue``)."""
     parts = variant.split("+")
-    if "h11" in parts:
+    off = [OFF_FLAGS[p] for p in parts if p in OFF_FLAGS]
+    if off:
         from bench import fastio
 
-        fastio.CHUNKED_FRAMING = False
+        for name in off:
+            setattr(fastio, name, False)
         try:
-            return dict(run_variant("+".join(p for p in parts if p != "h11"), base, streams, tokens, profile),
-                        variant=variant)
+            return dict(run_variant("+".join(p for p in parts if p not in OFF_FLAGS), base, streams, tokens,
+                                    profile), variant=variant)
         finally:
-            fastio.CHUNKED_FRAMING = True
+            for name in off:
+                setattr(fastio, name, True)
     stamps = "user" if parts[0] == "user" else "kernel"
     settings = dataclasses.replace(ClientSettings(), stamps=stamps, fast_io=parts[0] != "httpx")
     prof = cProfile.Profile() if profile else None

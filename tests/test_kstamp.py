@@ -21,7 +21,7 @@ import pytest
 
 from bench import kstamp
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.fastio import FastPool, _StampProtocol
+from bench.fastio import FastIOError, FastPool, FastTimeout, _StampProtocol
 from bench.kstamp import ClockOffset, KernelStampProtocol, kernel_stamps_supported
 from bench.records import RequestRecord
 from bench.sim import SimConfig, running_sim
@@ -309,3 +309,131 @@ def test_a_body_read_without_kernel_stamp_makes_the_record_user(monkeypatch: pyt
     rec = asyncio.run(main())
     assert rec.ok, rec.error
     assert calls["n"] >= 3 and rec.stamp_source == "user"
+
+
+# --- decoding in the read callback (bench.fastio.BodyPump) -----------------------------------------------------
+def _pump_handler(ref: list[Any], parts: list[bytes | float], close: bool = False) -> Any:
+    """A chunked response written as ``parts``: bytes are written, a float is a pause (s); ``close``: the server
+    closes the connection after the parts."""
+
+    async def h(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        from tests.test_fastio import read_request
+
+        while await read_request(reader) is not None:
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            for p in parts:
+                if isinstance(p, float):
+                    await writer.drain()
+                    await asyncio.sleep(p)
+                else:
+                    writer.write(p)
+            await writer.drain()
+            if close:
+                return
+
+    return h
+
+
+def _ch(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+async def _pumped(pool: FastPool, url: str, sink: Any, timeout: float = 5.0) -> tuple[Any, int | None]:
+    r = await pool.stream("POST", url + "/", {}, b"", connect_timeout=2.0, read_timeout=timeout)
+    assert r.can_pump
+    return r, await r.pump(sink)
+
+
+@needs_kernel
+def test_pump_decodes_in_the_read_callback_and_pools_the_connection() -> None:
+    """Every piece that arrives while pump() waits reaches the sink from the read callback (no task is running
+    there); the body's end gives the connection back to the pool."""
+    parts: list[bytes | float] = [_ch(b"a"), 0.02, _ch(b"b"), 0.02, _ch(b"c") + b"0\r\n\r\n"]
+    seen: list[tuple[int, bytes, Any]] = []
+
+    def sink(t: int, data: bytes) -> bool:
+        seen.append((t, data, asyncio.current_task()))
+        return False
+
+    async def main() -> None:
+        async with Server(_pump_handler([], parts)) as srv:
+            pool = FastPool()
+            for _ in range(2):
+                seen.clear()
+                r, t = await _pumped(pool, srv.url, sink)
+                assert t is None and r._done and r._conn is None
+                # the first piece may have come with the head (queued, taken by pump() itself); the later ones
+                # arrive 20 ms apart, each in the read callback
+                assert b"".join(d for _, d, _ in seen) == b"abc" and {task for *_, task in seen[1:]} == {None}
+                assert [x[0] for x in seen] == sorted(x[0] for x in seen)
+            assert pool.connects == 1  # pooled after the first body, reused by the second
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+@needs_kernel
+def test_pump_stops_when_the_sink_has_the_answer_and_leaves_the_rest_to_close_after_done() -> None:
+    parts: list[bytes | float] = [_ch(b"data: x\n\n"), 0.02, _ch(b"data: [DONE]\n\n"), 0.05, b"0\r\n\r\n"]
+
+    async def main() -> None:
+        async with Server(_pump_handler([], parts)) as srv:
+            pool = FastPool()
+            r, t = await _pumped(pool, srv.url, lambda t, d: b"[DONE]" in d)
+            assert t is not None and not r._done and r._conn.proto.pump is None  # type: ignore[union-attr]
+            await r.close_after_done(2.0)  # the terminator comes 50 ms later: read through the queue as before
+            assert r._done and sum(len(c) for c in pool._idle.values()) == 1
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+@needs_kernel
+def test_pump_read_timeout_counts_from_the_last_read() -> None:
+    """Reads 0.15 s apart never trip a 0.4 s timeout (the one timer is re-armed from the last read); silence
+    after them does, once."""
+    parts: list[bytes | float] = [_ch(b"a"), 0.15, _ch(b"b"), 0.15, _ch(b"c"), 0.15, _ch(b"d"), 3.0, b"0\r\n\r\n"]
+    got: list[bytes] = []
+
+    async def main() -> None:
+        async with Server(_pump_handler([], parts)) as srv:
+            pool = FastPool()
+            t0 = time.monotonic()
+            with pytest.raises(FastTimeout):
+                await _pumped(pool, srv.url, lambda t, d: got.append(d) or False, timeout=0.4)
+            assert got == [b"a", b"b", b"c", b"d"] and time.monotonic() - t0 < 2.5
+            assert not any(pool._idle.values())  # a timed-out connection is not pooled
+            await pool.aclose()
+
+    asyncio.run(main())
+
+
+@needs_kernel
+def test_pump_errors_reach_the_reading_task() -> None:
+    """A body cut short, malformed framing and the sink's own exception each fail the awaiting task with their
+    own error (a sink's ValueError is not taken for bad framing)."""
+
+    async def run(parts: list[bytes | float], sink: Any, close: bool = True) -> BaseException:
+        async with Server(_pump_handler([], parts, close=close)) as srv:
+            pool = FastPool()
+            try:
+                await _pumped(pool, srv.url, sink)
+            except Exception as e:
+                return e
+            finally:
+                await pool.aclose()
+        raise AssertionError("no error")
+
+    async def main() -> None:
+        cut = await run([_ch(b"a"), 0.02], lambda t, d: False)
+        assert isinstance(cut, FastIOError) and "incomplete chunked read" in str(cut)
+        bad = await run([_ch(b"a"), b"zz\r\n"], lambda t, d: False)
+        assert isinstance(bad, FastIOError) and "invalid chunked body" in str(bad)
+
+        def boom(t: int, d: bytes) -> bool:
+            raise ValueError("sink says no")
+
+        own = await run([_ch(b"a"), 0.02, b"0\r\n\r\n"], boom, close=False)
+        assert type(own) is ValueError and str(own) == "sink says no"
+
+    asyncio.run(main())
