@@ -49,6 +49,7 @@ from .fastio import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_
 from .records import Event, RequestRecord
 from .redaction import LOG_FILTER, add_secret, redact
 from .sse import SSEDecoder, SSEEvent
+from .turns import take_turn
 
 __all__ = [
     "StreamTap",
@@ -441,6 +442,7 @@ async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, mod
     try:
         if fast is not None:
             rec.stamp_source = fast.stamp_source
+        await take_turn()  # a wave of sends shares the loop with the reads of the streams already running
         rec.sent_ns = time.perf_counter_ns()
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
@@ -547,8 +549,10 @@ def _is_done(ev: SSEEvent) -> bool:
 
 async def _after_done(response: Any, stamped: Any, fast: bool) -> None:
     """After ``[DONE]`` (or the end of the body): let the connection go back to the pool if the rest of the body
-    arrives within :data:`DONE_GRACE_S`, else close it. Never waits longer, never raises for the server's sake."""
+    arrives within :data:`DONE_GRACE_S`, else close it. Never waits longer, never raises for the server's sake.
+    Responses that end together take turns (bench.turns), so the other streams' reads go on meanwhile."""
     try:
+        await take_turn()
         if fast:
             await response.close_after_done(DONE_GRACE_S)
         else:
