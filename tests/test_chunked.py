@@ -40,6 +40,17 @@ def test_malformed(raw: bytes) -> None:
         ChunkedDecoder().feed(raw)
 
 
+@pytest.mark.parametrize("raw", [b"3\r\nabc\rX0\r\n\r\n", b"3\r\nabc\r\r\n0\r\n\r\n", b"3\r\nabcX\n0\r\n\r\n",
+                                 b"3\r\nabc\r"])
+@pytest.mark.parametrize("before", [b"", b"1\r\nx\r\n"])
+def test_data_not_followed_by_crlf(raw: bytes, before: bytes) -> None:
+    """A CR after the data must be followed by LF (the fast path must not take CR and any byte)."""
+    d = ChunkedDecoder()
+    with pytest.raises(ValueError, match="chunk data not followed by CRLF"):
+        d.feed(before + raw)
+        d.feed(b"X\r\n0\r\n\r\n")
+
+
 @given(st.lists(st.binary(max_size=40), max_size=8), st.lists(st.integers(0, 400), max_size=6))
 def test_any_pieces_any_reads(pieces: list[bytes], cuts: list[int]) -> None:
     raw = _encode(pieces)
@@ -57,3 +68,30 @@ def test_whole_body_in_one_read_without_trailers(raw: bytes) -> None:
     """The fast path (many whole chunks per read) hands the last chunk to the general loop, which ends the body."""
     d = ChunkedDecoder()
     assert d.feed(raw + b"NEXT") == b"abcde" and d.done and d.rest == b"NEXT"
+
+
+# size lines int(line, 16) takes but the framing refuses: the fast path must hand them to the general loop's check
+_NOT_PLAIN = [b"0x3", b"0X3", b"+3", b"-3", b" 3", b"\x0b3", b"3\x0b", b"\x0c3", b"3\r", b"1_0", b"0_3", b"0" * 16 + b"3",
+              b"\xd9\xa3", b"3\x00", b""]
+
+
+@pytest.mark.parametrize("line", _NOT_PLAIN)
+@pytest.mark.parametrize("before", [b"", b"1\r\nx\r\n"])
+def test_size_lines_int_would_take_are_refused(line: bytes, before: bytes) -> None:
+    raw = before + line + b"\r\nabc\r\n0\r\n\r\n"
+    for cut in (len(raw), len(before) + len(line) + 2, len(before) + len(line) + 7):
+        d = ChunkedDecoder()
+        with pytest.raises(ValueError, match="bad chunk size line"):
+            d.feed(raw[:cut])
+            d.feed(raw[cut:])
+
+
+@pytest.mark.parametrize("line", [b"3", b"03", b"0" * 15 + b"3", b"3 ", b"3\t", b"3;x=1", b"3 ;x"])
+@pytest.mark.parametrize("eol", [b"\r\n", b"\n"])
+def test_size_lines_the_framing_takes(line: bytes, eol: bytes) -> None:
+    befores = [(b"", b""), (b"1\r\nx\r\n", b"x"), (b"A\r\n" + b"y" * 10 + b"\r\n", b"y" * 10), (b"a\nzzzzzzzzzz\n", b"z" * 10)]
+    for before, body in befores:
+        raw = before + line + eol + b"abc" + eol + b"0" + eol + eol
+        for cut in range(len(raw) + 1):
+            d = ChunkedDecoder()
+            assert d.feed(raw[:cut]) + d.feed(raw[cut:]) == body + b"abc" and d.done and d.rest == b"", (before, cut)

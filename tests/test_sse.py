@@ -213,3 +213,40 @@ def test_retry_with_non_ascii_digits_is_ignored() -> None:
         assert d.retry is None
     d.feed(b"retry: 250\n\n", 0)
     assert d.retry == 250
+
+
+# ---- the clean-state fast path (SSEDecoder._feed_clean): a read ending with an empty line, after a read that left
+# nothing pending, skips the incremental UTF-8 decoder and the line loop; whatever a read leaves pending must keep the
+# next read off it. Every sequence of three reads from these pieces, against the reference --------------------------
+
+_PIECES = [
+    b"data: 0\n\n",                          # leaves the decoder clean
+    b"\xef\xbb\xbfdata: bom\n\n",            # a BOM: dropped only at the very start
+    b"data: a\n", b"data", b"event: e\n",   # pending data, a partial line, a pending event type
+    b"id: 7\n", b"id: 8\n\n", b": c\n", b"retry: 5\n\n",  # id carried into later events; lines that leave nothing
+    b"data: b\n\ndata: c\n\n",              # several one-line events
+    b"data: d\n\n\n\ndata: e\n\n", b"data: f\n\nevent: g\ndata: h\n\n", b"id: 9\ndata: i\n\ndata: j\n\n",
+    b"data: caf\xc3", b"\xa9\n\n", b"\xef\xbb", b"\xbf", b"data: \xe2\x98\x83\n\n", b"data: \xff\n\n",  # split UTF-8
+    b"\r", b"\n", b"\n\n", b"data: x\r\n\r\n", b"data: k\r",  # CR line ends, a CR pending before an LF
+    b"data: l\rdata: m\n\n", b"data: n\r\n\n",  # a CR inside a read that ends with an empty line
+]
+
+
+def test_fast_path_against_the_reference_after_any_pending_state() -> None:
+    for a in _PIECES:
+        for b in _PIECES:
+            for c in _PIECES:
+                raw = a + b + c
+                cuts = [len(a), len(a) + len(b)]
+                assert run_bench(raw, cuts) == reference(raw, cuts), (a, b, c)
+
+
+def test_fast_path_events() -> None:
+    d = SSEDecoder()
+    assert d.feed(b"\xef\xbb\xbfid: 7\n\n", 0) == []
+    evs = d.feed(b"data: a\n\ndata: b\n\n", 1)
+    assert [(e.t_ns, e.data, e.event, e.id) for e in evs] == [(1, "a", "message", "7"), (1, "b", "message", "7")]
+    evs = d.feed(b"data: c\n\nid: 8\ndata: d\n\ndata: e\n\n", 2)
+    assert [(e.data, e.id) for e in evs] == [("c", "7"), ("d", "8"), ("e", "8")]
+    assert d.feed(b"data: caf\xc3", 3) == [] and [e.data for e in d.feed(b"\xa9\n\n", 4)] == ["caf\u00e9"]
+    assert d.feed(b"event: x\n", 5) == [] and [e.event for e in d.feed(b"data: f\n\n", 6)] == ["x"]
