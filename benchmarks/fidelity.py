@@ -92,6 +92,7 @@ class Trial:
     late_p50: float = float("nan")
     late_p99: float = float("nan")
     decode_err_pct: float = float("nan")
+    decode_vs_writes_pct: float = float("nan")  # bench's per-stream decode against the same events' write times
     paired_user_p50: float = float("nan")  # the same wave's reads with their user-space stamps (kernel trials)
     paired_user_p99: float = float("nan")
     stamp_source: str = "?"
@@ -141,7 +142,7 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
 def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float) -> Trial:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
-    errs, late, arrivals, rates, paired = [], [], [], [], []
+    errs, late, arrivals, rates, paired, vs_writes = [], [], [], [], [], []
     pairs = kstamp.PAIRS or {}
     t.stamp_source = ",".join(sorted({r.stamp_source for r in recs})) or "?"
     for r in recs:
@@ -151,6 +152,9 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
         m = request_metrics(r)
         if m.decode_tok_s:
             rates.append(m.decode_tok_s)
+            w = [e.write_ns for e in r.events if e.has_text and e.write_ns is not None]
+            if len(w) > 2 and w[-1] > w[0]:  # one token per event: the sim's own decode rate of this stream
+                vs_writes.append(m.decode_tok_s / ((len(w) - 1) / ((w[-1] - w[0]) / 1e9)) - 1.0)
         for e in r.events:
             if e.write_ns is None or e.sched_ns is None:
                 continue
@@ -165,6 +169,8 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
         t.paired_user_p50, t.paired_user_p99 = (float(v) for v in np.percentile(np.asarray(paired), [50, 99]))
     if rates:  # the sim's truth: one token per event, one event per step
         t.decode_err_pct = 100.0 * (float(np.median(rates)) / (1000.0 / t.step_ms) - 1.0)
+    if vs_writes:
+        t.decode_vs_writes_pct = 100.0 * float(np.median(vs_writes))
     if errs:
         x = np.asarray(errs)
         t.err_p50, t.err_p99, t.err_max = (float(v) for v in np.percentile(x, [50, 99, 100]))
@@ -326,7 +332,7 @@ def search_rate(client: str, streams: int, seconds: float, log: Any, start: floa
 # output
 # ---------------------------------------------------------------------------------------------------------------
 HEAD = ("| streams | step ms | target ev/s | client | stamps | events | ingested ev/s | err p50 ms | err p99 ms "
-        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err % | client CPU % | sim CPU % "
+        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err %: vs step / vs writes | client CPU % | sim CPU % "
         "| sim late p50/p99 ms | failed |")
 SEP = "|" + "---|" * 16
 
@@ -349,7 +355,7 @@ def row(t: Trial) -> str:
     note = " (retry)" if t.notes else ""
     return (f"| {t.streams} | {t.step_ms:.2f} | {t.target_rate:,.0f} | {who(t)}{note} | {t.stamp_source} | {t.events:,} "
             f"| {t.events_per_s:,.0f} | {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} "
-            f"| {_pair(t)} | {t.decode_err_pct:+.2f} "
+            f"| {_pair(t)} | {t.decode_err_pct:+.2f} / {t.decode_vs_writes_pct:+.2f} "
             f"| {t.client_cpu_pct:.0f} "
             f"| {t.sim_cpu_pct:.0f} | {t.late_p50:.2f} / {t.late_p99:.2f} | {t.failed} |")
 
@@ -505,7 +511,8 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
         "event of the measured wave; *same reads, user stamps* = for a kernel-stamped wave in this process, the "
         "error the user-space stamps of the very same reads would have had (`perf_counter_ns()` in the read callback; "
         "one wave, so the box's noise is the same for both); *decode err %* = median per-stream decode tok/s against the sim's truth "
-        "(1000 / step ms); *client CPU %* = the client's CPU time over the wave's wall time "
+        "(1000 / step ms: *vs step*) and against the decode rate of the same stream's events as the sim wrote them "
+        "(`write_ns`: *vs writes*, bench's own part when the sim falls behind its schedule); *client CPU %* = the client's CPU time over the wave's wall time "
         "(first send -> last byte), % of one core (summed over workers; more than 100 % = the client needed more than one core, only possible with "
         "workers); *sim late* = `write_ns - sched_ns` (the sim behind its own schedule; not part of *err*). A "
         f"trial is clean when its p99 error is <= {P99_LIMIT_MS:g} ms and no request failed.",

@@ -4,7 +4,7 @@
     python benchmarks/hotpath.py --profile             # + a cProfile of the default variant (top 25 by tottime)
     python benchmarks/hotpath.py --streams 16 --seconds 5 --step-ms 0.1 --variants kernel,user,kernel+uvloop
 
-Method. The sim runs in its own process (``benchmarks/simproc.py``) with a decode step far shorter than the client
+Method. The sim runs in its own processes (``benchmarks/simproc.py``) with a decode step far shorter than the client
 can follow (``--step-ms``, default 0.1 ms: 10,000 events/s per stream asked), so the client is the bottleneck:
 the sim writes as fast as its socket buffers drain and the client reads as fast as it can. The measured wave goes
 through bench's own path as the runner uses it (``make_http_client`` + ``stream_request``: read, stamp, HTTP
@@ -15,8 +15,12 @@ garbage collector off as in the runner. Reported per variant:
 * *events per CPU-s*: the same events / the client process's CPU seconds in the wave: what one core ingests,
   the figure to compare across machines (it does not depend on how much CPU the sim took from the client).
 
-On a machine with spare cores the two are close; on a small shared one (2 cores, sim and client competing)
-*events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
+The streams are spread over ``--sims`` sim processes (default: min(4, cores - 2), at least one), so that on a
+machine with spare cores the sims write faster than one client can read: the client is then the bottleneck
+(*client CPU %* near 100), *events/s* is what one process ingests, and reads carry several events each, as they do
+when a client is saturated. With one sim the sim can be the slower side: reads then carry about one event each and
+*events per CPU-s* counts the per-read cost of an unsaturated client. On a small shared machine (2 cores, sim and
+client competing) *events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
 event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``+queue`` (a
@@ -28,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import dataclasses
 import gc
 import io
+import os
 import platform
 import pstats
 import sys
@@ -56,11 +62,17 @@ def specs(streams: int, tokens: int, tag: str) -> list[RequestSpec]:
                                                    "max_tokens": tokens}, {"stream": i}) for i in range(streams)]
 
 
-async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
+async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens: int,
                 prof: cProfile.Profile | None) -> tuple[list[RequestRecord], float, float]:
+    """Stream ``i`` goes to ``bases[i % len(bases)]`` (one sim process each)."""
     client = make_http_client(settings, streams)
+
+    def base(i: int) -> str:
+        return bases[i % len(bases)]
+
     try:
-        await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in specs(streams, 2, "warm")))
+        await asyncio.gather(*(stream_request(client, base(i), s, model=MODEL)
+                               for i, s in enumerate(specs(streams, 2, "warm"))))
         gc.collect()
         gc.disable()
         sp = specs(streams, tokens, "hot")
@@ -68,7 +80,7 @@ async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
         if prof is not None:
             prof.enable()
         try:
-            recs = await asyncio.gather(*(stream_request(client, base, s, model=MODEL) for s in sp))
+            recs = await asyncio.gather(*(stream_request(client, base(i), s, model=MODEL) for i, s in enumerate(sp)))
         finally:
             if prof is not None:
                 prof.disable()
@@ -82,7 +94,7 @@ async def _wave(base: str, settings: ClientSettings, streams: int, tokens: int,
 OFF_FLAGS = {"h11": "CHUNKED_FRAMING", "queue": "PUMP_BODIES"}
 
 
-def run_variant(variant: str, base: str, streams: int, tokens: int, profile: bool) -> dict[str, Any]:
+def run_variant(variant: str, base: list[str], streams: int, tokens: int, profile: bool) -> dict[str, Any]:
     """One measured wave with ``variant`` (``kernel``, ``user``, ``httpx``, each optionally ``+uvloop``,
     ``+h11``, ``+queue``)."""
     parts = variant.split("+")
@@ -112,6 +124,7 @@ def run_variant(variant: str, base: str, streams: int, tokens: int, profile: boo
     out = {"variant": variant, "streams": streams, "events": events, "failed": sum(not r.ok for r in recs),
            "wall_s": wall, "cpu_s": cpu, "events_per_s": events / wall if wall > 0 else float("nan"),
            "events_per_cpu_s": events / cpu if cpu > 0 else float("nan"),
+           "client_cpu_pct": 100.0 * cpu / wall if wall > 0 else float("nan"),
            "stamp_source": sorted({r.stamp_source for r in recs})}
     if prof is not None:
         s = io.StringIO()
@@ -141,19 +154,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.1, help="the sim's decode step (shorter than the client)")
     ap.add_argument("--rate", type=float, default=3000.0, help="expected events/s per stream, sizes max_tokens")
     ap.add_argument("--variants", default="kernel,user,kernel+uvloop,httpx")
+    ap.add_argument("--sims", default="auto", help="sim processes the streams are spread over (auto: enough that "
+                    "the client, not the sim, is the bottleneck: min(4, cores - 2), at least 1)")
     ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
     ap.add_argument("--out", default=str(RESULTS), help="markdown table to write ('' = none)")
     a = ap.parse_args(argv)
     tokens = max(16, int(a.seconds * a.rate))
     rows = []
-    with SimProcess(decode_step_ms=a.step_ms, max_running=max(64, a.streams), prefill_tok_s=1e8,
-                    tokens_per_event=1) as sim:
+    a.sims = max(1, min(4, (os.cpu_count() or 1) - 2)) if a.sims == "auto" else max(1, int(a.sims))
+    with contextlib.ExitStack() as stack:
+        sims = [stack.enter_context(SimProcess(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
+                                               prefill_tok_s=1e8, tokens_per_event=1)) for _ in range(a.sims)]
         for i, v in enumerate(x.strip() for x in a.variants.split(",") if x.strip()):
-            r = run_variant(v, sim.base, a.streams, tokens, a.profile and i == 0)
+            r = run_variant(v, [s.base for s in sims], a.streams, tokens, a.profile and i == 0)
             rows.append(r)
             print(f"{v:16s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
-                  f"{r['events_per_cpu_s']:9.0f} events per CPU-s  failed {r['failed']}  {r['stamp_source']}",
-                  flush=True)
+                  f"{r['events_per_cpu_s']:9.0f} events per CPU-s  client CPU {r['client_cpu_pct']:3.0f} %  "
+                  f"failed {r['failed']}  {r['stamp_source']}", flush=True)
             if "profile" in r:
                 print(r["profile"])
     if a.out:
@@ -165,11 +182,12 @@ def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace) -> N
     lines = [f"# Hot path: events ingested by one bench process ({a.streams} streams)", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}.",
              f"`python benchmarks/hotpath.py --streams {a.streams} --seconds {a.seconds} --step-ms {a.step_ms} "
-             f"--variants {a.variants}` (method: the script's docstring).", "",
-             "| variant | stamps | events | events/s | events per CPU-s | failed |", "|---|---|---:|---:|---:|---:|"]
+             f"--sims {a.sims} --variants {a.variants}` (method: the script's docstring).", "",
+             "| variant | stamps | events | events/s | events per CPU-s | client CPU % | failed |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:
         lines.append(f"| {r['variant']} | {','.join(r['stamp_source'])} | {r['events']} | {r['events_per_s']:.0f} | "
-                     f"{r['events_per_cpu_s']:.0f} | {r['failed']} |")
+                     f"{r['events_per_cpu_s']:.0f} | {r['client_cpu_pct']:.0f} | {r['failed']} |")
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 
