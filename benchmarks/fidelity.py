@@ -54,6 +54,7 @@ from bench import fastio, kstamp  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
 from bench.metrics import request_metrics  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
+from bench.summary import wave_aggregate_decode  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -93,6 +94,7 @@ class Trial:
     late_p99: float = float("nan")
     decode_err_pct: float = float("nan")
     decode_vs_writes_pct: float = float("nan")  # bench's per-stream decode against the same events' write times
+    agg_vs_writes_pct: float = float("nan")  # bench's aggregate decode against the same from the write times
     paired_user_p50: float = float("nan")  # the same wave's reads with their user-space stamps (kernel trials)
     paired_user_p99: float = float("nan")
     stamp_source: str = "?"
@@ -139,6 +141,25 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
         await client.aclose()
 
 
+def _aggregate_vs_writes(recs: list[RequestRecord]) -> float:
+    """bench's aggregate decode of the wave (summary.wave_aggregate_decode) against the same definition on the
+    sim's write times of the same events, in %."""
+    ok = [r for r in recs if r.ok]
+    ms = [request_metrics(r) for r in ok]
+    mine = wave_aggregate_decode(ok, ms)
+    firsts, lasts, toks = [], [], 0.0
+    for r, m in zip(ok, ms):
+        w = [e.write_ns for e in r.events if e.has_text and e.write_ns is not None]
+        if len(w) < 2 or m.output_tokens <= m.first_event_tokens:
+            continue
+        firsts.append(w[0])
+        lasts.append(w[-1])
+        toks += m.output_tokens - m.first_event_tokens
+    if mine is None or not firsts or max(lasts) <= min(firsts):
+        return float("nan")
+    return 100.0 * (mine / (toks / ((max(lasts) - min(firsts)) / 1e9)) - 1.0)
+
+
 def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float) -> Trial:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
@@ -171,6 +192,7 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
         t.decode_err_pct = 100.0 * (float(np.median(rates)) / (1000.0 / t.step_ms) - 1.0)
     if vs_writes:
         t.decode_vs_writes_pct = 100.0 * float(np.median(vs_writes))
+    t.agg_vs_writes_pct = _aggregate_vs_writes(recs)
     if errs:
         x = np.asarray(errs)
         t.err_p50, t.err_p99, t.err_max = (float(v) for v in np.percentile(x, [50, 99, 100]))
@@ -332,9 +354,9 @@ def search_rate(client: str, streams: int, seconds: float, log: Any, start: floa
 # output
 # ---------------------------------------------------------------------------------------------------------------
 HEAD = ("| streams | step ms | target ev/s | client | stamps | events | ingested ev/s | err p50 ms | err p99 ms "
-        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err %: vs step / vs writes | client CPU % | sim CPU % "
+        "| err max ms | same reads, user stamps: err p50 / p99 ms | decode err %: vs step / vs writes | aggregate err % vs writes | client CPU % | sim CPU % "
         "| sim late p50/p99 ms | failed |")
-SEP = "|" + "---|" * 16
+SEP = "|" + "---|" * 17
 
 
 def who(t: Trial) -> str:
@@ -355,7 +377,7 @@ def row(t: Trial) -> str:
     note = " (retry)" if t.notes else ""
     return (f"| {t.streams} | {t.step_ms:.2f} | {t.target_rate:,.0f} | {who(t)}{note} | {t.stamp_source} | {t.events:,} "
             f"| {t.events_per_s:,.0f} | {t.err_p50:.2f} | {t.err_p99:.2f} | {t.err_max:.1f} "
-            f"| {_pair(t)} | {t.decode_err_pct:+.2f} / {t.decode_vs_writes_pct:+.2f} "
+            f"| {_pair(t)} | {t.decode_err_pct:+.2f} / {t.decode_vs_writes_pct:+.2f} | {t.agg_vs_writes_pct:+.2f} "
             f"| {t.client_cpu_pct:.0f} "
             f"| {t.sim_cpu_pct:.0f} | {t.late_p50:.2f} / {t.late_p99:.2f} | {t.failed} |")
 
@@ -512,7 +534,9 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
         "error the user-space stamps of the very same reads would have had (`perf_counter_ns()` in the read callback; "
         "one wave, so the box's noise is the same for both); *decode err %* = median per-stream decode tok/s against the sim's truth "
         "(1000 / step ms: *vs step*) and against the decode rate of the same stream's events as the sim wrote them "
-        "(`write_ns`: *vs writes*, bench's own part when the sim falls behind its schedule); *client CPU %* = the client's CPU time over the wave's wall time "
+        "(`write_ns`: *vs writes*, bench's own part when the sim falls behind its schedule); *aggregate err %* = the "
+        "wave's aggregate decode tok/s (bench.summary.wave_aggregate_decode) against the same definition on the "
+        "sim's write times; *client CPU %* = the client's CPU time over the wave's wall time "
         "(first send -> last byte), % of one core (summed over workers; more than 100 % = the client needed more than one core, only possible with "
         "workers); *sim late* = `write_ns - sched_ns` (the sim behind its own schedule; not part of *err*). A "
         f"trial is clean when its p99 error is <= {P99_LIMIT_MS:g} ms and no request failed.",
