@@ -733,7 +733,8 @@ def _text(v: Any) -> str:
 
 
 def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
-    """Fold one parsed chunk (streaming or whole) into the record; fields of the wrong type are ignored."""
+    """Fold one parsed chunk (streaming or whole) into the record, as one :class:`Event` built once; fields of
+    the wrong type are ignored, and so are choices whose ``index`` is not 0."""
     err = obj.get("error")
     if err:
         if isinstance(err, dict):
@@ -743,52 +744,59 @@ def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
             text = f"error in stream: {err}"
         _set_error(rec, _one_line(text), "stream_error")
         return
-    ev = Event(t_rel)
+    content = reasoning = tool = ""
     choices = obj.get("choices")
     if choices.__class__ is list:
         for ch in choices:
             if ch.__class__ is dict and ch.get("index", 0) == 0:
-                _absorb_choice(rec, ev, ch)
-    if "usage" in obj:
-        usage = obj["usage"]
-        if isinstance(usage, dict) and usage:
-            rec.usage = usage
-    if "timings" in obj:
-        timings = obj["timings"]
-        if isinstance(timings, dict) and timings:
-            rec.timings = timings
-    if "sim" in obj:
-        sim = obj["sim"]
-        if isinstance(sim, dict):
-            ev.sched_ns, ev.write_ns, ev.tokens = _int(sim.get("sched_ns")), _int(sim.get("write_ns")), \
-                _int(sim.get("tokens"))
-    rec.events.append(ev)
+                c, r, t = _absorb_choice(rec, ch)
+                content, reasoning, tool = content + c, reasoning + r, tool + t
+    usage = obj.get("usage")
+    if usage and usage.__class__ is dict:
+        rec.usage = usage
+    timings = obj.get("timings")
+    if timings and timings.__class__ is dict:
+        rec.timings = timings
+    sim = obj.get("sim")
+    if sim.__class__ is dict:
+        rec.events.append(Event(t_rel, content, reasoning, tool, _int(sim.get("sched_ns")),
+                                _int(sim.get("write_ns")), _int(sim.get("tokens"))))
+    else:
+        rec.events.append(Event(t_rel, content, reasoning, tool))
 
 
 def _int(v: Any) -> int | None:
     return v if v.__class__ is int else None  # not bool (a subclass of int), not None
 
 
-def _absorb_choice(rec: RequestRecord, ev: Event, ch: dict[str, Any]) -> None:
-    """Per chunk (the hot part of parsing): exact-type checks and no lookups of keys the chunk lacks."""
+def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, str]:
+    """One choice's (content, reasoning, tool) text, noting its ``finish_reason`` on the record: exact-type checks
+    (the JSON loaders give plain dicts, lists and strs)."""
+    content = reasoning = tool = ""
     delta = ch.get("delta") or ch.get("message")
     if delta.__class__ is dict:
         c = delta.get("content")
         if c.__class__ is str:
-            ev.content += c
-        if "reasoning_content" in delta or "reasoning" in delta:
-            ev.reasoning += _text(delta.get("reasoning_content")) + _text(delta.get("reasoning"))
-        if "tool_calls" in delta:
-            calls = delta["tool_calls"]
-            for tc in calls if isinstance(calls, list) else ():
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if isinstance(fn, dict):
-                    ev.tool += _text(fn.get("name")) + _text(fn.get("arguments"))
-    if "text" in ch:
-        ev.content += _text(ch["text"])
+            content = c
+        r = delta.get("reasoning_content")
+        if r.__class__ is str:
+            reasoning = r
+        r = delta.get("reasoning")
+        if r.__class__ is str:
+            reasoning += r
+        calls = delta.get("tool_calls")
+        if calls.__class__ is list:
+            for tc in calls:
+                fn = tc.get("function") if tc.__class__ is dict else None
+                if fn.__class__ is dict:
+                    tool += _text(fn.get("name")) + _text(fn.get("arguments"))
+    c = ch.get("text")
+    if c.__class__ is str:
+        content += c
     fr = ch.get("finish_reason")
     if fr:
         rec.finish_reason = str(fr)[:100]
+    return content, reasoning, tool
 
 
 def _parse_whole(rec: RequestRecord, body: bytes, t_abs: int) -> None:
