@@ -695,33 +695,73 @@ async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
 def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
     """Turn decoded SSE events into :class:`Event` objects and fill usage/finish/error fields. Only ``message``
     events carry chunks; other types are ignored except ``error``. Returns True at ``[DONE]`` (the response is
-    complete there: what follows is ignored)."""
+    complete there: what follows is ignored).
+
+    The common chunk is folded in here, with no call and the fewest lookups: one choice, index 0, and either a
+    non-empty ``delta`` without tool calls whose content and reasoning are strs or null, or (completions) no
+    ``delta`` and a str ``text``; no ``error`` or ``timings``. Every other chunk goes to :func:`_absorb`, the
+    reference, which gives the same record for the common chunk too (tests/test_client.py checks that)."""
     sent = rec.sent_ns
     loads = _loads
+    append = rec.events.append
     for sse in raw:
         if rec.done:
             return True
-        data = sse.data
-        if data[:1] != "{" or sse.event != "message":  # the common chunk skips these checks: straight to JSON
-            if sse.event != "message":
-                if sse.event == "error":
-                    _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
-                continue  # ping, keep-alive and other non-message events carry no chunk
-            if not data.strip():
-                continue  # an empty data field is a keep-alive, not an event
-            if data.strip() == "[DONE]":
-                rec.done = True
-                continue
+        if sse.event != "message":
+            _no_chunk(rec, sse)
+            continue
         try:
-            obj = loads(data)
-        except (ValueError, RecursionError):
-            _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
+            obj = loads(sse.data)
+        except (ValueError, RecursionError):  # also a keep-alive or [DONE]: rare, so not checked for first
+            _no_chunk(rec, sse)
             continue
-        if not isinstance(obj, dict):
-            _set_error(rec, f"event is not a JSON object: {_one_line(data)[:120]}", "bad_json")
+        if obj.__class__ is not dict:  # the loaders give plain dicts, lists and strs: exact-type checks suffice
+            _set_error(rec, f"event is not a JSON object: {_one_line(sse.data)[:120]}", "bad_json")
             continue
+        choices = obj.get("choices")
+        if choices.__class__ is list and len(choices) == 1 and "error" not in obj and "timings" not in obj:
+            ch = choices[0]
+            delta = ch.get("delta") if ch.__class__ is dict and ch.get("index", 0) == 0 else False
+            if delta.__class__ is dict and delta and "text" not in ch:
+                text = delta.get("content") or ""  # a falsy value adds no text, whatever its type
+                if len(delta) == 1 and text:
+                    r1 = r2 = ""  # content is its only key
+                else:
+                    r1, r2 = delta.get("reasoning_content") or "", delta.get("reasoning") or ""
+                    text = None if delta.get("tool_calls") else text  # tool calls: the general path
+            elif delta is None and "message" not in ch:
+                text, r1, r2 = ch.get("text"), "", ""
+            else:
+                text, r1, r2 = None, "", ""  # not the common chunk
+            if text.__class__ is str and r1.__class__ is str and r2.__class__ is str:
+                fr, usage, sim = ch.get("finish_reason"), obj.get("usage"), obj.get("sim")
+                if fr:
+                    rec.finish_reason = str(fr)[:100]
+                if usage and usage.__class__ is dict:  # some servers send usage on every chunk
+                    rec.usage = usage
+                if sim.__class__ is dict:
+                    s, w, k = sim.get("sched_ns"), sim.get("write_ns"), sim.get("tokens")
+                    append(Event(sse.t_ns - sent, text, r1 + r2, "", s if s.__class__ is int else None,
+                                 w if w.__class__ is int else None, k if k.__class__ is int else None))
+                else:
+                    append(Event(sse.t_ns - sent, text, r1 + r2))
+                continue
         _absorb(rec, obj, sse.t_ns - sent)
     return rec.done
+
+
+def _no_chunk(rec: RequestRecord, sse: SSEEvent) -> None:
+    """An event that carries no chunk: an ``error`` event fails the request, other non-``message`` events (ping)
+    are ignored; a ``message`` whose data is not JSON is a keep-alive (empty), ``[DONE]``, or a failure."""
+    if sse.event != "message":
+        if sse.event == "error":
+            _set_error(rec, f"error event: {_one_line(sse.data)}", "stream_error")
+        return
+    data = sse.data.strip()
+    if data == "[DONE]":
+        rec.done = True
+    elif data:
+        _set_error(rec, f"event is not JSON: {_one_line(sse.data)[:120]}", "bad_json")
 
 
 def _one_line(s: str) -> str:
