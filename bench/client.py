@@ -726,33 +726,73 @@ async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
 def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
     """Turn decoded SSE events into :class:`Event` objects and fill usage/finish/error fields. Only ``message``
     events carry chunks; other types are ignored except ``error``. Returns True at ``[DONE]`` (the response is
-    complete there: what follows is ignored)."""
+    complete there: what follows is ignored).
+
+    The common chunk is folded in here, with no call and the fewest lookups: one choice, index 0, and either a
+    non-empty ``delta`` without tool calls whose content and reasoning are strs or null, or (completions) no
+    ``delta`` and a str ``text``; no ``error`` or ``timings``. Every other chunk goes to :func:`_absorb`, the
+    reference, which gives the same record for the common chunk too (tests/test_client.py checks that)."""
     sent = rec.sent_ns
     loads = _loads
+    append = rec.events.append
     for sse in raw:
         if rec.done:
             return True
-        data = sse.data
-        if data[:1] != "{" or sse.event != "message":  # the common chunk skips these checks: straight to JSON
-            if sse.event != "message":
-                if sse.event == "error":
-                    _set_error(rec, f"error event: {_one_line(data)}", "stream_error")
-                continue  # ping, keep-alive and other non-message events carry no chunk
-            if not data.strip():
-                continue  # an empty data field is a keep-alive, not an event
-            if data.strip() == "[DONE]":
-                rec.done = True
-                continue
+        if sse.event != "message":
+            _no_chunk(rec, sse)
+            continue
         try:
-            obj = loads(data)
-        except (ValueError, RecursionError):
-            _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
+            obj = loads(sse.data)
+        except (ValueError, RecursionError):  # also a keep-alive or [DONE]: rare, so not checked for first
+            _no_chunk(rec, sse)
             continue
-        if not isinstance(obj, dict):
-            _set_error(rec, f"event is not a JSON object: {_one_line(data)[:120]}", "bad_json")
+        if obj.__class__ is not dict:  # the loaders give plain dicts, lists and strs: exact-type checks suffice
+            _set_error(rec, f"event is not a JSON object: {_one_line(sse.data)[:120]}", "bad_json")
             continue
+        choices = obj.get("choices")
+        if choices.__class__ is list and len(choices) == 1 and "error" not in obj and "timings" not in obj:
+            ch = choices[0]
+            delta = ch.get("delta") if ch.__class__ is dict and ch.get("index", 0) == 0 else False
+            if delta.__class__ is dict and delta and "text" not in ch:
+                text = delta.get("content") or ""  # a falsy value adds no text, whatever its type
+                if len(delta) == 1 and text:
+                    r1 = r2 = ""  # content is its only key
+                else:
+                    r1, r2 = delta.get("reasoning_content") or "", delta.get("reasoning") or ""
+                    text = None if delta.get("tool_calls") else text  # tool calls: the general path
+            elif delta is None and "message" not in ch:
+                text, r1, r2 = ch.get("text"), "", ""
+            else:
+                text, r1, r2 = None, "", ""  # not the common chunk
+            if text.__class__ is str and r1.__class__ is str and r2.__class__ is str:
+                fr, usage, sim = ch.get("finish_reason"), obj.get("usage"), obj.get("sim")
+                if fr:
+                    rec.finish_reason = str(fr)[:100]
+                if usage and usage.__class__ is dict:  # some servers send usage on every chunk
+                    rec.usage = usage
+                if sim.__class__ is dict:
+                    s, w, k = sim.get("sched_ns"), sim.get("write_ns"), sim.get("tokens")
+                    append(Event(sse.t_ns - sent, text, r1 + r2, "", s if s.__class__ is int else None,
+                                 w if w.__class__ is int else None, k if k.__class__ is int else None))
+                else:
+                    append(Event(sse.t_ns - sent, text, r1 + r2))
+                continue
         _absorb(rec, obj, sse.t_ns - sent)
     return rec.done
+
+
+def _no_chunk(rec: RequestRecord, sse: SSEEvent) -> None:
+    """An event that carries no chunk: an ``error`` event fails the request, other non-``message`` events (ping)
+    are ignored; a ``message`` whose data is not JSON is a keep-alive (empty), ``[DONE]``, or a failure."""
+    if sse.event != "message":
+        if sse.event == "error":
+            _set_error(rec, f"error event: {_one_line(sse.data)}", "stream_error")
+        return
+    data = sse.data.strip()
+    if data == "[DONE]":
+        rec.done = True
+    elif data:
+        _set_error(rec, f"event is not JSON: {_one_line(sse.data)[:120]}", "bad_json")
 
 
 def _one_line(s: str) -> str:
@@ -764,7 +804,8 @@ def _text(v: Any) -> str:
 
 
 def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
-    """Fold one parsed chunk (streaming or whole) into the record; fields of the wrong type are ignored."""
+    """Fold one parsed chunk (streaming or whole) into the record, as one :class:`Event` built once; fields of
+    the wrong type are ignored, and so are choices whose ``index`` is not 0."""
     err = obj.get("error")
     if err:
         if isinstance(err, dict):
@@ -774,52 +815,59 @@ def _absorb(rec: RequestRecord, obj: dict[str, Any], t_rel: int) -> None:
             text = f"error in stream: {err}"
         _set_error(rec, _one_line(text), "stream_error")
         return
-    ev = Event(t_rel)
+    content = reasoning = tool = ""
     choices = obj.get("choices")
     if choices.__class__ is list:
         for ch in choices:
             if ch.__class__ is dict and ch.get("index", 0) == 0:
-                _absorb_choice(rec, ev, ch)
-    if "usage" in obj:
-        usage = obj["usage"]
-        if isinstance(usage, dict) and usage:
-            rec.usage = usage
-    if "timings" in obj:
-        timings = obj["timings"]
-        if isinstance(timings, dict) and timings:
-            rec.timings = timings
-    if "sim" in obj:
-        sim = obj["sim"]
-        if isinstance(sim, dict):
-            ev.sched_ns, ev.write_ns, ev.tokens = _int(sim.get("sched_ns")), _int(sim.get("write_ns")), \
-                _int(sim.get("tokens"))
-    rec.events.append(ev)
+                c, r, t = _absorb_choice(rec, ch)
+                content, reasoning, tool = content + c, reasoning + r, tool + t
+    usage = obj.get("usage")
+    if usage and usage.__class__ is dict:
+        rec.usage = usage
+    timings = obj.get("timings")
+    if timings and timings.__class__ is dict:
+        rec.timings = timings
+    sim = obj.get("sim")
+    if sim.__class__ is dict:
+        rec.events.append(Event(t_rel, content, reasoning, tool, _int(sim.get("sched_ns")),
+                                _int(sim.get("write_ns")), _int(sim.get("tokens"))))
+    else:
+        rec.events.append(Event(t_rel, content, reasoning, tool))
 
 
 def _int(v: Any) -> int | None:
     return v if v.__class__ is int else None  # not bool (a subclass of int), not None
 
 
-def _absorb_choice(rec: RequestRecord, ev: Event, ch: dict[str, Any]) -> None:
-    """Per chunk (the hot part of parsing): exact-type checks and no lookups of keys the chunk lacks."""
+def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, str]:
+    """One choice's (content, reasoning, tool) text, noting its ``finish_reason`` on the record: exact-type checks
+    (the JSON loaders give plain dicts, lists and strs)."""
+    content = reasoning = tool = ""
     delta = ch.get("delta") or ch.get("message")
     if delta.__class__ is dict:
         c = delta.get("content")
         if c.__class__ is str:
-            ev.content += c
-        if "reasoning_content" in delta or "reasoning" in delta:
-            ev.reasoning += _text(delta.get("reasoning_content")) + _text(delta.get("reasoning"))
-        if "tool_calls" in delta:
-            calls = delta["tool_calls"]
-            for tc in calls if isinstance(calls, list) else ():
-                fn = tc.get("function") if isinstance(tc, dict) else None
-                if isinstance(fn, dict):
-                    ev.tool += _text(fn.get("name")) + _text(fn.get("arguments"))
-    if "text" in ch:
-        ev.content += _text(ch["text"])
+            content = c
+        r = delta.get("reasoning_content")
+        if r.__class__ is str:
+            reasoning = r
+        r = delta.get("reasoning")
+        if r.__class__ is str:
+            reasoning += r
+        calls = delta.get("tool_calls")
+        if calls.__class__ is list:
+            for tc in calls:
+                fn = tc.get("function") if tc.__class__ is dict else None
+                if fn.__class__ is dict:
+                    tool += _text(fn.get("name")) + _text(fn.get("arguments"))
+    c = ch.get("text")
+    if c.__class__ is str:
+        content += c
     fr = ch.get("finish_reason")
     if fr:
         rec.finish_reason = str(fr)[:100]
+    return content, reasoning, tool
 
 
 def _parse_whole(rec: RequestRecord, body: bytes, t_abs: int) -> None:

@@ -1,15 +1,22 @@
-"""Client behaviour that needs no engine: URLs, pool size, API key hygiene, unreachable endpoints."""
+"""Client behaviour that needs no engine: URLs, pool size, API key hygiene, unreachable endpoints, and the parsing
+of chunks into the request record."""
 
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from bench import client as client_mod
 from bench.cli import main
 from bench.client import ClientSettings, make_http_client, normalize_url, root_url
 from bench.errors import ConfigError
+from bench.records import RequestRecord
 from bench.replay import Case, serve_case
+from bench.sse import SSEEvent
 
 KEY = "sk-test-0123456789abcdefSECRET"
 
@@ -62,3 +69,138 @@ def test_unreachable_url_is_one_line_and_exit_4(capsys) -> None:
 def test_bad_option_is_exit_3(capsys) -> None:
     assert main(["probe", "http://127.0.0.1:9/v1", "--max-tokens", "0"]) == 3
     assert "--max-tokens" in capsys.readouterr().err
+
+
+# ---- chunk parsing: _parse_events's fast path for the common chunk, _absorb for every other -------------------------
+HEAD = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+
+
+def _parsed(*chunks: Any) -> RequestRecord:
+    rec = RequestRecord("r", "chat", "m", sent_ns=10)
+    client_mod._parse_events(rec, [SSEEvent(100 + i, c if isinstance(c, str) else json.dumps({**HEAD, **c}))
+                                   for i, c in enumerate(chunks)])
+    return rec
+
+
+def _texts(rec: RequestRecord) -> list[tuple[str, str, str]]:
+    return [(e.content, e.reasoning, e.tool) for e in rec.events]
+
+
+def _chat(delta: Any, **choice: Any) -> dict[str, Any]:
+    return {"choices": [{"index": 0, "delta": delta, "finish_reason": None, **choice}]}
+
+
+@pytest.mark.parametrize("chunk, texts", [
+    (_chat({"content": "a"}), [("a", "", "")]),
+    (_chat({"content": 5}), [("", "", "")]),  # not a str: ignored
+    (_chat({"content": ["a"]}), [("", "", "")]),
+    (_chat({"content": None, "role": "assistant"}), [("", "", "")]),
+    (_chat(None), [("", "", "")]),  # delta null
+    (_chat({}, message={"content": "m"}), [("m", "", "")]),  # an empty delta: the message is read
+    (_chat(None, message={"content": "m"}), [("m", "", "")]),
+    ({"choices": [{"index": 0, "message": {"content": "m"}, "text": "t"}]}, [("mt", "", "")]),
+    (_chat({"content": "a"}, text="t"), [("at", "", "")]),  # content, then text
+    (_chat({"content": "a", "reasoning_content": "r", "reasoning": "s"}), [("a", "rs", "")]),
+    (_chat({"reasoning_content": "r"}), [("", "r", "")]),
+    (_chat({"reasoning_content": "r", "reasoning": "s", "tool_calls": [{"function": {"arguments": "x"}}]}),
+     [("", "rs", "x")]),
+    (_chat({"reasoning": "r"}), [("", "r", "")]),
+    (_chat({"reasoning": 3, "content": "a"}), [("a", "", "")]),
+    (_chat({"content": "a", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}, 7, {"function": 1}]}),
+     [("a", "", "f{}")]),
+    (_chat({"tool_calls": []}), [("", "", "")]),
+    ({"choices": [{"index": 1, "delta": {"content": "b"}}]}, [("", "", "")]),  # index 1 only: no text
+    ({"choices": [{"index": False, "delta": {"content": "b"}}]}, [("b", "", "")]),  # == 0, as before
+    ({"choices": [{"delta": {"content": "b"}}]}, [("b", "", "")]),  # no index: choice 0
+    ({"choices": [{"index": 1, "delta": {"content": "b"}}, {"index": 0, "delta": {"content": "a"}}]},
+     [("a", "", "")]),
+    ({"choices": [{"index": 0, "delta": {"content": "a"}}, {"index": 0, "text": "b"}]}, [("ab", "", "")]),
+    ({"choices": []}, [("", "", "")]),
+    ({"choices": ["x"]}, [("", "", "")]),
+    ({"choices": {"index": 0}}, [("", "", "")]),
+    ({"choices": [{"index": 0, "text": " w", "logprobs": None, "finish_reason": None}]}, [(" w", "", "")]),
+    ({"choices": [{"index": 0, "text": None}]}, [("", "", "")]),
+    ({"choices": [{"index": 0, "text": 1}]}, [("", "", "")]),
+])
+def test_chunk_text(chunk: dict[str, Any], texts: list[tuple[str, str, str]]) -> None:
+    rec = _parsed(chunk)
+    assert _texts(rec) == texts and rec.error is None
+    assert rec.finish_reason is None and rec.usage is None and rec.timings is None
+    assert rec.events[0].t_ns == 90
+
+
+def test_sim_fields_are_ints_only() -> None:
+    rec = _parsed({**_chat({"content": "a"}), "sim": {"sched_ns": 5, "write_ns": 6, "tokens": 1}},
+                  {**_chat({"content": "b"}), "sim": {"sched_ns": 5.0, "write_ns": None, "tokens": True}},
+                  {**_chat({"content": "c"}), "sim": [1]},
+                  {**_chat({"tool_calls": [{"function": {"arguments": "x"}}]}), "sim": {"tokens": 2}})
+    assert [(e.sched_ns, e.write_ns, e.tokens) for e in rec.events] == [(5, 6, 1), (None, None, None),
+                                                                        (None, None, None), (None, None, 2)]
+    assert _texts(rec)[3] == ("", "", "x")
+
+
+def test_usage_timings_and_finish_reason_keep_the_last_good_one() -> None:
+    u1, u2 = {"completion_tokens": 1}, {"completion_tokens": 2}
+    rec = _parsed({**_chat({"content": "a"}), "usage": u1}, {**_chat({"content": "b"}), "usage": None},
+                  {**_chat({"content": "c"}, finish_reason="length"), "usage": u2},
+                  {**_chat({"content": "d"}, finish_reason=""), "usage": {}}, _chat({"content": "e"}),
+                  {**_chat({"content": "f"}), "usage": {}, "timings": {"predicted_n": 4}},
+                  {**_chat({}, finish_reason=None), "usage": [1], "timings": {}})
+    assert rec.usage == u2 and rec.timings == {"predicted_n": 4} and rec.finish_reason == "length"
+    assert "".join(e.content for e in rec.events) == "abcdef"
+    assert _parsed(_chat({"content": "a"}, finish_reason=7)).finish_reason == "7"
+    assert _parsed({**_chat({"content": "a"}), "timings": [1]}).timings is None
+
+
+@pytest.mark.parametrize("err, kind", [({"message": "boom", "code": 500}, "stream_error"), ("boom", "stream_error"),
+                                       (None, None), ("", None), ({}, None)])
+def test_error_object_in_a_chunk(err: Any, kind: str | None) -> None:
+    rec = _parsed({**_chat({"content": "a"}), "error": err})
+    assert rec.error_kind == kind
+    assert len(rec.events) == (0 if kind else 1)
+
+
+def test_events_that_carry_no_chunk() -> None:
+    rec = RequestRecord("r", "chat", "m")
+    ok = json.dumps(_chat({"content": "a"}))
+    assert not client_mod._parse_events(rec, [SSEEvent(1, ""), SSEEvent(2, "  "), SSEEvent(3, ok, "ping"),
+                                              SSEEvent(4, ok), SSEEvent(5, "x", "other")])
+    assert rec.error is None and _texts(rec) == [("a", "", "")]
+    assert client_mod._parse_events(rec, [SSEEvent(6, " [DONE] "), SSEEvent(7, ok)]) and len(rec.events) == 1
+    for data, kind in (("{bad", "bad_json"), ("[1]", "bad_json"), ("null", "bad_json"), ("x", "bad_json")):
+        rec = RequestRecord("r", "chat", "m")
+        client_mod._parse_events(rec, [SSEEvent(1, data)])
+        assert rec.error_kind == kind and not rec.events, data
+    rec = RequestRecord("r", "chat", "m")
+    client_mod._parse_events(rec, [SSEEvent(1, "overloaded", "error")])
+    assert rec.error_kind == "stream_error" and "overloaded" in (rec.error or "")
+
+
+_ODD = st.none() | st.booleans() | st.integers(-1, 2) | st.text(max_size=2) | st.just([]) | st.just({}) | st.just([1])
+_TXT = st.text(max_size=3) | _ODD
+_CALLS = st.lists(st.fixed_dictionaries({}, optional={"function": st.fixed_dictionaries(
+    {}, optional={"name": _TXT, "arguments": _TXT}) | _ODD}) | _ODD, max_size=2) | _ODD
+_DELTA = st.fixed_dictionaries({}, optional={"content": _TXT, "reasoning_content": _TXT, "reasoning": _TXT,
+                                             "tool_calls": _CALLS, "role": _TXT}) | _ODD
+_CHOICE = st.fixed_dictionaries({}, optional={"index": st.sampled_from([0, 1, False, 0.0, "0", None]), "delta": _DELTA,
+                                              "message": _DELTA, "text": _TXT, "finish_reason": _TXT}) | _ODD
+_COMMON = st.fixed_dictionaries({"index": st.just(0), "delta": st.fixed_dictionaries({}, optional={
+    "content": _TXT, "reasoning_content": _TXT, "reasoning": _TXT, "tool_calls": _CALLS, "role": _TXT})},
+    optional={"text": _TXT, "message": _DELTA, "finish_reason": _TXT})
+_CHUNK = st.fixed_dictionaries({}, optional={
+    "choices": st.lists(_COMMON, min_size=1, max_size=1) | st.lists(_CHOICE, min_size=1, max_size=2) | _ODD,
+    "error": _ODD,
+    "usage": st.dictionaries(st.text(max_size=1), _ODD, max_size=1) | _ODD,
+    "timings": st.dictionaries(st.text(max_size=1), _ODD, max_size=1) | _ODD,
+    "sim": st.fixed_dictionaries({}, optional={"sched_ns": _ODD, "write_ns": _ODD, "tokens": _ODD}) | _ODD})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(_CHUNK, min_size=1, max_size=4))
+def test_fast_path_gives_the_records_of_absorb(chunks: list[dict[str, Any]]) -> None:
+    fast = RequestRecord("r", "chat", "m", sent_ns=10)
+    client_mod._parse_events(fast, [SSEEvent(100 + i, json.dumps(c)) for i, c in enumerate(chunks)])
+    ref = RequestRecord("r", "chat", "m", sent_ns=10)
+    for i, c in enumerate(chunks):
+        client_mod._absorb(ref, c, 90 + i)
+    assert fast == ref
