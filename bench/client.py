@@ -428,7 +428,10 @@ def _stream_timeout(client: httpx.AsyncClient) -> httpx.Timeout:
 
 async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, model: str, rec: RequestRecord,
                     raw: list[SSEEvent], tap: StreamTap | None) -> None:
-    """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events)."""
+    """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events). A wave of
+    requests takes turns (bench.turns) to build and send theirs, sharing the loop with the streams already
+    running."""
+    await take_turn()
     path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
     payload = _payload(spec, model)
     timeout = _stream_timeout(client)
@@ -442,7 +445,6 @@ async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, mod
     try:
         if fast is not None:
             rec.stamp_source = fast.stamp_source
-        await take_turn()  # a wave of sends shares the loop with the reads of the streams already running
         rec.sent_ns = time.perf_counter_ns()
         if fast is not None:
             response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,

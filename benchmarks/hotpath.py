@@ -15,7 +15,7 @@ garbage collector off as in the runner. Reported per variant:
 * *events per CPU-s*: the same events / the client process's CPU seconds in the wave: what one core ingests,
   the figure to compare across machines (it does not depend on how much CPU the sim took from the client).
 
-The streams are spread over ``--sims`` sim processes (default: min(4, cores - 2), at least one), so that on a
+The streams are spread over ``--sims`` sim processes (default: min(8, cores - 2), at least one), so that on a
 machine with spare cores the sims write faster than one client can read: the client is then the bottleneck
 (*client CPU %* near 100), *events/s* is what one process ingests, and reads carry several events each, as they do
 when a client is saturated. With one sim the sim can be the slower side: reads then carry about one event each and
@@ -155,13 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=3000.0, help="expected events/s per stream, sizes max_tokens")
     ap.add_argument("--variants", default="kernel,user,kernel+uvloop,httpx")
     ap.add_argument("--sims", default="auto", help="sim processes the streams are spread over (auto: enough that "
-                    "the client, not the sim, is the bottleneck: min(4, cores - 2), at least 1)")
+                    "the client, not the sim, is the bottleneck: min(8, cores - 2), at least 1)")
     ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
     ap.add_argument("--out", default=str(RESULTS), help="markdown table to write ('' = none)")
     a = ap.parse_args(argv)
     tokens = max(16, int(a.seconds * a.rate))
     rows = []
-    a.sims = max(1, min(4, (os.cpu_count() or 1) - 2)) if a.sims == "auto" else max(1, int(a.sims))
+    a.sims = max(1, min(8, (os.cpu_count() or 1) - 2)) if a.sims == "auto" else max(1, int(a.sims))
     with contextlib.ExitStack() as stack:
         sims = [stack.enter_context(SimProcess(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
                                                prefill_tok_s=1e8, tokens_per_event=1)) for _ in range(a.sims)]
