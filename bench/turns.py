@@ -13,8 +13,8 @@ of the wave).
 :func:`take_turn` is awaited before each such piece of work (bench.client: before a request is sent, and after a
 response's last event, before its connection is handed back and its record finished). The first callers of an
 iteration go at once, for :data:`SLICE_S` of work; later ones wait in order, and each following iteration lets a
-batch of them go: the batch doubles while an iteration (reads included) took less than a slice, and halves
-(never below one) when it took longer. Between two batches the loop polls its sockets. A lone request never waits.
+batch of them go: the batch doubles while the last batch's work took less than a slice, and halves (never below
+one) when it took longer, whatever the reads in the same iteration took. Between two batches the loop polls its sockets. A lone request never waits.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ class Turns:
         clock: seconds (for tests; default ``time.perf_counter``).
     """
 
-    __slots__ = ("loop", "slice_s", "clock", "queue", "started", "armed", "batch", "last_tick", "waited")
+    __slots__ = ("loop", "slice_s", "clock", "queue", "started", "armed", "batch", "run_start", "waited")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, slice_s: float = SLICE_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -51,7 +51,7 @@ class Turns:
         self.started: float | None = None  # when the first turn of this iteration went (None: none yet)
         self.armed = False  # a tick is scheduled for the next iteration
         self.batch = 1
-        self.last_tick = 0.0
+        self.run_start: float | None = None  # when the first of the last woken batch resumed
         self.waited = 0  # turns that had to wait (for tests and diagnostics)
 
     async def turn(self) -> None:
@@ -69,6 +69,8 @@ class Turns:
         self.waited += 1
         self._arm()
         await fut
+        if self.run_start is None:
+            self.run_start = self.clock()
 
     def _arm(self) -> None:
         if not self.armed:
@@ -78,7 +80,10 @@ class Turns:
     def _tick(self) -> None:
         """One iteration later (the loop polled in between): a new slice, and the next batch of waiters."""
         now = self.clock()
-        took, self.last_tick = now - self.last_tick, now
+        # the woken batch ran just before this tick (both were scheduled in the same iteration, the batch first);
+        # the reads that follow in the iteration are not its work
+        took = now - self.run_start if self.run_start is not None else 0.0
+        self.run_start = None
         self.armed = False
         self.started = None
         q = self.queue

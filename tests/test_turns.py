@@ -109,3 +109,38 @@ def test_take_turn_lets_a_lone_caller_go_at_once() -> None:
 
     a, b = asyncio.run(main()), asyncio.run(main())
     assert a is not b and a.waited == 0 and b.waited == 0
+
+
+def test_the_batch_follows_its_own_work_not_the_reads_around_it() -> None:
+    """Each iteration also spends 5 ms on other callbacks (the reads of streams already running): the batch still
+    grows to about a slice of its own work (0.1 ms pieces), instead of falling to one turn per iteration."""
+    clock = FakeClock()
+    went_at: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        turns = Turns(loop, clock=clock)
+        counter, done = [0], asyncio.Event()
+
+        def reads() -> None:  # one per iteration, after the batch
+            counter[0] += 1
+            clock.t += 0.005
+            if not done.is_set():
+                loop.call_soon(reads)
+
+        loop.call_soon(reads)
+
+        async def one() -> None:
+            await turns.turn()
+            went_at.append(counter[0])
+            clock.t += 0.0001
+
+        await asyncio.gather(*(one() for _ in range(200)))
+        done.set()
+
+    asyncio.run(main())
+    per_iter: dict[int, int] = {}
+    for it in went_at:
+        per_iter[it] = per_iter.get(it, 0) + 1
+    assert len(went_at) == 200 and len(per_iter) < 40  # one per iteration would take 190 or more
+    assert max(per_iter.values()) <= 2 * 10 + 1  # about a slice (10 pieces), never two
