@@ -306,7 +306,7 @@ class KernelStampProtocol(_StampProtocol):
             if level == _SOL_SOCKET and kind == SCM_TIMESTAMPNS and len(raw) >= _TIMESPEC_SIZE:
                 sec, nsec = _unpack_timespec(raw)
                 clock = self.clock
-                if t_user - clock.measured_at > clock.refresh_ns:
+                if t_user - clock.measured_at > clock.refresh_ns:  # clock.maybe_refresh, inlined (once a read)
                     clock.measure()
                 t = sec * 1_000_000_000 + nsec - clock.offset_ns
                 if t > t_user:
@@ -323,11 +323,8 @@ class KernelStampProtocol(_StampProtocol):
             assert self._in is not None
             self._in.write(data)
             self._decrypt(t)
-        elif self.pump is not None:
-            self.pump.data(t, data)
         else:
-            self.chunks.append((t, data))
-            self._wake()
+            self._deliver(t, data)
 
     def _decrypt(self, t: int) -> None:
         tls = self.tls
@@ -345,18 +342,21 @@ class KernelStampProtocol(_StampProtocol):
                 return
             if not piece:
                 if got:
-                    self.chunks.append((t, b"".join(got)))
+                    self._deliver(t, b"".join(got))
                 self._lost(None)
                 return
             got.append(piece)
         self._flush_tls()  # a key update or other post-handshake message may want an answer
         if got:
-            data = b"".join(got) if len(got) > 1 else got[0]
-            if self.pump is not None:
-                self.pump.data(t, data)
-            else:
-                self.chunks.append((t, data))
-                self._wake()
+            self._deliver(t, b"".join(got) if len(got) > 1 else got[0])
+
+    def _deliver(self, t: int, data: bytes) -> None:
+        """A stamped read (decrypted for TLS) to the body pump when one is attached, else to the queue."""
+        if self.pump is not None:
+            self.pump.data(t, data)
+        else:
+            self.chunks.append((t, data))
+            self._wake()
 
     def _wake(self) -> None:
         w = self.waiter

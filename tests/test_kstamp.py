@@ -437,3 +437,38 @@ def test_pump_errors_reach_the_reading_task() -> None:
         assert type(own) is ValueError and str(own) == "sink says no"
 
     asyncio.run(main())
+
+
+def test_tls_bytes_before_close_notify_reach_the_pump() -> None:
+    """The last decrypted bytes of a read that also carried the peer's close_notify go to the attached pump
+    (the body may end in them), and only then is the connection lost."""
+
+    class Tls:  # decrypts to one piece, then the peer's close_notify
+        def __init__(self) -> None:
+            self.pieces = [b"0\r\n\r\n"]
+
+        def read(self, n: int) -> bytes:
+            if self.pieces:
+                return self.pieces.pop(0)
+            raise ssl.SSLZeroReturnError()
+
+    class Pump:
+        def __init__(self) -> None:
+            self.seen: list[str] = []
+
+        def data(self, t: int, d: bytes) -> None:
+            self.seen.append(f"data {t} {d!r}")
+
+        def lost(self) -> None:
+            self.seen.append("lost")
+
+    async def main() -> list[str]:
+        a, b = socket.socketpair()
+        b.close()
+        p = KernelStampProtocol(asyncio.get_running_loop(), a, Tls(), ssl.MemoryBIO(), ssl.MemoryBIO())  # type: ignore[arg-type]
+        pump = Pump()
+        p.pump = pump  # type: ignore[assignment]
+        p._decrypt(123)
+        return pump.seen
+
+    assert asyncio.run(main()) == ["data 123 b'0\\r\\n\\r\\n'", "lost"]
