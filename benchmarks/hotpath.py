@@ -3,6 +3,7 @@
     python benchmarks/hotpath.py                       # 16 streams, 3 s waves, every stamp/loop variant
     python benchmarks/hotpath.py --profile             # + a cProfile of the default variant (top 25 by tottime)
     python benchmarks/hotpath.py --streams 16 --seconds 5 --step-ms 0.1 --variants kernel,user,kernel+uvloop
+    python benchmarks/hotpath.py --source blast --sims 2      # a source faster than the client
 
 Method. The sim runs in its own processes (``benchmarks/simproc.py``) with a decode step far shorter than the client
 can follow (``--step-ms``, default 0.1 ms: 10,000 events/s per stream asked), so the client is the bottleneck:
@@ -22,6 +23,11 @@ they do for a client that is the slower side. The wall-clock *events/s* can stil
 CPU-s* is then the client's capacity. With one sim the sim can be the slower side: reads then carry about one event each and
 *events per CPU-s* counts the per-read cost of an unsaturated client. On a small shared machine (2 cores, sim and
 client competing) *events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
+
+``--source blast`` replaces the sims with ``benchmarks/blastserver.py``: the same bytes, pre-rendered and written
+many events per write, faster than any client; the client is then the slower side (*client CPU %* near 100) and
+*events/s* is what one process ingests, wall-clock, with reads of many events each (the best case; one event per
+read is the worst, what the ``fidelity.py`` waves at 20 events/s per stream have).
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
 event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``+queue`` (a
@@ -55,6 +61,12 @@ from bench.client import ClientSettings, RequestSpec, make_http_client, stream_r
 from bench.records import RequestRecord  # noqa: E402
 
 MODEL = "bench-sim"
+
+
+class BlastProcess(SimProcess):
+    """``benchmarks/blastserver.py`` (pre-rendered sim events, many per write) in its own process."""
+
+    COMMAND = [str(Path(__file__).resolve().parent / "blastserver.py")]
 RESULTS = Path(__file__).resolve().parent / "results" / "hotpath.md"
 
 
@@ -155,6 +167,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--step-ms", type=float, default=0.1, help="the sim's decode step (shorter than the client)")
     ap.add_argument("--rate", type=float, default=3000.0, help="expected events/s per stream, sizes max_tokens")
     ap.add_argument("--variants", default="kernel,user,kernel+uvloop,httpx")
+    ap.add_argument("--source", choices=("sim", "blast"), default="sim", help="what writes the streams: bench sim "
+                    "(default), or benchmarks/blastserver.py (the same bytes pre-rendered, many events per write: "
+                    "faster than the client, so events/s is what one process ingests when it is the slower side)")
     ap.add_argument("--sims", default="auto", help="sim processes the streams are spread over (auto: enough that "
                     "the client, not the sim, is the bottleneck: one per stream, at most cores - 2, at least 1)")
     ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
@@ -164,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     a.sims = max(1, min(a.streams, (os.cpu_count() or 1) - 2)) if a.sims == "auto" else max(1, int(a.sims))
     with contextlib.ExitStack() as stack:
-        sims = [stack.enter_context(SimProcess(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
+        source = BlastProcess if a.source == "blast" else SimProcess
+        sims = [stack.enter_context(source(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
                                                prefill_tok_s=1e8, tokens_per_event=1)) for _ in range(a.sims)]
         for i, v in enumerate(x.strip() for x in a.variants.split(",") if x.strip()):
             r = run_variant(v, [s.base for s in sims], a.streams, tokens, a.profile and i == 0)
@@ -183,7 +199,7 @@ def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace) -> N
     lines = [f"# Hot path: events ingested by one bench process ({a.streams} streams)", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}.",
              f"`python benchmarks/hotpath.py --streams {a.streams} --seconds {a.seconds} --step-ms {a.step_ms} "
-             f"--sims {a.sims} --variants {a.variants}` (method: the script's docstring).", "",
+             f"--source {a.source} --sims {a.sims} --variants {a.variants}` (method: the script's docstring).", "",
              "| variant | stamps | events | events/s | events per CPU-s | client CPU % | failed |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for r in rows:

@@ -28,8 +28,10 @@ class SimProcess:
         RuntimeError: the sim did not print its URL.
     """
 
+    COMMAND = ["-m", "bench.sim"]  # what runs after the interpreter (a subclass may run another server)
+
     def __init__(self, **flags: Any) -> None:
-        args = [sys.executable, "-m", "bench.sim", "--port", "0"]
+        args = [sys.executable, *self.COMMAND, "--port", "0"]
         for k, v in flags.items():
             args += [f"--{k.replace('_', '-')}", str(v)]
         self._err = tempfile.TemporaryFile(mode="w+")
