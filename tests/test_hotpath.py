@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -65,3 +66,35 @@ def test_sse_fast_path_matches_general_path(sep: str) -> None:
         evs = dec.feed(raw[:cut], 1) + dec.feed(raw[cut:], 2) + dec.close(3)
         assert [(e.data, e.event, e.complete) for e in evs] == [("a\nb", "message", True), ("c", "x", True),
                                                                 ("d", "message", False)]
+
+
+def test_blastserver_streams_are_what_a_sim_stream_records() -> None:
+    """benchmarks/blastserver.py (hotpath's --source blast) sends streams bench records like a sim's: every token
+    one content event with the sim's stamps, the finish reason and usage, [DONE], and the connection kept alive
+    (blocks of 64 events per write, so a stream of 150 tokens spans three writes and a partial one)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import blastserver
+
+    async def main() -> tuple[list[RequestRecord], int]:
+        server = await asyncio.start_server(blastserver._serve, "127.0.0.1", 0)
+        base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
+        c = make_http_client(ClientSettings(), 2)
+        try:
+            recs = []
+            for i in range(2):  # one after the other: the second reuses the first's connection
+                spec = RequestSpec(f"b{i}", "chat", {"messages": [{"role": "user", "content": "x"}],
+                                                      "max_tokens": 150})
+                recs.append(await stream_request(c, base, spec, model=MODEL))
+            return recs, c.bench_fast_pool.connects  # type: ignore[attr-defined]
+        finally:
+            await c.aclose()
+            server.close()
+
+    recs, connects = asyncio.run(main())
+    for r in recs:
+        text = [e for e in r.events if e.has_text]
+        assert r.ok and r.done and r.finish_reason == "length" and r.usage["completion_tokens"] == 150
+        assert len(text) == 150 and all(e.tokens == 1 and e.write_ns is not None for e in text)
+    assert connects == 1
