@@ -390,9 +390,9 @@ def test_pump_stops_when_the_sink_has_the_answer_and_leaves_the_rest_to_close_af
 
 @needs_kernel
 def test_pump_read_timeout_counts_from_the_last_read() -> None:
-    """Reads 0.15 s apart never trip a 0.4 s timeout (the one timer is re-armed from the last read); silence
-    after them does, once."""
-    parts: list[bytes | float] = [_ch(b"a"), 0.15, _ch(b"b"), 0.15, _ch(b"c"), 0.15, _ch(b"d"), 3.0, b"0\r\n\r\n"]
+    """Reads 0.25 s apart never trip a 0.5 s timeout, though they span more than it (the one timer is re-armed
+    from the last read); silence after them does, once."""
+    parts: list[bytes | float] = [_ch(b"a"), 0.25, _ch(b"b"), 0.25, _ch(b"c"), 0.25, _ch(b"d"), 3.0, b"0\r\n\r\n"]
     got: list[bytes] = []
 
     async def main() -> None:
@@ -400,7 +400,7 @@ def test_pump_read_timeout_counts_from_the_last_read() -> None:
             pool = FastPool()
             t0 = time.monotonic()
             with pytest.raises(FastTimeout):
-                await _pumped(pool, srv.url, lambda t, d: got.append(d) or False, timeout=0.4)
+                await _pumped(pool, srv.url, lambda t, d: got.append(d) or False, timeout=0.5)
             assert got == [b"a", b"b", b"c", b"d"] and time.monotonic() - t0 < 2.5
             assert not any(pool._idle.values())  # a timed-out connection is not pooled
             await pool.aclose()
