@@ -142,7 +142,8 @@ class SSEDecoder:
 
     def _feed_clean(self, text: str, t_ns: int) -> list[SSEEvent]:
         """LF-only text that ends with an empty line, read with nothing pending. When every block (the text between
-        empty lines) is one ``data: `` line, the events are those lines' values (what servers send)."""
+        empty lines) is one ``data: `` line, the events are those lines' values (what servers send); otherwise the
+        LF-only rules of :meth:`_feed_lf` apply (the text ends with an empty line, so nothing is left pending)."""
         if text[:6] == "data: ":
             values = text[6:-2].split("\n\ndata: ")
             for v in values:
@@ -151,28 +152,7 @@ class SSEDecoder:
             else:
                 last_id = self._last_id
                 return [SSEEvent(t_ns, v, "message", last_id) for v in values]
-        return self._blocks(text, t_ns)
-
-    def _blocks(self, text: str, t_ns: int) -> list[SSEEvent]:
-        """:meth:`_feed_clean` when some block is not one ``data: `` line: each block is a whole event, a one-line
-        ``data: `` block dispatched directly, any other by the line rules (which leave nothing pending at the
-        block's empty line, so every block starts clean)."""
-        out: list[SSEEvent] = []
-        line_of = self._line
-        last_id = self._last_id
-        for blk in text[:-2].split("\n\n"):
-            if blk[:6] == "data: " and "\n" not in blk:
-                out.append(SSEEvent(t_ns, blk[6:], "message", last_id))
-                continue
-            for line in blk.split("\n"):
-                ev = line_of(line, t_ns)
-                if ev is not None:
-                    out.append(ev)
-            ev = line_of("", t_ns)
-            if ev is not None:
-                out.append(ev)
-            last_id = self._last_id
-        return out
+        return self._feed_lf(text, t_ns, [])  # some block is not one data: line: the LF-only rules
 
     def _feed_lf(self, buf: str, t_ns: int, out: list[SSEEvent]) -> list[SSEEvent]:
         """LF-only text: whole events (blocks ended by an empty line) first; a block that is one ``data: `` line,
