@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import fastio, kstamp  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
-from bench.metrics import request_metrics  # noqa: E402
+from bench.metrics import RequestMetrics, request_metrics  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
 from bench.summary import wave_aggregate_decode  # noqa: E402
 from bench.workers import WorkerPool  # noqa: E402
@@ -141,15 +141,13 @@ async def _inprocess(base: str, warm: list[RequestSpec], specs: list[RequestSpec
         await client.aclose()
 
 
-def _aggregate_vs_writes(recs: list[RequestRecord]) -> float:
+def _aggregate_vs_writes(ok: list[RequestRecord], ms: list[RequestMetrics], writes: list[list[int]]) -> float:
     """bench's aggregate decode of the wave (summary.wave_aggregate_decode) against the same definition on the
-    sim's write times of the same events, in %."""
-    ok = [r for r in recs if r.ok]
-    ms = [request_metrics(r) for r in ok]
+    sim's write times of the same events, in %. ``ok``: the successful records, ``ms`` their metrics, ``writes``
+    the ``write_ns`` of each one's token events."""
     mine = wave_aggregate_decode(ok, ms)
     firsts, lasts, toks = [], [], 0.0
-    for r, m in zip(ok, ms):
-        w = [e.write_ns for e in r.events if e.has_text and e.write_ns is not None]
+    for m, w in zip(ms, writes):
         if len(w) < 2 or m.output_tokens <= m.first_event_tokens:
             continue
         firsts.append(w[0])
@@ -164,6 +162,9 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
     errs, late, arrivals, rates, paired, vs_writes = [], [], [], [], [], []
+    ok: list[RequestRecord] = []
+    ms: list[RequestMetrics] = []
+    writes: list[list[int]] = []
     pairs = kstamp.PAIRS or {}
     t.stamp_source = ",".join(sorted({r.stamp_source for r in recs})) or "?"
     for r in recs:
@@ -171,9 +172,12 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
             t.failed += 1
             continue
         m = request_metrics(r)
+        w = [e.write_ns for e in r.events if e.has_text and e.write_ns is not None]
+        ok.append(r)
+        ms.append(m)
+        writes.append(w)
         if m.decode_tok_s:
             rates.append(m.decode_tok_s)
-            w = [e.write_ns for e in r.events if e.has_text and e.write_ns is not None]
             if len(w) > 2 and w[-1] > w[0]:  # one token per event: the sim's own decode rate of this stream
                 vs_writes.append(m.decode_tok_s / ((len(w) - 1) / ((w[-1] - w[0]) / 1e9)) - 1.0)
         for e in r.events:
@@ -192,7 +196,7 @@ def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s:
         t.decode_err_pct = 100.0 * (float(np.median(rates)) / (1000.0 / t.step_ms) - 1.0)
     if vs_writes:
         t.decode_vs_writes_pct = 100.0 * float(np.median(vs_writes))
-    t.agg_vs_writes_pct = _aggregate_vs_writes(recs)
+    t.agg_vs_writes_pct = _aggregate_vs_writes(ok, ms, writes)
     if errs:
         x = np.asarray(errs)
         t.err_p50, t.err_p99, t.err_max = (float(v) for v in np.percentile(x, [50, 99, 100]))
