@@ -491,23 +491,32 @@ def test_stream_request_over_https_is_stamped_on_arrival(tls_cert, monkeypatch) 
     asyncio.run(main())
 
 
-def _chunked_handler(server_ref: list[Server], parts: list[bytes], head_extra: bytes = b"") -> Handler:
-    """Answers every request on a connection with a chunked body written as ``parts`` (one write each), the first
-    part in the same write as the head."""
+def _chunked_handler(server_ref: list[Server], parts: list[bytes | float], head_extra: bytes = b"",
+                     close: bool = False) -> Handler:
+    """Answers every request on a connection with a chunked body written as ``parts`` (one write each, 5 ms apart),
+    the first part in the same write as the head; a float in ``parts`` is a pause of that many seconds more.
+    ``close``: the server closes the connection after the first answer. Requests are recorded on ``server_ref[0]``
+    when one is given."""
+    first = parts[0]
+    assert isinstance(first, bytes)
 
     async def h(reader, writer, i):
         while True:
             req = await read_request(reader)
             if req is None:
                 return
-            server_ref[0].requests.append(req)
+            if server_ref:
+                server_ref[0].requests.append(req)
             head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n" + head_extra
-            writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + parts[0])
+            writer.write(head + b"Transfer-Encoding: chunked\r\n\r\n" + first)
             for p in parts[1:]:
                 await writer.drain()
-                await asyncio.sleep(0.005)
-                writer.write(p)
+                await asyncio.sleep(p if isinstance(p, float) else 0.005)
+                if not isinstance(p, float):
+                    writer.write(p)
             await writer.drain()
+            if close:
+                return
 
     return h
 

@@ -25,7 +25,7 @@ from bench.fastio import FastIOError, FastPool, FastTimeout, _StampProtocol
 from bench.kstamp import ClockOffset, KernelStampProtocol, kernel_stamps_supported
 from bench.records import RequestRecord
 from bench.sim import SimConfig, running_sim
-from tests.test_fastio import Server, _chunk, _server_ctx, _sse_handler
+from tests.test_fastio import Server, _chunk, _chunked_handler, _server_ctx, _sse_handler
 
 needs_kernel = pytest.mark.skipif(not kernel_stamps_supported(), reason="no SO_TIMESTAMPNS on this system")
 MODEL = "bench-sim"
@@ -312,28 +312,6 @@ def test_a_body_read_without_kernel_stamp_makes_the_record_user(monkeypatch: pyt
 
 
 # --- decoding in the read callback (bench.fastio.BodyPump) -----------------------------------------------------
-def _pump_handler(ref: list[Any], parts: list[bytes | float], close: bool = False) -> Any:
-    """A chunked response written as ``parts``: bytes are written, a float is a pause (s); ``close``: the server
-    closes the connection after the parts."""
-
-    async def h(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
-        from tests.test_fastio import read_request
-
-        while await read_request(reader) is not None:
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-            for p in parts:
-                if isinstance(p, float):
-                    await writer.drain()
-                    await asyncio.sleep(p)
-                else:
-                    writer.write(p)
-            await writer.drain()
-            if close:
-                return
-
-    return h
-
-
 def _ch(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
@@ -348,7 +326,7 @@ async def _pumped(pool: FastPool, url: str, sink: Any, timeout: float = 5.0) -> 
 def test_pump_decodes_in_the_read_callback_and_pools_the_connection() -> None:
     """Every piece that arrives while pump() waits reaches the sink from the read callback (no task is running
     there); the body's end gives the connection back to the pool."""
-    parts: list[bytes | float] = [_ch(b"a"), 0.02, _ch(b"b"), 0.02, _ch(b"c") + b"0\r\n\r\n"]
+    parts: list[bytes | float] = [_ch(b"a"), 0.1, _ch(b"b"), 0.1, _ch(b"c") + b"0\r\n\r\n"]
     seen: list[tuple[int, bytes, Any]] = []
 
     def sink(t: int, data: bytes) -> bool:
@@ -356,15 +334,15 @@ def test_pump_decodes_in_the_read_callback_and_pools_the_connection() -> None:
         return False
 
     async def main() -> None:
-        async with Server(_pump_handler([], parts)) as srv:
+        async with Server(_chunked_handler([], parts)) as srv:
             pool = FastPool()
             for _ in range(2):
                 seen.clear()
                 r, t = await _pumped(pool, srv.url, sink)
                 assert t is None and r._done and r._conn is None
-                # the first piece may have come with the head (queued, taken by pump() itself); the later ones
-                # arrive 20 ms apart, each in the read callback
-                assert b"".join(d for _, d, _ in seen) == b"abc" and {task for *_, task in seen[1:]} == {None}
+                # the first piece came with the head (queued, taken by pump() itself); the later ones are written
+                # 100 ms apart, so each arrives on its own, in the read callback
+                assert [d for _, d, _ in seen] == [b"a", b"b", b"c"] and {task for *_, task in seen[1:]} == {None}
                 assert [x[0] for x in seen] == sorted(x[0] for x in seen)
             assert pool.connects == 1  # pooled after the first body, reused by the second
             await pool.aclose()
@@ -377,7 +355,7 @@ def test_pump_stops_when_the_sink_has_the_answer_and_leaves_the_rest_to_close_af
     parts: list[bytes | float] = [_ch(b"data: x\n\n"), 0.02, _ch(b"data: [DONE]\n\n"), 0.05, b"0\r\n\r\n"]
 
     async def main() -> None:
-        async with Server(_pump_handler([], parts)) as srv:
+        async with Server(_chunked_handler([], parts)) as srv:
             pool = FastPool()
             r, t = await _pumped(pool, srv.url, lambda t, d: b"[DONE]" in d)
             assert t is not None and not r._done and r._conn.proto.pump is None  # type: ignore[union-attr]
@@ -396,7 +374,7 @@ def test_pump_read_timeout_counts_from_the_last_read() -> None:
     got: list[bytes] = []
 
     async def main() -> None:
-        async with Server(_pump_handler([], parts)) as srv:
+        async with Server(_chunked_handler([], parts)) as srv:
             pool = FastPool()
             t0 = time.monotonic()
             with pytest.raises(FastTimeout):
@@ -414,7 +392,7 @@ def test_pump_errors_reach_the_reading_task() -> None:
     own error (a sink's ValueError is not taken for bad framing)."""
 
     async def run(parts: list[bytes | float], sink: Any, close: bool = True) -> BaseException:
-        async with Server(_pump_handler([], parts, close=close)) as srv:
+        async with Server(_chunked_handler([], parts, close=close)) as srv:
             pool = FastPool()
             try:
                 await _pumped(pool, srv.url, sink)
