@@ -20,6 +20,7 @@ from .cli_capacity import capacity, load_options, load_settings, run_open_loop, 
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
+from .cli_history import history
 from .cli_report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 
@@ -167,6 +168,8 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
               "docs/report.md) into the results folder.")
+@click.option("--history", "history_db", metavar="DB", default=None, help="When the run finishes, add it to this "
+              "run history (a file, or postgresql://...; docs/history.md).")
 @click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
               help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @load_options
@@ -175,7 +178,7 @@ def replay(case_file: str, as_json: bool) -> None:
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
         prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
-        resume: bool, overwrite: bool, make_report: bool, progress_every: float,
+        resume: bool, overwrite: bool, make_report: bool, history_db: str | None, progress_every: float,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
         **extra: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
@@ -214,12 +217,16 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
                        prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+    if history_db is not None:  # a store that cannot be opened fails now, not after the run
+        from .history.store import open_store
+
+        open_store(history_db).close()
     ls = load_settings(prof, extra)
     if ls is not None:  # open loop (rate, trace, sessions): bench.load
         if not isinstance(workers, int):
             raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
         _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
-                    make_report)
+                    make_report, history_db)
         return
     prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
     parallel, ctx = engine_size(prof)
@@ -228,7 +235,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         results = _run_with_progress(base, prof, settings, out, as_json, progress_every, model=model,
                                      workers=workers, annotators=annotators, resume=previous,
                                      ray_address=ray_address)
-    _finish_run(results, out, as_json, make_report)
+    _finish_run(results, out, as_json, make_report, history_db)
 
 
 def _overridden(profile_name: str, streams: str | None, depths: str | None, prompt_kinds: str | None,
@@ -244,8 +251,12 @@ def _overridden(profile_name: str, streams: str | None, depths: str | None, prom
     )
 
 
-def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool) -> None:
-    """Report (optional), print, and exit 5 when a cell had no success."""
+def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool, history_db: str | None = None) -> None:
+    """Report (optional), history (optional), print, and exit 5 when a cell had no success."""
+    if history_db is not None:
+        from .cli_history import add_finished
+
+        add_finished(results, out, history_db)
     report_path = None
     if make_report:
         from .report.html import write_report
@@ -376,7 +387,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab, report, capacity):
+for _cmd in (gate, compare, ab, report, capacity, history):
     cli.add_command(_cmd)
 cli.add_command(_cli_check.check)
 cli.add_command(_cli_check.record)
