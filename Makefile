@@ -13,7 +13,7 @@ $(VPY):
 	PY=$(PY) VENV=$(VENV) .ci/make-venv
 
 install: $(VPY)
-	$(VPY) -m pip install -q -e '.[test,fast,ray,gpu]'
+	$(VPY) -m pip install -q -e '.[test,fast,ray,gpu,history]'
 	PYTHON=$(VPY) BENCH_BUILD_JOBS=$(JOBS) .ci/install-engine
 
 run: install

@@ -20,7 +20,7 @@ from .cli_capacity import capacity, load_options, load_settings, run_open_loop, 
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
-from .cli_history import history
+from .cli_history import history, require_store
 from .cli_report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 
@@ -217,10 +217,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
                        prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
-    if history_db is not None:  # a store that cannot be opened fails now, not after the run
-        from .history.store import open_store
-
-        open_store(history_db).close()
+    require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
     ls = load_settings(prof, extra)
     if ls is not None:  # open loop (rate, trace, sessions): bench.load
         if not isinstance(workers, int):

@@ -21,7 +21,7 @@ import click
 
 from bench.errors import ConfigError, HistoryError
 
-__all__ = ["history", "add_finished", "found_commit"]
+__all__ = ["history", "add_finished", "found_commit", "require_store"]
 
 _DB_HELP = "The store: a file (SQLite, default bench-history.db) or postgresql://user@host/db."
 _ENV_COMMIT = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
@@ -130,6 +130,14 @@ def add(inputs: tuple[str, ...], db: str, commit: str | None, branch: str | None
         rows = sum(store.add(r, source=str(f), commit=commit, branch=branch) for f, r in todo)
         total = len(store.runs())
     _note(f"added {len(todo)} run(s), {rows} statistics, to {store.where} ({total} runs stored)")
+
+
+def require_store(db: str | None) -> None:
+    """``bench run --history DB`` before measuring: open (create, migrate) the store, so a bad one fails first."""
+    if db is not None:
+        from bench.history.store import open_store
+
+        open_store(db).close()
 
 
 def add_finished(results: Any, out: Path, db: str) -> None:
