@@ -21,7 +21,7 @@ import click
 
 from bench.errors import ConfigError, HistoryError
 
-__all__ = ["history", "add_finished", "found_commit", "require_store"]
+__all__ = ["history", "add_finished", "found_commit", "require_store", "open_existing"]
 
 _DB_HELP = "The store: a file (SQLite, default bench-history.db) or postgresql://user@host/db."
 _ENV_COMMIT = ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT")
@@ -68,7 +68,7 @@ def _note(msg: str) -> None:
     stderr.print(msg, highlight=False, markup=False, soft_wrap=True)
 
 
-def _open_existing(db: str) -> Any:
+def open_existing(db: str) -> Any:
     """The store at ``db``; an SQLite file must exist already (reading never creates one)."""
     from bench.history.store import open_store
 
@@ -174,7 +174,7 @@ def check(db: str, metric: str, stat: str | None, cells: tuple[str, ...], recent
     """
     from bench.history.check import CheckSettings, check_history
 
-    with _open_existing(db) as store:
+    with open_existing(db) as store:
         doc = check_history(store, CheckSettings(metric, stat, cells, recent, method, allowance_pct))
     if as_json:
         click.echo(json.dumps(doc, indent=1))
@@ -211,7 +211,7 @@ def _print_check(doc: dict[str, Any]) -> None:
 def runs(db: str, as_json: bool) -> None:
     """List the stored runs in the order they were made."""
 
-    with _open_existing(db) as store:
+    with open_existing(db) as store:
         rows = [{"run_index": i, **r.to_dict()} for i, r in enumerate(store.runs())]
     if as_json:
         click.echo(json.dumps(rows, indent=1))
@@ -230,7 +230,7 @@ def export(db: str, as_csv: bool, out_file: str | None) -> None:
     """Export the history for other tools (CSV: run index, run id, start, commit, ..., cell, metric, statistics)."""
     from bench.results import write_atomic
 
-    with _open_existing(db) as store:
+    with open_existing(db) as store:
         rows = store.export_rows()
     buf = io.StringIO()
     cols = ["run_index", "run_id", "started", "commit", "branch", "profile", "model", "backend", "hostname",

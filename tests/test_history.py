@@ -402,3 +402,74 @@ def test_postgresql_unreachable_is_one_line_exit_3(tmp_path, capsys, postgres_ur
     bad = postgres_url.replace("port=5432", "port=5999")
     rc, _, err = run_cli(capsys, "history", "add", str(write_series(tmp_path, [50.0])[0]), "--db", bad)
     assert rc == 3 and len(err.strip().splitlines()) == 1 and "cannot connect" in err
+
+
+# --- bench report --history ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trend_db(tmp_path, capsys) -> Path:
+    pytest.importorskip("plotly")
+    files = write_series(tmp_path / "runs", stepped(20, 14, -10.0, seed=1))
+    db = tmp_path / "h.db"
+    assert run_cli(capsys, "history", "add", *map(str, files), "--db", str(db), "--commit", "feedbeef")[0] == 0
+    return db
+
+
+def test_report_history_page_has_trends_change_points_and_band(tmp_path, capsys, trend_db) -> None:
+    out = tmp_path / "t.html"
+    rc, _, err = run_cli(capsys, "report", "--history", str(trend_db), "-o", str(out))
+    assert rc == 0, err
+    page = out.read_text(encoding="utf-8")
+    assert "Trends over 20 runs" in page and "d0-s1-prose: decode_tok_s median over 20 runs" in page
+    assert "allowance 5 % (default rule max_drop_pct = 5)" in page  # the band's label
+    assert "-10." in page and "commit feedbeef" in page  # a change point's size; the commit on hover
+    assert page.count('class="plotly-graph-div"') == len(CELLS) * 2  # decode_tok_s and ttft_ms of each cell
+    # with results files, the usual report and the trends after it
+    run = tmp_path / "runs" / "run019" / "results.json"
+    rc, _, err = run_cli(capsys, "report", str(run), "--history", str(trend_db), "-o", str(tmp_path / "both.html"))
+    assert rc == 0, err
+    both = (tmp_path / "both.html").read_text(encoding="utf-8")
+    assert both.index("<h2>Runs</h2>") < both.index("Trends over 20 runs")
+    rc, _, err = run_cli(capsys, "report", "-o", str(tmp_path / "x.html"))
+    assert rc == 3 and "--history" in err
+
+
+def test_report_history_draws_in_headless_chromium(tmp_path, capsys, trend_db) -> None:
+    chromium = "/usr/bin/chromium"
+    if not os.path.exists(chromium):
+        pytest.skip(f"no {chromium} (apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    out = tmp_path / "t.html"
+    assert run_cli(capsys, "report", "--history", str(trend_db), "-o", str(out))[0] == 0
+    outside: list[str] = []
+    errors: list[str] = []
+
+    def route(r) -> None:
+        if r.request.url.startswith(("file://", "data:", "blob:")):
+            r.continue_()
+        else:
+            outside.append(r.request.url)
+            r.abort()
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=chromium, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", route)
+            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(out.as_uri(), wait_until="load")
+            page.wait_for_function("document.querySelectorAll('.plotly-graph-div .main-svg').length > 0")
+            drawn = page.eval_on_selector_all(
+                ".plotly-graph-div", "ds => ds.map(d => [d.querySelectorAll('.main-svg .scatterlayer path').length, "
+                "d.querySelectorAll('.shapelayer path').length])")
+        finally:
+            browser.close()
+    assert outside == [] and errors == [], (outside, errors)
+    assert len(drawn) == len(CELLS) * 2 and all(marks > 0 for marks, _ in drawn), drawn
+    # the decode figures carry a change-point line and the allowance band (two shapes)
+    assert sum(1 for _, shapes in drawn if shapes >= 2) >= len(CELLS), drawn

@@ -140,7 +140,7 @@ def _threshold(logx: np.ndarray, window: int, k: float = 3.0) -> list[Change]:
     return out
 
 
-def detect(values: Sequence[float], *, method: str = "pelt", min_size: int = MIN_SIZE, beta: float = BETA,
+def detect(values: Sequence[float] | np.ndarray, *, method: str = "pelt", min_size: int = MIN_SIZE, beta: float = BETA,
            alpha: float = ALPHA, max_noise_pct: float = MAX_NOISE_PCT, window: int = 10) -> SeriesResult:
     """Change points in ``values`` (positive numbers, oldest first); see the module docstring."""
     if method not in METHODS:

@@ -132,6 +132,9 @@ def _stat_rows(results: Results) -> list[tuple[Any, ...]]:
             if all(v is None for v in vals):
                 continue
             lo, hi = _median_interval(cell, metric)
+            med = vals[STAT_COLUMNS.index("median")]
+            if lo is None or hi is None or med is None or not lo <= med <= hi:  # samples that are not the summary's
+                lo = hi = None
             rows.append((cell.id, metric, int(s["n"]), *vals, lo, hi))
     return rows
 

@@ -193,8 +193,9 @@ def _figures(sources: Sequence[Source]) -> dict[str, Any]:
 
 
 def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str, Any]]] = (),
-                 title: str | None = None) -> str:
-    """The whole HTML page (a string): plotly.js inline, then the sections the data supports."""
+                 title: str | None = None, extra_sections: Sequence[str] = ()) -> str:
+    """The whole HTML page (a string): plotly.js inline, then the sections the data supports, then
+    ``extra_sections`` (HTML, e.g. :func:`bench.report.trends.trend_section`)."""
     from plotly.offline import get_plotlyjs
 
     title = title or "bench report: " + " vs ".join(s.name for s in sources)
@@ -219,6 +220,7 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
             parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]
     if gates:
         parts += ["<h2>Gate verdicts</h2>"] + [_gate_section(n, g) for n, g in gates]
+    parts += list(extra_sections)
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
             f"<body>{''.join(parts)}<p class='muted'>made by bench from results.json and records.jsonl; "
@@ -234,11 +236,11 @@ def require_plotly() -> None:
 
 
 def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-                 title: str | None = None) -> Path:
+                 title: str | None = None, extra_sections: Sequence[str] = ()) -> Path:
     """Read the inputs, write the HTML report to ``out`` (atomically); returns its path."""
     require_plotly()
     sources, gates = load_inputs(paths)
-    page = build_report(sources, gates, title)
+    page = build_report(sources, gates, title, extra_sections)
     return write_atomic(out, page)
 
 
