@@ -28,7 +28,7 @@ Exit codes used by the CLI (``cli.py`` is the only place that turns errors into 
 
 ====  =====================================================================
 0     success
-1     a check failed: ``bench replay`` expectation unmet, ``bench gate`` regression
+1     a check failed: ``bench replay`` expectation unmet, ``bench gate`` regression, ``bench history check``
 2     ``bench gate``: inconclusive after the re-measure budget
 3     bad input: profile, option, results or case file (``bench gate``: could not run, any cause)
 4     endpoint unreachable
