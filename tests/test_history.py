@@ -191,6 +191,26 @@ def test_migrations_are_versioned_and_applied_once(tmp_path) -> None:
     assert isinstance(HistoryStore, type)
 
 
+def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(tmp_path, monkeypatch) -> None:
+    import bench.history.store as st
+    from bench.errors import HistoryError
+
+    db = tmp_path / "h.db"
+    with st.open_store(db) as s:
+        s.add(make_results(0, 50.0))
+    broken = (3, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
+    monkeypatch.setattr(st, "MIGRATIONS", (*st.MIGRATIONS, broken))
+    monkeypatch.setattr(st, "SCHEMA_VERSION", 3)
+    with pytest.raises(HistoryError, match="migrating"):
+        st.open_store(db)
+    conn = sqlite3.connect(db)
+    tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    assert "extra" not in tables  # the first statement of the failed migration was rolled back with it
+    assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+    assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
+    conn.close()
+
+
 # --- check: the interface -----------------------------------------------------------------------------------------
 
 

@@ -194,9 +194,12 @@ class HistoryStore:
             if have == 0:
                 self._exec("CREATE TABLE schema_version (version INTEGER PRIMARY KEY, applied TEXT NOT NULL, "
                            "about TEXT NOT NULL)")
+                self.conn.commit()
             for version, about, statements in MIGRATIONS:
                 if version <= have:
                     continue
+                if self.kind == "sqlite":  # DDL included: the whole migration or none of it
+                    self._exec("BEGIN")
                 for s in statements:
                     self._exec(s)
                 self._exec("INSERT INTO schema_version (version, applied, about) VALUES (?, ?, ?)",
