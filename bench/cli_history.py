@@ -160,7 +160,7 @@ def add_finished(results: Any, out: Path, db: str) -> None:
 @click.option("--recent", type=int, default=5, show_default=True, help="Exit 1 when a regression beyond the "
               "allowance starts within the last K runs (a change is seen 3 runs after it at the earliest).")
 @click.option("--allowance", "allowance_pct", type=click.FloatRange(min=0), default=None, help="The allowed "
-              "worsening in %% (default: the newest run's gate rule for the metric, else the default rule).")
+              "worsening in % (default: the newest run's gate rule for the metric, else the default rule).")
 @click.option("--method", default="pelt", show_default=True, type=click.Choice(["pelt", "binseg", "threshold"]),
               help="The detector (docs/history.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as one JSON object on stdout.")
@@ -194,8 +194,8 @@ def _print_check(doc: dict[str, Any]) -> None:
     for c in doc["changes"]:
         b, a = c["before"], c["after"]
         flag = " FAIL" if c["direction"] == "regression" and c["recent"] and c["beyond_allowance"] else ""
-        click.echo(f"  {c['cell']} {c['metric']} {c['stat']}: {c['change_pct']:+.2f} % [{c['ci_pct'][0]:+.2f}, "
-                   f"{c['ci_pct'][1]:+.2f}] {c['direction']} at run {c['run_index']} ({c['run_id']}, "
+        click.echo(f"  {c['cell']} {c['metric']} {c['stat']}: {c['change_pct']:+.2f} % (99 % interval "
+                   f"{c['ci_pct'][0]:+.2f} .. {c['ci_pct'][1]:+.2f}) {c['direction']} at run {c['run_index']} ({c['run_id']}, "
                    f"{c['started']}, commit {(c['commit'] or '?')[:12]}){flag}")
         click.echo(f"      before: runs {b['first_run_index']}-{b['last_run_index']} ({b['runs']}, median "
                    f"{b['median']:.4g}); after: runs {a['first_run_index']}-{a['last_run_index']} ({a['runs']}, "

@@ -318,6 +318,29 @@ def test_export_csv_one_row_per_run_cell_metric(tmp_path, capsys) -> None:
 # --- bench run --history ------------------------------------------------------------------------------------------
 
 
+def test_commit_and_branch_come_from_the_options_the_ci_or_git(monkeypatch, tmp_path) -> None:
+    from bench.cli_history import found_commit
+
+    for k in ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT", "GITHUB_HEAD_REF", "GITHUB_REF_NAME",
+              "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH", "GIT_BRANCH"):
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.chdir(tmp_path)  # not a git work tree
+    assert found_commit(None, None, use_git=True) == (None, None)
+    monkeypatch.setenv("GITHUB_SHA", "a1b2c3")
+    monkeypatch.setenv("GITHUB_REF_NAME", "main")
+    assert found_commit(None, None, use_git=False) == ("a1b2c3", "main")
+    assert found_commit("given", "topic", use_git=True) == ("given", "topic")
+    if shutil.which("git"):
+        subprocess.run(["git", "init", "-q", "-b", "work"], check=True)
+        subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "--allow-empty", "-m", "x"],
+                       check=True)
+        head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+        monkeypatch.delenv("GITHUB_SHA")
+        monkeypatch.delenv("GITHUB_REF_NAME")
+        assert found_commit(None, None, use_git=True) == (head, "work")
+        assert found_commit(None, None, use_git=False) == (None, None)  # `history add` asks git only with --git
+
+
 def test_run_history_adds_the_finished_run(tmp_path, capsys) -> None:
     from bench.sim import SimConfig, running_sim
 
@@ -416,6 +439,25 @@ def test_postgresql_store_add_duplicate_check_export(tmp_path, capsys, pg_db) ->
     assert rc2 == rc and json.loads(out2)["changes"] == doc["changes"]
     rc, out, _ = run_cli(capsys, "history", "export", "--csv", "--db", pg_db)
     assert rc == 0 and len(out.strip().splitlines()) == 1 + 24 * len(CELLS) * 2
+
+
+def test_postgresql_migration_that_fails_half_way_is_rolled_back(pg_db, monkeypatch) -> None:
+    import psycopg
+
+    import bench.history.store as st
+    from bench.errors import HistoryError
+
+    with st.open_store(pg_db) as s:
+        s.add(make_results(0, 50.0))
+    broken = (3, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
+    monkeypatch.setattr(st, "MIGRATIONS", (*st.MIGRATIONS, broken))
+    monkeypatch.setattr(st, "SCHEMA_VERSION", 3)
+    with pytest.raises(HistoryError, match="migrating"):
+        st.open_store(pg_db)
+    with psycopg.connect(pg_db) as c:
+        assert c.execute("SELECT to_regclass('extra')").fetchone()[0] is None
+        assert c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+        assert c.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
 
 
 def test_postgresql_unreachable_is_one_line_exit_3(tmp_path, capsys, postgres_url) -> None:
