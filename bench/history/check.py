@@ -88,6 +88,11 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
     """
     if s.method not in METHODS:
         raise ConfigError(f"--method {s.method}: one of {', '.join(METHODS)}")
+    try:
+        import ruptures  # noqa: F401
+        import scipy  # noqa: F401
+    except ImportError:
+        raise ConfigError("bench history check needs ruptures and scipy: pip install 'bench[history]'") from None
     if s.recent < 1:
         raise ConfigError(f"--recent {s.recent}: must be at least 1")
     runs = store.runs()
