@@ -92,6 +92,17 @@ def test_add_stores_runs_and_refuses_the_same_run_again(tmp_path, capsys) -> Non
     assert rc == 3 and "nothing to add" in err  # every one skipped
 
 
+def test_a_file_edited_after_the_run_is_another_run(tmp_path, capsys) -> None:
+    a = make_results(0, 50.0)
+    save_results(a, tmp_path / "a" / "results.json")
+    a.cells[0].decode_tok_s["median"] = 40.0  # same run id and start, other figures
+    save_results(a, tmp_path / "b" / "results.json")
+    db = str(tmp_path / "h.db")
+    rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "a"), str(tmp_path / "b"), "--db", db)
+    assert rc == 0 and "added 2 run(s)" in err
+    assert run_cli(capsys, "history", "add", str(tmp_path / "b"), "--db", db)[0] == 3
+
+
 def test_folder_import_orders_runs_by_start_and_keeps_statistics(tmp_path, capsys) -> None:
     from bench.history.store import open_store
 

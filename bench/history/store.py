@@ -10,8 +10,8 @@ A store is named by a URL: a plain path or ``sqlite:///path`` is an SQLite file 
     stats           one row per run x cell x metric: n, mean, median, p10, p90, p99, min, max and the 95 %
                     bootstrap interval of the median (median_lo, median_hi; NULL without raw samples)
 
-A run is identified by ``run.id`` together with ``run.started`` (``run_key``, unique): adding it again is refused
-(:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
+A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
+again is refused (:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
 one transaction each, and a store written by a newer bench (a version above :data:`SCHEMA_VERSION`) is refused.
 """
 
@@ -67,8 +67,12 @@ SCHEMA_VERSION = MIGRATIONS[-1][0]
 
 
 def run_key(results: Results) -> str:
-    """The identity of a run in the store: ``run.id@run.started`` (the 8-hex id alone could repeat)."""
-    return f"{results.run.id}@{_started(results)}"
+    """The identity of a run in the store: ``run.id@run.started#digest`` (the 8-hex id alone could repeat; the
+    digest, of the cells' summaries, tells a file edited after the run from the run itself)."""
+    import hashlib
+
+    cells = redact(json.dumps([c.to_dict() for c in results.cells], sort_keys=True, ensure_ascii=False))
+    return f"{results.run.id}@{_started(results)}#{hashlib.sha256(cells.encode()).hexdigest()[:16]}"
 
 
 def _started(results: Results) -> str:
