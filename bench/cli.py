@@ -20,6 +20,7 @@ from .cli_capacity import capacity, load_options, load_settings, run_open_loop, 
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
+from .cli_gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
 from .cli_report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 
@@ -170,6 +171,7 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
               help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @load_options
+@gpu_options
 @client_options
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
@@ -214,8 +216,10 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
                        prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+    gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)
     if ls is not None:  # open loop (rate, trace, sessions): bench.load
+        no_gpu_in_open_loop(gpu_kw)
         if not isinstance(workers, int):
             raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
         _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
@@ -223,11 +227,12 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         return
     prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
     parallel, ctx = engine_size(prof)
-    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base:  # the server's log kept in out
+    # the server's log kept in out; the GPUs sampled around each cell's measured waves (bench.server.gpu)
+    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base, gpu_sampler(gpu_kw, base) as gpu:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
         results = _run_with_progress(base, prof, settings, out, as_json, progress_every, model=model,
                                      workers=workers, annotators=annotators, resume=previous,
-                                     ray_address=ray_address)
+                                     ray_address=ray_address, gpu=gpu)
     _finish_run(results, out, as_json, make_report)
 
 

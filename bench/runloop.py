@@ -90,19 +90,21 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                       model: str | None = None, observer: Observer | None = None, workers: int | str = 1,
                       views: Views | None = None, pool: Any = None,
                       annotators: list[CellAnnotator] | None = None, resume: Results | None = None,
-                      ray_address: str | None = None) -> Results:
+                      ray_address: str | None = None, gpu: Any = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.workers`); ``pool``: an
     already made pool with the same interface (Ray actors). ``resume``: an interrupted run of the same profile,
     endpoint and model whose finished cells are kept (the unfinished one is measured again). At the end the
     overhead probes run again and ``run.drift`` says how far the server moved. Raises :class:`RunInterrupted` on
-    SIGINT/SIGTERM, after writing what finished.
+    SIGINT/SIGTERM, after writing what finished. ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    cell's measured waves.
     """
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                     workers=workers, pool=pool, annotators=annotators, ray_address=ray_address)
+                                     workers=workers, pool=pool, annotators=annotators, ray_address=ray_address,
+                                     gpu=gpu)
         cells: list[CellResult] = []
         try:
             done = _resumable(resume, session)

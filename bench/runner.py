@@ -44,6 +44,8 @@ from .prompts.content import stream_text
 from .queueing import queueing_summary
 from .records import RecordWriter, RequestRecord
 from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
+from .server.gpu import GpuSampler
+from .server.gpu_summary import GpuSample, summarize_gpu
 from .server_info import discover_server
 from .server_metrics import MetricsScraper, cross_check_notes, cross_checks, detect_metrics
 from .stats import bootstrap_ci
@@ -84,6 +86,7 @@ class CellRun:
     lag: dict[str, Any] | None = None
     worker_lag_ns: list[list[int]] = field(default_factory=list)  # per pool worker: its loop-lag samples (ns)
     server_metrics: dict[str, Any] | None = None
+    gpu_windows: list[list[GpuSample]] = field(default_factory=list)  # GPU samples per measured window
     summary: CellResult | None = None
     _metrics: list[RequestMetrics] = field(default_factory=list, init=False, repr=False)
 
@@ -107,6 +110,7 @@ class CellRun:
         if more.server_metrics is not None:  # the server's counters cover the first part only: marked partial
             first = self.server_metrics is None and not self.records
             self.server_metrics = more.server_metrics if first else {**(self.server_metrics or {}), "partial": True}
+        self.gpu_windows.extend(more.gpu_windows)  # energy is taken per window: the gaps between never count
         mine = self.metrics()  # both sides' metrics carried over, none computed again
         self.records.extend(more.records)
         self._metrics = mine + more.metrics()
@@ -164,6 +168,7 @@ class Session:
         self.annotators: list[CellAnnotator] = []
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server_metrics), when it has one
+        self.gpu: GpuSampler | None = None  # GPU telemetry around each measured window (bench.server.gpu)
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
         self.slo: SLO | None = parse_slo(profile.slo, "[load] slo") if profile.slo else None
         self.started = datetime.now(UTC)
@@ -183,14 +188,15 @@ class Session:
     async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
                    out_dir: Path | None = None, observer: Observer | None = None, workers: int | str = 1,
                    pool: Any = None, annotators: list[CellAnnotator] | None = None,
-                   ray_address: str | None = None) -> Session:
+                   ray_address: str | None = None, gpu: GpuSampler | None = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.workers`);
         ``workers="auto"``: the count is chosen per cell from bench's own lag during the warm-up
         (:mod:`bench.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
         (:mod:`bench.raypool`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up, probes
-        and warm-ups stay in this process.
+        and warm-ups stay in this process. ``gpu``: a GPU sampler run around each cell's measured waves (the
+        session closes it).
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -200,6 +206,7 @@ class Session:
         conc = max((c.streams for c in profile.cells()), default=1)
         s = cls(base, settings, profile, make_http_client(settings, conc))
         s.observer = observer
+        s.gpu = gpu
         s.annotators = list(annotators or [])
         try:
             s.model = model or await discover_model(s.client, base, settings.api_key)
@@ -240,6 +247,9 @@ class Session:
             self.pool = None
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
         await self.client.aclose()
         if self.writer is not None:
             self.writer.close()
@@ -509,12 +519,16 @@ class Session:
         mon = LagMonitor()
         if self.scraper is not None:
             await self.scraper.begin()
+        if self.gpu is not None:  # its readings (and an exporter's page) are taken in a thread, not in this loop
+            await asyncio.to_thread(self.gpu.begin)
         mon.start()
         try:
             await self._measured_waves(run, want, fixed, first_wave)
         finally:
             own = mon.stop()  # with a pool this loop only waits: the workers' loops stamp the reads
             run.lag = workers_lag(run.worker_lag_ns) or own
+            if self.gpu is not None:
+                run.gpu_windows.append(await asyncio.to_thread(self.gpu.end))
             if self.scraper is not None:
                 run.server_metrics = await self.scraper.end()
         if cell.id in self.sizing and run.lag:
@@ -564,6 +578,8 @@ class Session:
             self._server_checks(run.server_metrics, ms, run.summary)
         if self.slo is not None:
             self._score_slo(run, ms, run.summary)
+        if run.gpu_windows and self.gpu is not None:
+            run.summary.gpu = self._gpu_summary(run, ms)
         for annotate in self.annotators:
             annotate(self, run.summary)
         if self.observer is not None:
@@ -582,6 +598,15 @@ class Session:
         if notes:
             sm["notes"] = notes
         summary.server_metrics = sm
+
+    def _gpu_summary(self, run: CellRun, ms: list[RequestMetrics]) -> dict[str, Any] | None:
+        """The cell's ``gpu`` section: its windows' samples over the successful requests' output tokens (and, at
+        depth > 0, their uncached prompt tokens); docs/gpu-telemetry.md."""
+        assert self.gpu is not None
+        ok = [m for m in ms if m.ok]
+        prompt = sum(max(0, (m.prompt_tokens or 0) - m.cached_tokens) for m in ok) if run.cell.depth else None
+        return summarize_gpu(run.gpu_windows, output_tokens=sum(m.output_tokens for m in ok), prompt_tokens=prompt,
+                             source=self.gpu.source, interval_s=self.gpu.interval_s, info=self.gpu.info)
 
     def _score_slo(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> None:
         """``goodput``, ``slo`` and ``slo_met`` of a concurrency cell: the open-loop figures
