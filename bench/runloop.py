@@ -189,13 +189,14 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                    *, model: str | None = None, out_dir: Path | None = None, force: bool = False,
                    budget_waves: int | None = None, observer: Observer | None = None,
                    log: Callable[[str], None] | None = None, level: float = 0.95, seed: int = 0,
-                   views: Views | None = None) -> GateOutcome:
+                   views: Views | None = None, gpu: Any = None) -> GateOutcome:
     """Run ``profile`` against ``base``, compare with ``baseline`` under ``rules``, re-measure inconclusive cells.
 
     Re-measuring: while some cell has an inconclusive verdict, no verdict is a regression (which already decides
     the exit code) and budget is left (``budget_waves``, default ``profile.gate_budget_waves``), each such cell gets
     ``min(its current waves, budget left / cells)`` (at least 1) more measured waves (after its warm-up), merged
-    with its earlier ones through the same cell-summary step, and every verdict is recomputed.
+    with its earlier ones through the same cell-summary step, and every verdict is recomputed. ``gpu``: a GPU
+    sampler (:mod:`bench.server.gpu`) around each cell's measured waves.
 
     Raises:
         ConfigError: the runs are not comparable (profile, model, backend; unless ``force``).
@@ -207,7 +208,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                           f"this run uses {profile.name!r} (--force compares anyway)")
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
-        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                     gpu=gpu)
         st = _GateState(session, baseline, rules, level, seed)
         try:
             return await _gate(st, out, force, budget_waves, log or (lambda s: None))

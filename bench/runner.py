@@ -45,7 +45,7 @@ from .queueing import queueing_summary
 from .records import RecordWriter, RequestRecord
 from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
 from .server.gpu import GpuSampler
-from .server.gpu_summary import GpuSample, summarize_gpu
+from .server.gpu_summary import GpuSample, summarize_gpu, wave_tokens_per_joule
 from .server_info import discover_server
 from .server_metrics import MetricsScraper, cross_check_notes, cross_checks, detect_metrics
 from .stats import bootstrap_ci
@@ -87,6 +87,7 @@ class CellRun:
     worker_lag_ns: list[list[int]] = field(default_factory=list)  # per pool worker: its loop-lag samples (ns)
     server_metrics: dict[str, Any] | None = None
     gpu_windows: list[list[GpuSample]] = field(default_factory=list)  # GPU samples per measured window
+    wave_spans: list[tuple[float, float]] = field(default_factory=list)  # each wave's start, end (time.monotonic)
     summary: CellResult | None = None
     _metrics: list[RequestMetrics] = field(default_factory=list, init=False, repr=False)
 
@@ -111,6 +112,7 @@ class CellRun:
             first = self.server_metrics is None and not self.records
             self.server_metrics = more.server_metrics if first else {**(self.server_metrics or {}), "partial": True}
         self.gpu_windows.extend(more.gpu_windows)  # energy is taken per window: the gaps between never count
+        self.wave_spans.extend(more.wave_spans)
         mine = self.metrics()  # both sides' metrics carried over, none computed again
         self.records.extend(more.records)
         self._metrics = mine + more.metrics()
@@ -542,8 +544,9 @@ class Session:
         cell, p, w = run.cell, self.profile, 0
         while True:
             reqs = self.planner.wave(cell, "measure", first_wave + w)
-            c0, t0 = time.process_time(), time.perf_counter()
+            c0, t0, m0 = time.process_time(), time.perf_counter(), time.monotonic()
             recs = await self._wave(cell, reqs)
+            run.wave_spans.append((m0, time.monotonic()))
             if self.pool is not None:
                 run.add_worker_lag(getattr(self.pool, "last_lag_ns", None))
             run.cpu_s += time.process_time() - c0
@@ -605,8 +608,14 @@ class Session:
         assert self.gpu is not None
         ok = [m for m in ms if m.ok]
         prompt = sum(max(0, (m.prompt_tokens or 0) - m.cached_tokens) for m in ok) if run.cell.depth else None
-        return summarize_gpu(run.gpu_windows, output_tokens=sum(m.output_tokens for m in ok), prompt_tokens=prompt,
-                             source=self.gpu.source, interval_s=self.gpu.interval_s, info=self.gpu.info)
+        g = summarize_gpu(run.gpu_windows, output_tokens=sum(m.output_tokens for m in ok), prompt_tokens=prompt,
+                          source=self.gpu.source, interval_s=self.gpu.interval_s, info=self.gpu.info)
+        tokens = {m.request_id: m.output_tokens for m in ok}
+        waves = [(t0, t1, sum(tokens.get(r, 0) for r in ids)) for (t0, t1), ids in zip(run.wave_spans, run.waves)]
+        per_wave = wave_tokens_per_joule(g, run.gpu_windows, waves) if g is not None else None
+        if per_wave is not None and run.summary is not None:  # the samples a gate rule on tokens_per_joule reads
+            run.summary.samples["tokens_per_joule"] = per_wave
+        return g
 
     def _score_slo(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> None:
         """``goodput``, ``slo`` and ``slo_met`` of a concurrency cell: the open-loop figures

@@ -264,19 +264,21 @@ _DCGM_HEAD = """# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
 POWER_W = {0: 300.0, 1: 150.0}  # each scrape adds this many joules to the GPU's counter
 
 
-def dcgm_page(k: int) -> str:
+def dcgm_page(k: int, slow_clock: int = 1410, every: int = 2) -> str:
     """The exporter's page at its k-th scrape: GPU 0 at 300 W, GPU 1 at 150 W; counters rise 300 J and 150 J per
-    scrape; GPU 1's SM clock 1410 on odd scrapes (a clock event), 1980 otherwise."""
+    scrape; GPU 1's SM clock ``slow_clock`` with the power-cap reason in every ``every``-th scrape (the odd ones by
+    default), 1980 otherwise."""
     lines = [_DCGM_HEAD]
     for g, p in POWER_W.items():
         lab = (f'gpu="{g}",UUID="GPU-{g}aaa",device="nvidia{g}",modelName="NVIDIA H200",Hostname="dgx1",'
                'DCGM_FI_DRIVER_VERSION="575.57.08"')
-        sm = 1410 if g == 1 and k % 2 else 1980
+        slow = g == 1 and k % every == every - 1 and slow_clock < 1980
+        sm = slow_clock if slow else 1980
         lines += [f"DCGM_FI_DEV_SM_CLOCK{{{lab}}} {sm}", f"DCGM_FI_DEV_MEM_CLOCK{{{lab}}} 2619",
                   f"DCGM_FI_DEV_GPU_UTIL{{{lab}}} 97", f"DCGM_FI_DEV_GPU_TEMP{{{lab}}} 55",
                   f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {p:.3f}", f"DCGM_FI_DEV_FB_USED{{{lab}}} 81920",
                   f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {int(5e9 + k * p * 1000)}",
-                  f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{lab}}} {4 if g == 1 and k % 2 else 0}"]
+                  f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{lab}}} {4 if slow else 0}"]
     return "\n".join(lines) + "\n"
 
 
@@ -392,3 +394,85 @@ def test_gpu_flags_bad_input_is_one_line_exit_3(tmp_path, capsys) -> None:
                      "--out", str(tmp_path / "c")]) == 3
         err = capsys.readouterr().err
         assert "choose one" in err and "open-loop" in err and "Traceback" not in err
+
+
+# ---- per-wave tokens per joule and the gate -------------------------------------------------------------------------
+
+
+def test_wave_tokens_per_joule_interpolates_the_counter() -> None:
+    """300 W for 10 s sampled every 0.1 s; waves [1, 3] s with 1200 tokens and [4.05, 9.05] s with 1500: 600 J and
+    1500 J -> 2.0 and 1.0 tok/J (a wave boundary between two samples is interpolated)."""
+    from bench.server.gpu_summary import wave_tokens_per_joule
+
+    w = _window(0.0, 101, 0.1, {"0": 300.0})
+    g = summarize_gpu([w], output_tokens=2700, interval_s=0.1)
+    assert g is not None
+    assert wave_tokens_per_joule(g, [w], [(1.0, 3.0, 1200), (4.05, 9.05, 1500)]) == pytest.approx([2.0, 1.0])
+    # a wave shorter than 10 sampling intervals: no per-wave figures (too coarse to gate on)
+    assert wave_tokens_per_joule(g, [w], [(1.0, 3.0, 1200), (4.0, 4.5, 10)]) is None
+    # power integrated (no counter): no per-wave figures either
+    w2 = _window(0.0, 101, 0.1, {"0": 300.0}, counter=False)
+    g2 = summarize_gpu([w2], output_tokens=2700, interval_s=0.1)
+    assert g2 is not None and wave_tokens_per_joule(g2, [w2], [(1.0, 3.0, 1200)]) is None
+
+
+def test_comparison_notes_name_clock_and_throttle_changes() -> None:
+    from bench.results import CellResult
+    from bench.server.gpu_summary import comparison_notes
+
+    def cell(cid: str, sm: float, share: float) -> CellResult:
+        return CellResult(id=cid, gpu={"sm_clock_mhz_p50": sm, "mem_clock_mhz_p50": 2619.0, "throttle_share": share})
+
+    base = [cell("a", 1980.0, 0.0), cell("b", 1980.0, 0.0), CellResult(id="c")]
+    cand = [cell("a", 1950.0, 0.04), cell("b", 1755.0, 0.30), cell("c", 1000.0, 1.0)]
+    notes = comparison_notes(base, cand)
+    assert len(notes) == 2  # a: -1.5 % and +4 points are within the bounds; c: no baseline figures
+    assert notes[0].startswith("b: GPU: SM clock p50 1980 MHz in the baseline, 1755 MHz in the candidate (-11.4 %")
+    assert notes[1].startswith("b: GPU: throttled") and "30%" in notes[1]
+
+
+GATE_GPU_PROFILE = """
+name = "gate-gpu"
+max_tokens = 64
+requests = 6
+warmup = 0
+overhead_probes = 1
+gate_budget_waves = 0
+[[sweep]]
+depths = [0]
+streams = [2]
+[[gate]]
+metric = "tokens_per_joule"
+cell = "*"
+max_drop_pct = 50
+"""
+
+
+def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
+    """A baseline with the exporter at 1980 MHz, a candidate where GPU 1 runs at 1410 MHz in every other scrape:
+    the gate gates tokens_per_joule from its per-wave samples and says the clocks differ beside its verdict."""
+    from bench.sim import SimConfig, running_sim
+
+    prof = tmp_path / "gate-gpu.toml"
+    prof.write_text(GATE_GPU_PROFILE)
+    with running_sim(SimConfig(decode_step_ms=10.0, prefill_tok_s=100_000.0)) as url:
+        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1980)) as (murl, _):
+            assert main(["run", url, "-p", str(prof), "--gpu-metrics", murl, "--gpu-interval", "0.02",
+                         "--out", str(tmp_path / "base")]) == 0
+        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1000, every=1)) as (murl, _):
+            code = main(["gate", url, "-p", str(prof), "--baseline", str(tmp_path / "base" / "results.json"),
+                         "--gpu-metrics", murl, "--gpu-interval", "0.02", "--out", str(tmp_path / "cand")])
+    err = capsys.readouterr().err
+    base = load_results(tmp_path / "base" / "results.json").cells[0]
+    assert len(base.samples["tokens_per_joule"]) == 3  # one per wave of 2 streams
+    doc = json.loads((tmp_path / "cand" / "gate.json").read_text())
+    v = doc["verdicts"][0]
+    assert v["metric"] == "tokens_per_joule" and v["verdict"] != "regression" and code in (0, 2)
+    # GPU 1 at 1000 MHz under the power cap throughout: its clock and its throttle share are named, GPU 0's not
+    assert doc["gpu_notes"] == [
+        "d0-s2-prose: GPU 1: SM clock p50 1980 MHz in the baseline, 1000 MHz in the candidate (-49.5 %, beyond 2 %): "
+        "the GPUs ran at other clocks, so a speed difference may be theirs, not the change's (power limit, clock "
+        "cap, temperature: docs/gpu-telemetry.md)",
+        "d0-s2-prose: GPU 1: throttled (power cap, thermal or hardware slowdown) in 100% of the candidate's samples "
+        "against 0% of the baseline's (beyond 5%): a speed difference may be the GPUs', not the change's"]
+    assert "GPU 1: SM clock p50 1980 MHz in the baseline" in err and "Traceback" not in err

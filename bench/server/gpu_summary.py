@@ -19,8 +19,12 @@ from typing import Any
 
 from bench.stats import percentile
 
-__all__ = ["GpuSample", "summarize_gpu", "THROTTLE_MASK", "REASON_BITS", "SERIES_MAX_POINTS"]
+__all__ = ["GpuSample", "summarize_gpu", "wave_tokens_per_joule", "comparison_notes", "THROTTLE_MASK", "REASON_BITS",
+           "SERIES_MAX_POINTS", "WAVE_MIN_RESOLUTIONS", "CLOCK_DIFF_PCT", "THROTTLE_DIFF"]
 
+WAVE_MIN_RESOLUTIONS = 10  # per-wave energy only for waves at least this many sampling resolutions long
+CLOCK_DIFF_PCT = 2.0  # a gate says so when a cell's SM or memory clock p50 differs by more than this, %
+THROTTLE_DIFF = 0.05  # ... or its throttle share by more than this (absolute: 5 % of the samples)
 SERIES_MAX_POINTS = 600  # (t, total power, mean SM clock) points kept per cell for the report
 
 # NVML's clock event ("throttle") reason bits; DCGM's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS uses the same ones
@@ -241,4 +245,100 @@ def summarize_gpu(windows: Sequence[Sequence[GpuSample]], *, output_tokens: int,
     out["gpus"] = gpus
     out["series"] = _series(windows)
     out["notes"] = _notes(gpus, out)
+    return out
+
+
+# ---- per wave (the samples behind a gate rule on tokens_per_joule) --------------------------------------------------
+
+
+def _at(curve: Sequence[tuple[float, float]], t: float) -> float | None:
+    """The curve linearly interpolated at ``t``; None outside it."""
+    for (t0, e0), (t1, e1) in zip(curve, curve[1:]):
+        if t0 <= t <= t1:
+            return e0 if t1 == t0 else e0 + (e1 - e0) * (t - t0) / (t1 - t0)
+    return None
+
+
+def _wave_energy(windows: Sequence[Sequence[GpuSample]], gpus: Sequence[str], t0: float, t1: float) -> float | None:
+    """Joules of every GPU between ``t0`` and ``t1`` (inside one window), each GPU's energy counter interpolated."""
+    for w in windows:
+        if not w or not (w[0].t_s <= t0 and t1 <= w[-1].t_s):
+            continue
+        total = 0.0
+        for g in gpus:
+            curve = [(s.t_s, s.energy_j) for s in w if s.gpu == g and s.energy_j is not None]
+            a, b = _at(curve, t0), _at(curve, t1)
+            if a is None or b is None:
+                return None
+            total += b - a
+        return total
+    return None
+
+
+def wave_tokens_per_joule(summary: dict[str, Any], windows: Sequence[Sequence[GpuSample]],
+                          waves: Sequence[tuple[float, float, int]]) -> list[float] | None:
+    """Output tokens per joule of each measured wave ``(start, end on time.monotonic(), output tokens)``, or None
+    when a wave is shorter than :data:`WAVE_MIN_RESOLUTIONS` sampling resolutions (the interval, or how often the
+    exporter's counter moved if that is slower) or some GPU's energy is not from its counter. Pure."""
+    gpus = summary.get("gpus") or []
+    if not gpus or not waves or any(g.get("energy_source") != "counter" for g in gpus):
+        return None
+    window_s = summary.get("window_s") or 0.0
+    changes = min(g.get("energy_counter_changes") or 0 for g in gpus)
+    resolution = max(summary.get("interval_s") or 0.0, window_s / changes if changes else math.inf)
+    if min(t1 - t0 for t0, t1, _ in waves) < WAVE_MIN_RESOLUTIONS * resolution:
+        return None
+    out = []
+    for t0, t1, tokens in waves:
+        e = _wave_energy(windows, [g["gpu"] for g in gpus], t0, t1)
+        if e is None or e <= 0:
+            return None
+        out.append(round(tokens / e, 5))
+    return out
+
+
+# ---- baseline against candidate (bench gate, bench compare) -------------------------------------------------------
+
+
+def _clock_note(where: str, what: str, b: Any, c: Any) -> str | None:
+    if not isinstance(b, int | float) or not isinstance(c, int | float) or b <= 0:
+        return None
+    pct = (c - b) / b * 100
+    if abs(pct) <= CLOCK_DIFF_PCT:
+        return None
+    return (f"{where}: {what} clock p50 {b:.0f} MHz in the baseline, {c:.0f} MHz in the candidate ({pct:+.1f} %, "
+            f"beyond {CLOCK_DIFF_PCT:g} %): the GPUs ran at other clocks, so a speed difference may be theirs, not "
+            "the change's (power limit, clock cap, temperature: docs/gpu-telemetry.md)")
+
+
+def _throttle_note(where: str, b: Any, c: Any) -> str | None:
+    if not isinstance(b, int | float) or not isinstance(c, int | float) or abs(c - b) <= THROTTLE_DIFF:
+        return None
+    return (f"{where}: throttled (power cap, thermal or hardware slowdown) in {c:.0%} of the candidate's samples "
+            f"against {b:.0%} of the baseline's (beyond {THROTTLE_DIFF:.0%}): a speed difference may be the GPUs', "
+            "not the change's")
+
+
+def _pairs(cid: str, b: dict[str, Any], c: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """``(where, baseline figures, candidate figures)``: per GPU label in both runs, else the cell's totals."""
+    bg = {g.get("gpu"): g for g in b.get("gpus") or []}
+    both = [(f"{cid}: GPU {g['gpu']}", bg[g.get("gpu")], g) for g in c.get("gpus") or [] if g.get("gpu") in bg]
+    return both or [(f"{cid}: GPU", b, c)]
+
+
+def comparison_notes(baseline: Sequence[Any], candidate: Sequence[Any]) -> list[str]:
+    """Lines for a gate's verdict: per cell in both runs with GPU figures (``.id``, ``.gpu``) and per GPU seen in
+    both, SM and memory clock p50 that differ by more than :data:`CLOCK_DIFF_PCT` % and throttle shares that
+    differ by more than :data:`THROTTLE_DIFF`. Pure."""
+    base = {c.id: c.gpu for c in baseline if c.gpu}
+    out = []
+    for cell in candidate:
+        b, c = base.get(cell.id), cell.gpu
+        if not b or not c:
+            continue
+        for where, x, y in _pairs(cell.id, b, c):
+            notes = [_clock_note(where, "SM", x.get("sm_clock_mhz_p50"), y.get("sm_clock_mhz_p50")),
+                     _clock_note(where, "memory", x.get("mem_clock_mhz_p50"), y.get("mem_clock_mhz_p50")),
+                     _throttle_note(where, x.get("throttle_share"), y.get("throttle_share"))]
+            out += [n for n in notes if n]
     return out
