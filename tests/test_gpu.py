@@ -380,6 +380,11 @@ def test_run_with_gpu_metrics(tmp_path, capsys) -> None:
     from bench.report.console import results_text
 
     assert "tok/J" in results_text(load_results(tmp_path / "results.json"), width=250)
+    from bench.report.html import write_report
+
+    page = write_report([tmp_path / "results.json"], tmp_path / "report.html").read_text()
+    assert "GPU power, clocks and energy per token" in page and "GPU power and SM clock during" in page
+    assert f"<td>{res['cells'][0]['gpu']['tokens_per_joule']:,.3f}</td>" in page
 
 
 def test_gpu_flags_bad_input_is_one_line_exit_3(tmp_path, capsys) -> None:

@@ -30,6 +30,7 @@ from .figures import (
     server_metrics_figure,
     timeline_figure,
 )
+from .gpu import gpu_figure, gpu_table
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
@@ -188,7 +189,7 @@ def _figures(sources: Sequence[Source]) -> dict[str, Any]:
     """The main figures by file stem (also the PNG/SVG names); absent when the data has nothing for them."""
     figs = {"decode_vs_streams": decode_vs_streams(sources), "depth": depth_figure(sources),
             "latency_cdf": cdf_figure(sources), "capacity": capacity_figure(sources),
-            "server_metrics": server_metrics_figure(sources)}
+            "server_metrics": server_metrics_figure(sources), "gpu": gpu_figure(sources)}
     return {k: f for k, f in figs.items() if f is not None}
 
 
@@ -206,6 +207,10 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
     roof = [t for t in (_roofline_table(s) for s in sources) if t]
     if roof:
         parts += ["<h2>Against the physical limit (roofline, docs/roofline.md)</h2>"] + roof
+    gpu = [t for t in (gpu_table(s) for s in sources) if t]
+    if gpu:  # beside decode tok/s: what each cell's tokens cost (docs/gpu-telemetry.md)
+        parts += ["<h2>GPU power, clocks and energy per token</h2>"] + gpu
+        parts += [_fig_html(figs["gpu"])] if "gpu" in figs else []
     if "latency_cdf" in figs:
         parts += ["<h2>TTFT, ITL and E2E distributions</h2>", _fig_html(figs["latency_cdf"])]
     tl = [f for f in (timeline_figure(s) for s in sources) if f is not None]
