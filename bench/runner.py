@@ -610,6 +610,8 @@ class Session:
         prompt = sum(max(0, (m.prompt_tokens or 0) - m.cached_tokens) for m in ok) if run.cell.depth else None
         g = summarize_gpu(run.gpu_windows, output_tokens=sum(m.output_tokens for m in ok), prompt_tokens=prompt,
                           source=self.gpu.source, interval_s=self.gpu.interval_s, info=self.gpu.info)
+        if g is not None and self.gpu.auto and all(x.get("util_pct_mean") == 0 for x in g["gpus"]):
+            return None  # auto, and no GPU worked: the local endpoint does not run on them (sim, CPU build)
         tokens = {m.request_id: m.output_tokens for m in ok}
         waves = [(t0, t1, sum(tokens.get(r, 0) for r in ids)) for (t0, t1), ids in zip(run.wave_spans, run.waves)]
         per_wave = wave_tokens_per_joule(g, run.gpu_windows, waves) if g is not None else None

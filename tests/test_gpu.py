@@ -118,6 +118,8 @@ def test_idle_gpu_is_noted_not_warned() -> None:
     w = _window(0.0, 3, 0.1, {"0": 300.0}, util_pct=95.0) + _window(0.0, 3, 0.1, {"1": 60.0}, util_pct=0.0)
     g = summarize_gpu([w], output_tokens=10)
     assert g is not None and any("GPU 1 showed 0 % utilisation" in n for n in g["notes"])
+    g = summarize_gpu([_window(0.0, 3, 0.1, {"0": 60.0}, util_pct=0.0)], output_tokens=10)
+    assert g is not None and any("no GPU showed any utilisation" in n for n in g["notes"])
 
 
 # ---- NVML: a fake pynvml playing a scripted sequence ----------------------------------------------------------------
@@ -481,3 +483,47 @@ def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
         "d0-s2-prose: GPU 1: throttled (power cap, thermal or hardware slowdown) in 100% of the candidate's samples "
         "against 0% of the baseline's (beyond 5%): a speed difference may be the GPUs', not the change's"]
     assert "GPU 1: SM clock p50 1980 MHz in the baseline" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("util", [100, 0])
+def test_auto_samples_nvml_for_a_local_endpoint(util, tmp_path, capsys, monkeypatch) -> None:
+    """--gpu-telemetry auto (the default) with NVML present and a loopback endpoint samples NVML (here the fake):
+    energy = (readings - 1) x 105 J per cell, exactly the sequence's. A cell where no GPU worked (utilisation 0:
+    the sim does not use them) gets no figures in auto mode."""
+    from bench.sim import SimConfig, running_sim
+
+    seq = _sequence()
+    for g in seq.values():
+        g["util"] = [util] * len(g["util"])
+    monkeypatch.setattr("bench.server.gpu.nvml_module", lambda: FakeNvml(seq))
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=200_000.0)) as url:
+        rc = main(["run", url, "--profile", "quick", "--depths", "0", "--streams", "1,2", "--repeats", "2",
+                   "--max-tokens", "16", "--gpu-interval", "0.01", "--out", str(tmp_path), "--json"])
+    assert rc == 0
+    cells = json.loads(capsys.readouterr().out)["cells"]
+    if util == 0:
+        assert all("gpu" not in c for c in cells)
+        return
+    for c in cells:
+        g = c["gpu"]
+        n = g["gpus"][0]["samples"]
+        assert g["source"] == "nvml" and g["gpus"][0]["uuid"] == "GPU-fake-0"
+        assert g["energy_j"] == pytest.approx((n - 1) * 105.0) and g["power_w_mean"] == pytest.approx(1050.0)
+        assert g["tokens_per_joule"] == pytest.approx(round(16 * c["requests_ok"] / g["energy_j"], 5))
+
+
+def test_run_against_a_static_exporter_page(tmp_path, capsys) -> None:
+    """An exporter whose values do not change during the run (its collect interval longer than the cells): the
+    counter is not taken for zero energy; power is integrated (450 W x the window), marked an estimate."""
+    from bench.sim import SimConfig, running_sim
+
+    with fake_exporter(lambda k: dcgm_page(0)) as (murl, _), running_sim(SimConfig(decode_step_ms=2.0)) as url:
+        rc = main(["run", url, "--profile", "quick", "--depths", "0", "--streams", "2", "--repeats", "2",
+                   "--max-tokens", "16", "--gpu-metrics", murl, "--gpu-interval", "0.02", "--out", str(tmp_path),
+                   "--json"])
+    assert rc == 0
+    g = json.loads(capsys.readouterr().out)["cells"][0]["gpu"]
+    assert g["energy_source"] == "integrated" and g["gpus"][0]["energy_counter_changes"] == 0
+    assert g["energy_j"] == pytest.approx(450.0 * g["window_s"], abs=450.0 * 0.0005)  # window_s is rounded to ms
+    assert g["tokens_per_joule"] == pytest.approx(32 / g["energy_j"], rel=1e-3)
+    assert any("an estimate" in n for n in g["notes"])

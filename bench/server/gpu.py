@@ -66,6 +66,7 @@ class GpuSampler:
 
     def __init__(self, interval_s: float, devices: Sequence[str] | None = None) -> None:
         self.interval_s = interval_s
+        self.auto = False  # chosen by --gpu-telemetry auto: cells where no GPU worked get no figures
         self.devices = set(devices) if devices else None
         self.info: dict[str, dict[str, Any]] = {}
         self.failed = 0
@@ -299,7 +300,8 @@ def make_sampler(mode: str, metrics_url: str | None, base_url: str, *, interval_
     """The sampler the flags ask for (``--gpu-telemetry nvml|off|auto``, ``--gpu-metrics URL``), or None.
 
     ``--gpu-metrics`` wins over auto (a DCGM exporter named on purpose); ``auto`` samples NVML only when NVML is
-    present and the endpoint runs on this host (:func:`is_local_url`). ``nvml``: the module to use (tests).
+    present and the endpoint runs on this host (:func:`is_local_url`), and its cells where no GPU worked get no
+    figures (a local endpoint that does not use the GPUs: bench's sim, a CPU build). ``nvml``: the module to use.
 
     Raises:
         ConfigError: ``nvml`` asked for where NVML is missing, both flags at once, a bad exporter page.
@@ -324,6 +326,7 @@ def make_sampler(mode: str, metrics_url: str | None, base_url: str, *, interval_
                               "NVIDIA driver); --gpu-metrics URL reads a DCGM exporter instead")
         return None
     s = NvmlSampler(nv, interval_s or NVML_INTERVAL_S, devices)
+    s.auto = mode == "auto"
     if not s.handles:
         s.close()
         if mode == "nvml":

@@ -205,6 +205,9 @@ def _notes(gpus: list[dict[str, Any]], out: dict[str, Any]) -> list[str]:
     if idle and len(idle) < len(gpus):
         notes.append(f"GPU {', '.join(idle)} showed 0 % utilisation throughout: its power is in the totals "
                      "(--gpu-devices to leave it out)")
+    elif idle:
+        notes.append("no GPU showed any utilisation during the cell: the endpoint may not run on these GPUs (the "
+                     "figures are then their idle power)")
     if out.get("energy_j") is None:
         notes.append("no energy: fewer than two power readings in the cell (a cell shorter than --gpu-interval)")
     return notes
