@@ -14,13 +14,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from bench.cli_gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
+
 from . import __version__
 from . import cli_check as _cli_check
 from .cli_capacity import capacity, load_options, load_settings, run_open_loop, with_cell_slo
 from .cli_common import client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .cli_gate import ab, compare, gate
-from .cli_gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
 from .cli_report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from .errors import EXIT_BAD_INPUT, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, BenchError, ConfigError, ServerError
 

@@ -22,9 +22,11 @@ from typing import Any
 
 import click
 
+from bench.cli_gpu import gpu_options, gpu_sampler, pop_gpu_options
+from bench.server.gpu_summary import comparison_notes
+
 from .cli_common import checked_url, client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
-from .cli_gpu import gpu_options, gpu_sampler, pop_gpu_options
 from .errors import EXIT_OK, BenchError, GateCouldNotRun
 from .gate import (
     Rule,
@@ -41,7 +43,6 @@ from .gate import (
 )
 from .profile import Profile
 from .results import Results, load_results
-from .server.gpu_summary import comparison_notes
 
 __all__ = ["gate", "compare", "ab"]
 

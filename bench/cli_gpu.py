@@ -8,7 +8,7 @@ from typing import Any
 
 import click
 
-from .errors import ConfigError
+from bench.errors import ConfigError
 
 __all__ = ["gpu_options", "GPU_KEYS", "pop_gpu_options", "no_gpu_in_open_loop", "gpu_sampler", "sampler_from_options"]
 
@@ -62,7 +62,7 @@ def sampler_from_options(opts: dict[str, Any], base_url: str) -> Any:
         ConfigError: a bad combination, NVML asked for where it is missing, a page that is no DCGM exporter's.
         EndpointUnreachable: ``--gpu-metrics`` does not answer.
     """
-    from .server.gpu import make_sampler
+    from bench.server.gpu import make_sampler
 
     devices = [d.strip() for d in opts["gpu_devices"].split(",") if d.strip()] if opts["gpu_devices"] else None
     if opts["gpu_devices"] is not None and not devices:

@@ -29,6 +29,9 @@ from typing import Any, Protocol
 
 import httpx
 
+from bench.server.gpu import GpuSampler
+from bench.server.gpu_summary import GpuSample, summarize_gpu, wave_tokens_per_joule
+
 from . import __version__
 from .client import ClientSettings, RequestSpec, StreamTap, discover_model, make_http_client, root_url, stream_request
 from .errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
@@ -44,8 +47,6 @@ from .prompts.content import stream_text
 from .queueing import queueing_summary
 from .records import RecordWriter, RequestRecord
 from .results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
-from .server.gpu import GpuSampler
-from .server.gpu_summary import GpuSample, summarize_gpu, wave_tokens_per_joule
 from .server_info import discover_server
 from .server_metrics import MetricsScraper, cross_check_notes, cross_checks, detect_metrics
 from .stats import bootstrap_ci

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report.gpu import gpu_figure, gpu_table
+
 from ..errors import ConfigError
 from ..metrics import request_metrics
 from ..records import read_records
@@ -30,7 +32,6 @@ from .figures import (
     server_metrics_figure,
     timeline_figure,
 )
-from .gpu import gpu_figure, gpu_table
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
