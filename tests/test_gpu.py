@@ -382,8 +382,20 @@ def test_run_with_gpu_metrics(tmp_path, capsys) -> None:
     from bench.report.console import results_text
 
     assert "tok/J" in results_text(load_results(tmp_path / "results.json"), width=250)
+    import importlib.util
+
     from bench.report.html import write_report
 
+    spec = importlib.util.spec_from_file_location("energy_table", "benchmarks/gpu/energy_table.py")
+    assert spec is not None and spec.loader is not None
+    et = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(et)
+    md = et.table([tmp_path])
+    # the fake exporter's counter rises per scrape, its power is per second: they agree only as far as the scrapes
+    # are 1/50 s apart, so each row says yes or no against the 2 % bound (the H200 check reads this column)
+    assert md.count("-prose | ") == 4 and md.count(" (yes) |") + md.count(" (**no**) |") == 4
+    worst = max(abs(g["counter_vs_integrated_pct"]) for g in res["cells"][0]["gpu"]["gpus"])
+    assert et.agreement(res["cells"][0]["gpu"]) == worst
     page = write_report([tmp_path / "results.json"], tmp_path / "report.html").read_text()
     assert "GPU power, clocks and energy per token" in page and "GPU power and SM clock during" in page
     assert f"<td>{res['cells'][0]['gpu']['tokens_per_joule']:,.3f}</td>" in page
