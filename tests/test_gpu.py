@@ -266,10 +266,10 @@ _DCGM_HEAD = """# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
 POWER_W = {0: 300.0, 1: 150.0}  # each scrape adds this many joules to the GPU's counter
 
 
-def dcgm_page(k: int, slow_clock: int = 1410, every: int = 2) -> str:
+def dcgm_page(k: int, slow_clock: int = 1410, every: int = 2, t_s: float | None = None) -> str:
     """The exporter's page at its k-th scrape: GPU 0 at 300 W, GPU 1 at 150 W; counters rise 300 J and 150 J per
-    scrape; GPU 1's SM clock ``slow_clock`` with the power-cap reason in every ``every``-th scrape (the odd ones by
-    default), 1980 otherwise."""
+    scrape (with ``t_s``: per second of ``t_s``, as a real GPU's); GPU 1's SM clock ``slow_clock`` with the
+    power-cap reason in every ``every``-th scrape (the odd ones by default), 1980 otherwise."""
     lines = [_DCGM_HEAD]
     for g, p in POWER_W.items():
         lab = (f'gpu="{g}",UUID="GPU-{g}aaa",device="nvidia{g}",modelName="NVIDIA H200",Hostname="dgx1",'
@@ -279,7 +279,7 @@ def dcgm_page(k: int, slow_clock: int = 1410, every: int = 2) -> str:
         lines += [f"DCGM_FI_DEV_SM_CLOCK{{{lab}}} {sm}", f"DCGM_FI_DEV_MEM_CLOCK{{{lab}}} 2619",
                   f"DCGM_FI_DEV_GPU_UTIL{{{lab}}} 97", f"DCGM_FI_DEV_GPU_TEMP{{{lab}}} 55",
                   f"DCGM_FI_DEV_POWER_USAGE{{{lab}}} {p:.3f}", f"DCGM_FI_DEV_FB_USED{{{lab}}} 81920",
-                  f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {int(5e9 + k * p * 1000)}",
+                  f"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION{{{lab}}} {int(5e9 + (k if t_s is None else t_s) * p * 1000)}",
                   f"DCGM_FI_DEV_CLOCK_THROTTLE_REASONS{{{lab}}} {4 if slow else 0}"]
     return "\n".join(lines) + "\n"
 
@@ -474,16 +474,27 @@ def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
 
     prof = tmp_path / "gate-gpu.toml"
     prof.write_text(GATE_GPU_PROFILE)
-    with running_sim(SimConfig(decode_step_ms=10.0, prefill_tok_s=100_000.0)) as url:
-        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1980)) as (murl, _):
+    t0 = time.monotonic()
+    with running_sim(SimConfig(decode_step_ms=20.0, prefill_tok_s=100_000.0)) as url:  # waves of ~1.3 s
+        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1980, t_s=time.monotonic() - t0)) as (murl, _):
             assert main(["run", url, "-p", str(prof), "--gpu-metrics", murl, "--gpu-interval", "0.02",
                          "--out", str(tmp_path / "base")]) == 0
-        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1000, every=1)) as (murl, _):
+        with fake_exporter(lambda k: dcgm_page(k, slow_clock=1000, every=1, t_s=time.monotonic() - t0)) as (murl, _):
             code = main(["gate", url, "-p", str(prof), "--baseline", str(tmp_path / "base" / "results.json"),
                          "--gpu-metrics", murl, "--gpu-interval", "0.02", "--out", str(tmp_path / "cand")])
     err = capsys.readouterr().err
     base = load_results(tmp_path / "base" / "results.json").cells[0]
-    assert len(base.samples["tokens_per_joule"]) == 3  # one per wave of 2 streams
+    # one per wave of 2 streams: 128 tokens over 450 W x the wave's span (the counter rises with time here); the
+    # span bench uses also holds the building of the wave's prompts, so it is a little longer than the requests'
+    from bench.records import read_records
+
+    recs = [r for r in read_records(tmp_path / "base" / "records.jsonl") if r.meta.get("phase") == "measure"]
+    truth = []
+    for w in range(3):
+        rs = [r for r in recs if r.meta["wave"] == w]
+        span_s = (max(r.sent_ns + (r.end_ns or 0) for r in rs) - min(r.sent_ns for r in rs)) / 1e9
+        truth.append(128 / (450.0 * span_s))
+    assert base.samples["tokens_per_joule"] == pytest.approx(truth, rel=0.05)
     doc = json.loads((tmp_path / "cand" / "gate.json").read_text())
     v = doc["verdicts"][0]
     assert v["metric"] == "tokens_per_joule" and v["verdict"] != "regression" and code in (0, 2)
