@@ -229,11 +229,11 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
     parallel, ctx = engine_size(prof)
     # the server's log kept in out; the GPUs sampled around each cell's measured waves (bench.server.gpu)
-    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base, gpu_sampler(gpu_kw, base) as gpu:
+    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base, gpu_sampler(gpu_kw, base, settings) as g:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
         results = _run_with_progress(base, prof, settings, out, as_json, progress_every, model=model,
                                      workers=workers, annotators=annotators, resume=previous,
-                                     ray_address=ray_address, gpu=gpu)
+                                     ray_address=ray_address, gpu=g)
     _finish_run(results, out, as_json, make_report)
 
 

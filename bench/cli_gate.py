@@ -197,7 +197,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
     parallel, ctx = engine_size(prof)
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base) as gpu:
+    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
                                        force=force, budget_waves=budget_waves, observer=observer, log=log,
                                        views=VIEWS, gpu=gpu))

@@ -45,9 +45,9 @@ def no_gpu_in_open_loop(opts: dict[str, Any]) -> None:
 
 
 @contextmanager
-def gpu_sampler(opts: dict[str, Any], base_url: str) -> Iterator[Any]:
+def gpu_sampler(opts: dict[str, Any], base_url: str, settings: Any = None) -> Iterator[Any]:
     """The GPU sampler the options ask for (:func:`sampler_from_options`), closed on exit; None when none."""
-    sampler = sampler_from_options(opts, base_url)
+    sampler = sampler_from_options(opts, base_url, settings)
     try:
         yield sampler
     finally:
@@ -55,8 +55,10 @@ def gpu_sampler(opts: dict[str, Any], base_url: str) -> Iterator[Any]:
             sampler.close()
 
 
-def sampler_from_options(opts: dict[str, Any], base_url: str) -> Any:
+def sampler_from_options(opts: dict[str, Any], base_url: str, settings: Any = None) -> Any:
     """The GPU sampler (:func:`bench.server.gpu.make_sampler`) for the options of :func:`pop_gpu_options`, or None.
+    ``settings``: the run's ClientSettings, whose TLS context (``--ca-bundle``, ``--insecure``) an https exporter
+    is read with.
 
     Raises:
         ConfigError: a bad combination, NVML asked for where it is missing, a page that is no DCGM exporter's.
@@ -70,6 +72,7 @@ def sampler_from_options(opts: dict[str, Any], base_url: str) -> Any:
     url = opts["gpu_metrics"]
     if url is not None and not url.startswith(("http://", "https://")):
         raise ConfigError(f"--gpu-metrics {url}: give an http(s):// URL of a DCGM exporter's /metrics")
+    ctx = settings.ssl_context() if settings is not None else None
     return make_sampler(opts["gpu_telemetry"] or "auto", url, base_url, interval_s=opts["gpu_interval"],
-                        devices=devices)
+                        devices=devices, verify=ctx if ctx is not None else True)
 

@@ -285,8 +285,9 @@ def dcgm_page(k: int, slow_clock: int = 1410, every: int = 2, t_s: float | None 
 
 
 @contextmanager
-def fake_exporter(body: Any = dcgm_page) -> Iterator[tuple[str, list[int]]]:
-    """A real HTTP server on a free port serving ``body(k)`` at /metrics (k: scrapes so far); yields its URL."""
+def fake_exporter(body: Any = dcgm_page, tls: tuple[str, str] | None = None) -> Iterator[tuple[str, list[int]]]:
+    """A real HTTP server on a free port serving ``body(k)`` at /metrics (k: scrapes so far); yields its URL.
+    ``tls``: (cert, key) to serve https."""
     hits = [0]
 
     class H(BaseHTTPRequestHandler):
@@ -303,10 +304,16 @@ def fake_exporter(body: Any = dcgm_page) -> Iterator[tuple[str, list[int]]]:
             pass
 
     srv = ThreadingHTTPServer(("127.0.0.1", 0), H)
+    if tls is not None:
+        import ssl
+
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(*tls)
+        srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}/metrics", hits
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{srv.server_address[1]}/metrics", hits
     finally:
         srv.shutdown()
         srv.server_close()
@@ -347,6 +354,22 @@ def test_dcgm_check_refuses_what_is_not_an_exporter() -> None:
             DcgmSampler(url).check()
     with pytest.raises(EndpointUnreachable):
         DcgmSampler("http://127.0.0.1:9/metrics").check()
+
+
+def test_https_exporter_is_read_with_the_runs_tls_settings(tls_cert) -> None:
+    """An https exporter with a private CA: refused by default (one line naming the certificate), read with
+    --ca-bundle's context."""
+    from bench.cli_gpu import sampler_from_options
+    from bench.client import ClientSettings
+
+    opts = {"gpu_telemetry": "auto", "gpu_interval": None, "gpu_devices": None}
+    with fake_exporter(tls=tls_cert) as (url, _):
+        with pytest.raises(EndpointUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+            sampler_from_options({**opts, "gpu_metrics": url}, "http://203.0.113.9:1/v1")
+        s = sampler_from_options({**opts, "gpu_metrics": url}, "http://203.0.113.9:1/v1",
+                                 ClientSettings(ca_bundle=tls_cert[0]))
+        assert isinstance(s, DcgmSampler) and len(s.read()) == 2
+        s.close()
 
 
 # ---- bench run --gpu-metrics, end to end ----------------------------------------------------------------------------

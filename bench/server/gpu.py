@@ -229,10 +229,11 @@ class DcgmSampler(GpuSampler):
     source = "dcgm"
 
     def __init__(self, url: str, interval_s: float = DCGM_INTERVAL_S, devices: Sequence[str] | None = None,
-                 client: httpx.Client | None = None) -> None:
+                 client: httpx.Client | None = None, verify: Any = True) -> None:
         super().__init__(interval_s, devices)
         self.url = url
-        self.client = client or httpx.Client(timeout=httpx.Timeout(max(2.0, 2 * interval_s), connect=5.0))
+        self.client = client or httpx.Client(timeout=httpx.Timeout(max(2.0, 2 * interval_s), connect=5.0),
+                                             verify=verify)
 
     def fetch(self) -> Page:
         """The exporter's page, parsed. Raises httpx.HTTPError or ValueError when it does not come or parse."""
@@ -256,7 +257,8 @@ class DcgmSampler(GpuSampler):
         try:
             page = self.fetch()
         except httpx.TransportError as e:
-            raise EndpointUnreachable(f"--gpu-metrics {self.url}: no answer ({type(e).__name__})") from None
+            why = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise EndpointUnreachable(f"--gpu-metrics {self.url}: no answer ({why})") from None
         except httpx.HTTPStatusError as e:
             raise ConfigError(f"--gpu-metrics {self.url}: HTTP {e.response.status_code}") from None
         except ValueError:
@@ -296,12 +298,13 @@ def is_local_url(url: str) -> bool:
 
 
 def make_sampler(mode: str, metrics_url: str | None, base_url: str, *, interval_s: float | None = None,
-                 devices: Sequence[str] | None = None, nvml: Any = None) -> GpuSampler | None:
+                 devices: Sequence[str] | None = None, nvml: Any = None, verify: Any = True) -> GpuSampler | None:
     """The sampler the flags ask for (``--gpu-telemetry nvml|off|auto``, ``--gpu-metrics URL``), or None.
 
     ``--gpu-metrics`` wins over auto (a DCGM exporter named on purpose); ``auto`` samples NVML only when NVML is
     present and the endpoint runs on this host (:func:`is_local_url`), and its cells where no GPU worked get no
-    figures (a local endpoint that does not use the GPUs: bench's sim, a CPU build). ``nvml``: the module to use.
+    figures (a local endpoint that does not use the GPUs: bench's sim, a CPU build). ``nvml``: the module to use;
+    ``verify``: the exporter's TLS verification (the run's ``--ca-bundle`` / ``--insecure`` context).
 
     Raises:
         ConfigError: ``nvml`` asked for where NVML is missing, both flags at once, a bad exporter page.
@@ -310,7 +313,7 @@ def make_sampler(mode: str, metrics_url: str | None, base_url: str, *, interval_
     if metrics_url and mode == "nvml":
         raise ConfigError("--gpu-telemetry nvml and --gpu-metrics both given: choose one source of GPU figures")
     if metrics_url:
-        d = DcgmSampler(metrics_url, interval_s or DCGM_INTERVAL_S, devices)
+        d = DcgmSampler(metrics_url, interval_s or DCGM_INTERVAL_S, devices, verify=verify)
         try:
             d.check()
         except BaseException:
