@@ -88,6 +88,15 @@ def test_a_counter_that_does_not_move_or_resets_is_not_used(energies: list[float
     assert g["energy_j"] == pytest.approx(250.0)  # 250 W x 1 s
 
 
+def test_counter_and_power_far_apart_is_noted() -> None:
+    """The counter says 600 J over 1 s while power reads 300 W: the counter is used, the gap (-50 %) noted."""
+    w = [GpuSample(k / 10, "0", power_w=300.0, energy_j=1e6 + 60.0 * k) for k in range(11)]
+    g = summarize_gpu([w], output_tokens=600)
+    assert g is not None and g["energy_j"] == pytest.approx(600.0) and g["energy_source"] == "counter"
+    assert g["gpus"][0]["counter_vs_integrated_pct"] == pytest.approx(-50.0)
+    assert any(n.startswith("GPU 0 (-50 %): power integrated") for n in g["notes"])
+
+
 def test_clock_percentiles_and_throttle_share() -> None:
     """10 samples: SM clocks 1000..1900; 3 capped by power (throttle), 2 idle (not throttle)."""
     reasons = [0x4, 0x4, 0x4, 0x1, 0x1, 0, 0, 0, 0x2, 0]

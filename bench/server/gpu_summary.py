@@ -20,11 +20,12 @@ from typing import Any
 from bench.stats import percentile
 
 __all__ = ["GpuSample", "summarize_gpu", "wave_tokens_per_joule", "comparison_notes", "THROTTLE_MASK", "REASON_BITS",
-           "SERIES_MAX_POINTS", "WAVE_MIN_RESOLUTIONS", "CLOCK_DIFF_PCT", "THROTTLE_DIFF"]
+           "SERIES_MAX_POINTS", "WAVE_MIN_RESOLUTIONS", "CLOCK_DIFF_PCT", "THROTTLE_DIFF", "DISAGREE_PCT"]
 
 WAVE_MIN_RESOLUTIONS = 10  # per-wave energy only for waves at least this many sampling resolutions long
 CLOCK_DIFF_PCT = 2.0  # a gate says so when a cell's SM or memory clock p50 differs by more than this, %
 THROTTLE_DIFF = 0.05  # ... or its throttle share by more than this (absolute: 5 % of the samples)
+DISAGREE_PCT = 10.0  # a note when a GPU's counter and integrated power differ by more than this, %
 SERIES_MAX_POINTS = 600  # (t, total power, mean SM clock) points kept per cell for the report
 
 # NVML's clock event ("throttle") reason bits; DCGM's DCGM_FI_DEV_CLOCK_THROTTLE_REASONS uses the same ones
@@ -201,6 +202,12 @@ def _notes(gpus: list[dict[str, Any]], out: dict[str, Any]) -> list[str]:
         notes.append(f"energy of GPU {', '.join(est)} is power integrated over the samples (an estimate): no energy "
                      "counter, or it did not move during the cell (an exporter that refreshes less often than the "
                      "cell lasts; dcgm-exporter: -c 1000)")
+    apart = [f"{g['gpu']} ({g['counter_vs_integrated_pct']:+.0f} %)" for g in gpus
+             if abs(g.get("counter_vs_integrated_pct") or 0) > DISAGREE_PCT]
+    if apart:
+        notes.append(f"GPU {', '.join(apart)}: power integrated over the samples differs from the energy counter by "
+                     f"more than {DISAGREE_PCT:g} % (the counter is used): samples too sparse for the cell, or a "
+                     "source that refreshes power slowly")
     idle = [g["gpu"] for g in gpus if g.get("util_pct_mean") == 0]
     if idle and len(idle) < len(gpus):
         notes.append(f"GPU {', '.join(idle)} showed 0 % utilisation throughout: its power is in the totals "
