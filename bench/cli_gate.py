@@ -216,7 +216,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
         "re-measured": ", ".join(f"{k} (+{v} waves)" for k, v in outcome.remeasured.items()) or None,
-        "results": str(out / "results.json"),
+        "results": str(out / "results.json"), "GPUs": "; ".join(gpu_notes) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0)

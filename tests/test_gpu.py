@@ -513,7 +513,8 @@ def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
                          "--out", str(tmp_path / "base")]) == 0
         with fake_exporter(lambda k: dcgm_page(k, slow_clock=1000, every=1, t_s=time.monotonic() - t0)) as (murl, _):
             code = main(["gate", url, "-p", str(prof), "--baseline", str(tmp_path / "base" / "results.json"),
-                         "--gpu-metrics", murl, "--gpu-interval", "0.02", "--out", str(tmp_path / "cand")])
+                         "--gpu-metrics", murl, "--gpu-interval", "0.02", "--out", str(tmp_path / "cand"),
+                         "--markdown", str(tmp_path / "gate.md")])
     err = capsys.readouterr().err
     base = load_results(tmp_path / "base" / "results.json").cells[0]
     # one per wave of 2 streams: 128 tokens over 450 W x the wave's span (the counter rises with time here); the
@@ -538,6 +539,7 @@ def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
         "d0-s2-prose: GPU 1: throttled (power cap, thermal or hardware slowdown) in 100% of the candidate's samples "
         "against 0% of the baseline's (beyond 5%): a speed difference may be the GPUs', not the change's"]
     assert "GPU 1: SM clock p50 1980 MHz in the baseline" in err and "Traceback" not in err
+    assert "- **GPUs**: d0-s2-prose: GPU 1: SM clock p50 1980 MHz" in (tmp_path / "gate.md").read_text()
 
 
 @pytest.mark.parametrize("util", [100, 0])
