@@ -251,6 +251,19 @@ def test_nvml_devices_filter_and_a_failing_read() -> None:
     assert s.failed == 1
 
 
+def test_nvml_reasons_fall_back_to_the_old_call() -> None:
+    """A driver without nvmlDeviceGetCurrentClocksEventReasons: the old ...ThrottleReasons answers."""
+    nv = FakeNvml(_sequence(10))
+
+    def missing(h: int) -> int:
+        raise _NotSupported("function not found")
+
+    nv.nvmlDeviceGetCurrentClocksEventReasons = missing  # type: ignore[method-assign]
+    nv.nvmlDeviceGetCurrentClocksThrottleReasons = lambda h: 0x40  # type: ignore[attr-defined]
+    s = NvmlSampler(nv, interval_s=10.0)
+    assert {x.reasons for x in s.read()} == {0x40}
+
+
 def test_make_sampler_choices() -> None:
     assert make_sampler("off", None, "http://127.0.0.1:8000/v1", nvml=FakeNvml(_sequence(3))) is None
     assert make_sampler("auto", None, "http://203.0.113.9:8000/v1", nvml=FakeNvml(_sequence(3))) is None

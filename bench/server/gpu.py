@@ -151,8 +151,9 @@ class NvmlSampler(GpuSampler):
         self.nv = nvml
         self.handles = [(str(i), nvml.nvmlDeviceGetHandleByIndex(i)) for i in range(nvml.nvmlDeviceGetCount())]
         self._off: set[tuple[str, str]] = set()
-        reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
-            nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        # the reasons call's new name first (drivers from 535 on), its old one where the driver lacks the new one
+        reasons = [f for f in (getattr(nvml, n, None) for n in ("nvmlDeviceGetCurrentClocksEventReasons",
+                                                                  "nvmlDeviceGetCurrentClocksThrottleReasons")) if f]
         self._calls: dict[str, Any] = {
             "power_w": lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW
             "energy_j": lambda h: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,  # mJ
@@ -162,11 +163,20 @@ class NvmlSampler(GpuSampler):
             "mem_used_mib": lambda h: nvml.nvmlDeviceGetMemoryInfo(h).used / 2**20,
             "temp_c": lambda h: float(nvml.nvmlDeviceGetTemperature(h, nvml.NVML_TEMPERATURE_GPU)),
         }
-        if reasons is not None:
-            self._calls["reasons"] = lambda h: int(reasons(h))
+        if reasons:
+            self._calls["reasons"] = lambda h: self._first(reasons, h)
         for label, h in self.handles:
             self.info[label] = {"name": self._get(label, "name", lambda x: _text(nvml.nvmlDeviceGetName(x)), h),
                                 "uuid": self._get(label, "uuid", lambda x: _text(nvml.nvmlDeviceGetUUID(x)), h)}
+
+    def _first(self, calls: Sequence[Any], h: Any) -> int:
+        """The first of ``calls`` that answers (an ``NVMLError`` of the last one is raised)."""
+        for call in calls[:-1]:
+            try:
+                return int(call(h))
+            except self.nv.NVMLError:
+                pass
+        return int(calls[-1](h))
 
     def _get(self, label: str, key: str, call: Any, h: Any) -> Any:
         if (label, key) in self._off:
