@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
-from .results import CellResult, Results
-from .stats import bootstrap_ratio_ci, expanded_tail, make_estimator
+from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
+from bench.results import CellResult, Results
+from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
     "HIGHER_BETTER",

@@ -17,10 +17,10 @@ import pytest
 
 from bench.cli import main
 from bench.errors import ConfigError, EndpointUnreachable
+from bench.measure.gpu import THROTTLE_MASK, summarize_gpu
 from bench.results import load_results
-from bench.server.gpu import DcgmSampler, NvmlSampler, dcgm_samples, is_local_url, make_sampler
-from bench.server.gpu_summary import THROTTLE_MASK, GpuSample, summarize_gpu
-from bench.server_metrics import parse_page
+from bench.server.gpu import DcgmSampler, GpuSample, NvmlSampler, dcgm_samples, is_local_url, make_sampler
+from bench.server.metrics import parse_page
 
 # ---- the pure summary ---------------------------------------------------------------------------------------------
 
@@ -381,7 +381,7 @@ def test_dcgm_check_refuses_what_is_not_an_exporter() -> None:
 def test_https_exporter_is_read_with_the_runs_tls_settings(tls_cert) -> None:
     """An https exporter with a private CA: refused by default (one line naming the certificate), read with
     --ca-bundle's context."""
-    from bench.cli_gpu import sampler_from_options
+    from bench.cli.gpu import sampler_from_options
     from bench.client import ClientSettings
 
     opts = {"gpu_telemetry": "auto", "gpu_interval": None, "gpu_devices": None}
@@ -466,7 +466,7 @@ def test_gpu_flags_bad_input_is_one_line_exit_3(tmp_path, capsys) -> None:
 def test_wave_tokens_per_joule_interpolates_the_counter() -> None:
     """300 W for 10 s sampled every 0.1 s; waves [1, 3] s with 1200 tokens and [4.05, 9.05] s with 1500: 600 J and
     1500 J -> 2.0 and 1.0 tok/J (a wave boundary between two samples is interpolated)."""
-    from bench.server.gpu_summary import wave_tokens_per_joule
+    from bench.measure.gpu import wave_tokens_per_joule
 
     w = _window(0.0, 101, 0.1, {"0": 300.0})
     g = summarize_gpu([w], output_tokens=2700, interval_s=0.1)
@@ -481,8 +481,8 @@ def test_wave_tokens_per_joule_interpolates_the_counter() -> None:
 
 
 def test_comparison_notes_name_clock_and_throttle_changes() -> None:
+    from bench.measure.gpu import comparison_notes
     from bench.results import CellResult
-    from bench.server.gpu_summary import comparison_notes
 
     def cell(cid: str, sm: float, share: float) -> CellResult:
         return CellResult(id=cid, gpu={"sm_clock_mhz_p50": sm, "mem_clock_mhz_p50": 2619.0, "throttle_share": share})

@@ -1,1 +1,1 @@
-"""What bench learns from the serving side besides the responses: its GPUs (gpu)."""
+"""What the server says of itself: info, /metrics, /tokenize, and its GPUs (NVML, a DCGM exporter: gpu)."""

@@ -6,7 +6,7 @@ Two samplers, one interface (docs/gpu-telemetry.md):
   for an endpoint served on this host. Default interval 100 ms.
 * :class:`DcgmSampler`: a DCGM exporter's Prometheus page (``DCGM_FI_DEV_POWER_USAGE``,
   ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION``, ``DCGM_FI_DEV_SM_CLOCK``...), parsed with the parser of
-  :mod:`bench.server_metrics`; for GPUs elsewhere. Default interval 1 s (the exporter refreshes its values every
+  :mod:`bench.server.metrics`; for GPUs elsewhere. Default interval 1 s (the exporter refreshes its values every
   ``-c`` ms itself, 30 s by default: sampling it faster only repeats them).
 
 Each samples in a thread of its own at a fixed interval (never in the event loop that stamps the streams)::
@@ -14,7 +14,7 @@ Each samples in a thread of its own at a fixed interval (never in the event loop
     sampler.begin()                 # before a cell's first measured wave: one reading, then the thread starts
     ...
     samples = sampler.end()         # after its last: the thread stops, one more reading; the window's samples
-    cell.gpu = summarize_gpu([samples], output_tokens=...)   # bench.server.gpu_summary
+    cell.gpu = summarize_gpu([samples], output_tokens=...)   # bench.measure.gpu
 
 A reading that fails is skipped (``failed`` counts them); the summary is built from those that came.
 """
@@ -27,17 +27,17 @@ import socket
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 
 from bench.errors import ConfigError, EndpointUnreachable
-from bench.server.gpu_summary import GpuSample, summarize_gpu
-from bench.server_metrics import Page, parse_page
+from bench.server.metrics import Page, parse_page
 
-__all__ = ["GpuSampler", "NvmlSampler", "DcgmSampler", "make_sampler", "nvml_module", "is_local_url", "GpuSample",
-           "summarize_gpu", "NVML_INTERVAL_S", "DCGM_INTERVAL_S", "DCGM_SERIES"]
+__all__ = ["GpuSample", "GpuSampler", "NvmlSampler", "DcgmSampler", "make_sampler", "nvml_module", "is_local_url",
+           "dcgm_samples", "NVML_INTERVAL_S", "DCGM_INTERVAL_S", "DCGM_SERIES"]
 
 NVML_INTERVAL_S = 0.1
 DCGM_INTERVAL_S = 1.0
@@ -53,6 +53,23 @@ DCGM_SERIES: dict[str, tuple[tuple[str, float], ...]] = {
     "temp_c": (("DCGM_FI_DEV_GPU_TEMP", 1.0),),
     "reasons": (("DCGM_FI_DEV_CLOCKS_EVENT_REASONS", 1.0), ("DCGM_FI_DEV_CLOCK_THROTTLE_REASONS", 1.0)),
 }
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample:
+    """One reading of one GPU. ``t_s`` on ``time.monotonic()`` (the readings of one pass over the GPUs share it);
+    any figure the GPU or the exporter does not give is None. :mod:`bench.measure.gpu` summarizes them."""
+
+    t_s: float
+    gpu: str
+    power_w: float | None = None
+    energy_j: float | None = None  # the GPU's energy counter (since driver load or boot), joules
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    util_pct: float | None = None
+    mem_used_mib: float | None = None
+    temp_c: float | None = None
+    reasons: int | None = None  # clock event reasons, NVML's bit mask
 
 
 class GpuSampler:

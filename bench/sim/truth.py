@@ -12,7 +12,7 @@ import heapq
 import math
 import random
 
-from .config import SimConfig
+from bench.sim.config import SimConfig
 
 __all__ = [
     "step_ms",
