@@ -86,7 +86,7 @@ def test_documented_error_kinds_are_the_codes() -> None:
 
 def test_error_kinds_in_the_client_are_the_enum() -> None:
     src = "\n".join(p.read_text(encoding="utf-8") for p in (*(PKG / "client").glob("*.py"), PKG / "transport" / "http.py",
-                                                                 PKG / "session" / "runner.py"))
+                                                                 PKG / "session" / "endpoint.py", PKG / "session" / "sweep.py"))
     used = set(re.findall(r'error_kind\s*==?\s*"([a-z0-9_]+)"', src))
     used |= set(re.findall(r'_set_error\([^)]*?"([a-z0-9_]+)"(?:, secret)?\)', src))
     assert used <= {k.value for k in ErrorKind}, used - {k.value for k in ErrorKind}

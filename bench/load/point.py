@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
+
+if TYPE_CHECKING:
+    from bench.session.endpoint import Session
 
 __all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "measure_load",
            "interrupted_point", "MODES"]
@@ -74,7 +77,7 @@ FILLER = " the"
 EXACT_TRIES = 4
 
 
-async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool,
+async def _sized(session: Session, kind: str, n: int, seed: int, prefix: str, instruction: bool,
                  overhead: int | None = None) -> str:
     """A prompt of ``n`` tokens (``overhead``: template tokens to leave out, default the session's). The builder
     lands within its tolerance; with an exact tokenizer, words are then added or dropped at the end until the
@@ -101,7 +104,7 @@ async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instru
         raise ServerError(f"building a {n}-token prompt: {e}") from None
 
 
-async def build_texts(session: Any, plan: list[Planned], kind: str, first_index: int) -> list[str]:
+async def build_texts(session: Session, plan: list[Planned], kind: str, first_index: int) -> list[str]:
     """Prompt text of each planned request, built before the point starts.
 
     Plain requests: one exact-length prompt per distinct size, each request with its own unique prefix swapped in
@@ -125,7 +128,7 @@ async def build_texts(session: Any, plan: list[Planned], kind: str, first_index:
     return out
 
 
-async def _block_text(session: Any, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
+async def _block_text(session: Session, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
     bt = p.meta.get("block_tokens") or 512
     parts, left = [], p.input_tokens
     for h in p.blocks:
@@ -266,7 +269,7 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
                              "window (the server is saturated at this load); lower --rate")
 
 
-async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
+async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
                     first_index: int, load: dict[str, Any], counters: Any = None,
                     on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
     """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
@@ -288,7 +291,7 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     return run, summary
 
 
-async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
+async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
     """The ``sessions`` mode as one cell: user messages built first, then the conversations
     (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
     from bench.load.sessions import run_sessions, turn_summary
@@ -373,7 +376,7 @@ def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO 
     return s
 
 
-async def measure_load(session: Any, ls: LoadSettings) -> dict[str, Any]:
+async def measure_load(session: Session, ls: LoadSettings) -> dict[str, Any]:
     """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary."""
     slo = parse_slo(ls.slo) if ls.slo else None
     if ls.mode == "sessions":

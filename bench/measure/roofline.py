@@ -304,7 +304,7 @@ def apply_roofline(results: dict[str, Any], spec: RooflineSpec) -> dict[str, Any
 
 
 class RooflineAnnotator:
-    """The run loop's hook (:data:`bench.session.runner.CellAnnotator`): each fresh cell summary gets its ``roofline``,
+    """The run loop's hook (:data:`bench.session.endpoint.CellAnnotator`): each fresh cell summary gets its ``roofline``,
     the results document its ``roofline_spec``; a model of unknown size is warned about once, naming the fix."""
 
     def __init__(self, spec: RooflineSpec) -> None:
