@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile
-from bench.config.slo import parse_slo
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import Rule, Verdict, check_comparable, compare, inconclusive_cells, overall_exit, uncovered_cells
 from bench.records import RequestRecord, read_records
@@ -198,8 +197,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             out.final(results)
             return results
         except (asyncio.CancelledError, KeyboardInterrupt):
-            slo = parse_slo(ls.slo) if ls.slo else None
-            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), slo)
+            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], interrupted=True)
             results.load = load_dict(ls)
             out.final(results)

@@ -201,11 +201,11 @@ def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
 
 def _capacity_run(url: str | None, prof: Any, ls: Any, ss: Any, settings: Any, out: Path, model: str | None,
                   quiet: bool) -> Any:
-    from bench.config.slo import parse_slo
     from bench.driver import run_capacity
     from bench.load.capacity_run import Progress
 
-    prog = None if quiet else Progress(sys.stderr, parse_slo(ls.slo), tty=sys.stderr.isatty())
+    assert ls.slo_spec is not None
+    prog = None if quiet else Progress(sys.stderr, ls.slo_spec, tty=sys.stderr.isatty())
     with endpoint(url, parallel=16) as base:
         try:
             return asyncio.run(run_capacity(base, prof, settings, ls, ss, out_dir=out, model=model, progress=prog))

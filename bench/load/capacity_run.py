@@ -18,7 +18,7 @@ from bench.load.capacity import Point, SearchSettings, point_entry, search
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, run_point
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, meets, parse_slo
+from bench.measure.slo import SLO, meets
 from bench.records import RecordWriter
 from bench.results import write_atomic
 
@@ -99,7 +99,7 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
     (an interrupt), it writes capacity.json with ``"interrupted": true``, the points finished so far and no
     boundary, then lets the cancellation go on."""
     assert ls.slo, "bench capacity needs an SLO"
-    slo = parse_slo(ls.slo)
+    slo = ls.slo_spec
     first = [0]
     finished: list[Point] = []
 

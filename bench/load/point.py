@@ -18,7 +18,7 @@ import numpy as np
 
 from bench.config.load import MODES, LoadSettings
 from bench.config.profile import Cell
-from bench.config.sizes import dataset_order, load_dataset, parse_size
+from bench.config.sizes import dataset_order, load_dataset
 from bench.errors import ConfigError, ServerError
 from bench.load.arrivals import arrival_times, rng_for
 from bench.load.openloop import (
@@ -34,7 +34,7 @@ from bench.load.openloop import (
 )
 from bench.load.traces import load_trace
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, parse_slo, point_slo
+from bench.measure.slo import SLO, point_slo
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.server.tokenizer import TokenizerError
@@ -60,9 +60,10 @@ def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     times = arrival_times(ls.arrival, ls.rate, duration_s=ls.duration_s, requests=ls.requests,
                           burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed)
     n = len(times)
-    ins = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "input"), n)
-    outs = (parse_size(ls.output_tokens, "--output-tokens").draw(rng_for(ls.seed, "output"), n)
-            if ls.output_tokens is not None else np.full(n, default_max_tokens))
+    assert ls.input_sizes is not None  # parsed when the settings were made
+    ins = ls.input_sizes.draw(rng_for(ls.seed, "input"), n)
+    outs = (ls.output_sizes.draw(rng_for(ls.seed, "output"), n)
+            if ls.output_sizes is not None else np.full(n, default_max_tokens))
     plan = [Planned(float(t), int(i), int(o)) for t, i, o in zip(times, ins, outs)]
     if ls.dataset:
         data = load_dataset(ls.dataset)
@@ -296,7 +297,8 @@ async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, ma
     (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
     from bench.load.sessions import run_sessions, turn_summary
 
-    sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
+    assert ls.input_sizes is not None  # parsed when the settings were made
+    sizes = ls.input_sizes.draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
     msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
              for t in range(ls.turns)] for u in range(ls.users)]
     mon = LagMonitor()
@@ -378,7 +380,7 @@ def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO 
 
 async def measure_load(session: Session, ls: LoadSettings) -> dict[str, Any]:
     """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary."""
-    slo = parse_slo(ls.slo) if ls.slo else None
+    slo = ls.slo_spec
     if ls.mode == "sessions":
         return await sessions_point(session, ls, slo, session.profile.max_tokens)
     plan = make_plan(ls, session.profile.max_tokens)

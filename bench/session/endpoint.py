@@ -41,7 +41,7 @@ from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
 from bench.config.profile import Cell, Profile
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, parse_slo
+from bench.measure.slo import SLO
 from bench.prompts import build_prompt, unique_prefix
 from bench.prompts.content import stream_text
 from bench.records import RecordWriter, RequestRecord
@@ -132,7 +132,7 @@ class Session:
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server.metrics), when it has one
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
-        self.slo: SLO | None = parse_slo(profile.slo, "[load] slo") if profile.slo else None
+        self.slo: SLO | None = profile.slo_spec
         self.started = datetime.now(UTC)
 
     @property
