@@ -1,7 +1,7 @@
 """The one driver of every command that measures: ``bench run`` in waves (:func:`run_profile`), ``bench run
 --rate/--trace/--sessions`` (:func:`run_load`), ``bench capacity`` (:func:`run_capacity`), ``bench gate``
 (:func:`run_gate`, with its re-measurements) and ``bench ab`` (:func:`run_ab`), over one
-:class:`bench.session.runner.Session` each.
+:class:`bench.session.endpoint.Session` each.
 
 All of them share one incremental writer (:class:`RunOutput`: records as each request finishes, results.json after
 each cell, marked incomplete until the end, the other views at the end) and one signal handling
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile
-from bench.config.slo import parse_slo
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import Rule, Verdict, check_comparable, compare, inconclusive_cells, overall_exit, uncovered_cells
 from bench.records import RequestRecord, read_records
 from bench.results import CellResult, Results, cell_from_dict, save_results, write_atomic
-from bench.session.runner import CellAnnotator, CellRun, Observer, Session
+from bench.session.endpoint import CellAnnotator, Observer, ReaderPool, Session
+from bench.session.sweep import CellRun, Sweep
 
 if TYPE_CHECKING:
     from bench.load.capacity import SearchSettings
@@ -126,7 +126,7 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
                       model: str | None = None, observer: Observer | None = None, workers: int | str = 1,
-                      views: Views | None = None, pool: Any = None,
+                      views: Views | None = None, pool: ReaderPool | None = None,
                       annotators: list[CellAnnotator] | None = None, resume: Results | None = None,
                       ray_address: str | None = None, gpu: Any = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
@@ -150,7 +150,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                 if cell.id in done:
                     cells.append(done[cell.id])
                     continue
-                run = await session.run_cell(cell)
+                run = await Sweep(session).run_cell(cell)
                 assert run.summary is not None
                 cells.append(run.summary)
                 out.progress(session.results(cells))
@@ -198,8 +198,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             out.final(results)
             return results
         except (asyncio.CancelledError, KeyboardInterrupt):
-            slo = parse_slo(ls.slo) if ls.slo else None
-            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), slo)
+            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], interrupted=True)
             results.load = load_dict(ls)
             out.final(results)
@@ -338,7 +337,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget_waves: int |
     probe = session.results([])
     check_comparable(st.baseline, probe, force, ignore_interrupted=True)
     for cell in profile.cells():
-        st.runs[cell.id] = await session.run_cell(cell)
+        st.runs[cell.id] = await Sweep(session).run_cell(cell)
         out.progress(st.results())
     failed = [c.id for c in st.cells() if c.requests_ok == 0 and c.requests_failed > 0]
     if failed:
@@ -372,8 +371,8 @@ async def _remeasure(st: _GateState, budget: int, say: Callable[[str], None]) ->
             run = st.runs[cid]
             k = min(share, len(run.waves) or 1, budget - spent)
             say(f"re-measuring {cid}: {k} more wave(s) (inconclusive; budget {budget - spent} of {budget} left)")
-            run.extend(await st.session.run_cell(cells[cid], waves=k, first_wave=len(run.waves)))
-            st.session.summarize(run)
+            run.extend(await Sweep(st.session).run_cell(cells[cid], waves=k, first_wave=len(run.waves)))
+            Sweep(st.session).summarize(run)
             spent += k
             st.extra[cid] = st.extra.get(cid, 0) + k
         verdicts = st.verdicts()
@@ -402,11 +401,11 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
         try:
             for cell in profile.cells():
                 ra, rb = CellRun(cell), CellRun(cell)
-                for w in range(sa.planned_waves(cell)):
+                for w in range(Sweep(sa).planned_waves(cell)):
                     for sess, acc in ((sa, ra), (sb, rb)):
-                        acc.extend(await sess.run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
-                ca.append(sa.summarize(ra))
-                cb.append(sb.summarize(rb))
+                        acc.extend(await Sweep(sess).run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
+                ca.append(Sweep(sa).summarize(ra))
+                cb.append(Sweep(sb).summarize(rb))
                 oa.progress(sa.results(ca))
                 ob.progress(sb.results(cb))
             await sa.measure_drift()

@@ -208,7 +208,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
     from bench.results import prepare_folder
-    from bench.session.runner import default_out_dir
+    from bench.session.endpoint import default_out_dir
 
     if ray_address and workers == "auto":
         raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")

@@ -181,7 +181,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.results import to_json, write_atomic
-    from bench.session.runner import default_out_dir
+    from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
     baseline = load_results(baseline_file)
