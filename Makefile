@@ -22,6 +22,7 @@ run: install
 lint: install
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
+	$(VPY) -m mypy --strict bench
 
 test: install
 	$(VPY) -m pytest -q

@@ -53,9 +53,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
-from .results import CellResult, Results
-from .stats import bootstrap_ratio_ci, expanded_tail, make_estimator
+from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
+from bench.results import CellResult, Results
+from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
     "HIGHER_BETTER",
@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s", "spec_acceptance_rate")
+                 "server_prefill_tok_s", "spec_acceptance_rate", "tokens_per_joule")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).

@@ -104,8 +104,8 @@ def synthetic(n: int, at: int, noise: float, series: int, methods: tuple[str, ..
 
 async def _sim_run(ms: float, i: int) -> Any:
     from bench.client import ClientSettings
-    from bench.profile import parse_profile
-    from bench.runloop import run_profile
+    from bench.config.profile import parse_profile
+    from bench.driver import run_profile
     from bench.sim import SimConfig, running_sim
 
     prof = parse_profile(SIM_PROFILE, "history-truth")

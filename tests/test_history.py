@@ -330,7 +330,7 @@ def test_export_csv_one_row_per_run_cell_metric(tmp_path, capsys) -> None:
 
 
 def test_commit_and_branch_come_from_the_options_the_ci_or_git(monkeypatch, tmp_path) -> None:
-    from bench.cli_history import found_commit
+    from bench.cli.history import found_commit
 
     for k in ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT", "GITHUB_HEAD_REF", "GITHUB_REF_NAME",
               "CI_COMMIT_REF_NAME", "BUILDKITE_BRANCH", "GIT_BRANCH"):

@@ -161,6 +161,11 @@ class HistoryStore:
         self.conn = conn
         self.kind = kind  # "sqlite" | "postgresql"
         self.where = where  # the URL, password hidden, for messages
+        self.errors: tuple[type[Exception], ...] = (sqlite3.Error,)
+        if kind == "postgresql":
+            import psycopg
+
+            self.errors = (psycopg.Error,)
         self._migrate()
 
     # --- plumbing ---------------------------------------------------------------------------------------------
@@ -213,7 +218,7 @@ class HistoryStore:
         except HistoryError:
             self.conn.rollback()
             raise
-        except Exception as e:  # the driver's error (sqlite3.Error, psycopg.Error): one line
+        except self.errors as e:  # the driver's error (sqlite3.Error, psycopg.Error): one line
             self.conn.rollback()
             raise self._db_error(e, "reading or migrating its schema") from None
 
@@ -263,7 +268,7 @@ class HistoryStore:
         except HistoryError:
             self.conn.rollback()
             raise
-        except Exception as e:
+        except self.errors as e:
             self.conn.rollback()
             if _is_unique_violation(e):  # another writer stored it between the check and the insert
                 raise HistoryError(f"history {self.where}: run {results.run.id} is already stored; not added "
@@ -384,6 +389,6 @@ def _open_postgres(url: str) -> HistoryStore:
         conn = psycopg.connect(url, connect_timeout=10)
     except psycopg.Error as e:
         raise HistoryError(f"--db {where}: cannot connect ({_first_line(e)})") from None
-    except Exception as e:  # a malformed URL (psycopg raises ProgrammingError or ValueError)
+    except (ValueError, TypeError) as e:  # a malformed URL
         raise HistoryError(f"--db {where}: not a usable PostgreSQL URL ({_first_line(e)})") from None
     return HistoryStore(conn, "postgresql", where)

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..metrics import request_metrics
-from ..records import read_records
-from ..results import results_from_dict, write_atomic
-from .export import headline
-from .figures import (
+from bench.errors import ConfigError
+from bench.measure.metrics import request_metrics
+from bench.records import read_records
+from bench.report.export import headline
+from bench.report.figures import (
     Source,
     capacity_figure,
     cdf_figure,
@@ -30,6 +29,8 @@ from .figures import (
     server_metrics_figure,
     timeline_figure,
 )
+from bench.report.gpu import gpu_figure, gpu_table
+from bench.results import results_from_dict, write_atomic
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
@@ -188,7 +189,7 @@ def _figures(sources: Sequence[Source]) -> dict[str, Any]:
     """The main figures by file stem (also the PNG/SVG names); absent when the data has nothing for them."""
     figs = {"decode_vs_streams": decode_vs_streams(sources), "depth": depth_figure(sources),
             "latency_cdf": cdf_figure(sources), "capacity": capacity_figure(sources),
-            "server_metrics": server_metrics_figure(sources)}
+            "server_metrics": server_metrics_figure(sources), "gpu": gpu_figure(sources)}
     return {k: f for k, f in figs.items() if f is not None}
 
 
@@ -207,6 +208,10 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
     roof = [t for t in (_roofline_table(s) for s in sources) if t]
     if roof:
         parts += ["<h2>Against the physical limit (roofline, docs/roofline.md)</h2>"] + roof
+    gpu = [t for t in (gpu_table(s) for s in sources) if t]
+    if gpu:  # beside decode tok/s: what each cell's tokens cost (docs/gpu-telemetry.md)
+        parts += ["<h2>GPU power, clocks and energy per token</h2>"] + gpu
+        parts += [_fig_html(figs["gpu"])] if "gpu" in figs else []
     if "latency_cdf" in figs:
         parts += ["<h2>TTFT, ITL and E2E distributions</h2>", _fig_html(figs["latency_cdf"])]
     tl = [f for f in (timeline_figure(s) for s in sources) if f is not None]
@@ -264,7 +269,7 @@ def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     jobs = [(fig, d / f"{name}.{fmt}") for name, fig in figs.items() for fmt in formats]
     try:  # one browser for every image
         pio.write_images([f for f, _ in jobs], [p for _, p in jobs], width=1100, height=450)
-    except Exception as e:  # kaleido raises its own classes (no browser, browser crashed)
+    except Exception as e:  # noqa: BLE001 - kaleido raises its own classes (no browser, browser crashed)
         raise ConfigError(f"--images: kaleido could not draw the figures ({type(e).__name__}: {e}); "
                           "install chromium or set BROWSER_PATH") from None
     return [p for _, p in jobs]

@@ -11,15 +11,15 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import SimConfig
-from .engine import Engine, Histogram, Seq
-from .text import chat_prompt_tokens, output_words, tokenize
-from .truth import fails
+from bench.sim.config import SimConfig
+from bench.sim.engine import Engine, Histogram, Seq
+from bench.sim.text import chat_prompt_tokens, output_words, tokenize
+from bench.sim.truth import fails
 
 __all__ = ["create_app", "ENGINE_KEY"]
 
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("bench_sim_engine", Engine)
-_TASK_KEY: web.AppKey[asyncio.Task] = web.AppKey("bench_sim_task", asyncio.Task)
+_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("bench_sim_task", asyncio.Task)
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _DONE = "data: [DONE]\n\n"
