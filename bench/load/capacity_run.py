@@ -17,7 +17,7 @@ from typing import Any, TextIO
 from ..metrics import request_metrics
 from ..records import RecordWriter
 from ..results import write_atomic
-from .capacity import SearchSettings, search
+from .capacity import SearchSettings, point_settings, search
 from .openloop import Planned
 from .point import LoadSettings, load_dict, make_plan, run_point
 from .slo import SLO, meets, parse_slo
@@ -97,8 +97,8 @@ async def run_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, ou
     slo = parse_slo(ls.slo)
     first = [0]
 
-    async def one(load: float, trial: int) -> dict[str, Any]:
-        pls = ls.at(load, by=ss.by, seed=ls.seed + 1000 * trial + len(first))
+    async def one(load: float, trial: int, duration_s: float | None = None) -> dict[str, Any]:
+        pls = point_settings(ls, load, ss.by, ls.seed + 1000 * trial + len(first), duration_s)
         if ss.by == "concurrency":
             plan = _concurrency_plan(pls, int(load), session.profile.max_tokens)
         else:
