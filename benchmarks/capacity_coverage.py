@@ -34,7 +34,8 @@ from bench.load.slo import parse_slo  # noqa: E402
 from bench.sim import truth as T  # noqa: E402
 from bench.sim.config import SimConfig  # noqa: E402
 
-SHAPES = {
+Shape = tuple[SimConfig, int, int, dict[str, tuple[str, float, tuple[float, float]]]]
+SHAPES: dict[str, Shape] = {
     # the "Slow" problem: t(b) = 40 + 2b ms, prefill 20,000 tok/s, 200 prompt / 16 output tokens, 256 slots
     "A": (SimConfig(decode_step_ms=40, decode_step_ms_per_seq=2, prefill_tok_s=20000), 200, 16,
           {"ttft": ("ttft_p90=300ms", 300.0, (15, 31)), "tpot": ("tpot_p90=150ms", 150.0, (8, 31))}),

@@ -104,7 +104,11 @@ class Point:
 
     @property
     def completed_rps(self) -> float:
-        return float(self.summary["throughput"]["completed_rps"] or 0.0)
+        """Throughput over the window: requests that ended in it per s (the window's requests per s when the
+        summary has no ``finished_in_window_rps``)."""
+        t = self.summary["throughput"]
+        v = t.get("finished_in_window_rps")
+        return float((v if v is not None else t["completed_rps"]) or 0.0)
 
     @property
     def steady(self) -> bool:

@@ -96,7 +96,9 @@ class ModelPoints:
         steady = not (tt["rising"] and it["rising"])
         met = all(v["held"] for v in per.values()) and steady and n > 0
         return {"id": f"rate-{pls.rate:g}", "slo_met": met, "steady": steady,
-                "throughput": {"completed_rps": round(n / width, 4) if width > 0 else None},
+                "throughput": {"completed_rps": round(n / width, 4) if width > 0 else None,
+                               "finished_in_window_rps": round(float(((last >= lo * 1e9) & (last <= hi * 1e9)).sum())
+                                                               / width, 4) if width > 0 else None},
                 "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": n,
                            "rate": round(n / width, 4) if width > 0 else None},
                 "schedule": {"span_s": round(span, 3), "planned_requests": int(at.size),

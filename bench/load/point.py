@@ -268,6 +268,17 @@ def objective_values(o: Any, recs: list[Any], ms: list[Any]) -> list[float]:
     return out
 
 
+def _finished_in_window(run: PointRun, lo: float, hi: float) -> float | None:
+    """Requests/s that ended successfully inside the window's span (on the schedule's clock): the server's
+    throughput over the window, which stops growing at saturation (``completed_rps`` counts the window's
+    requests however late they end)."""
+    if hi <= lo:
+        return None
+    lo_ns, hi_ns = run.t0_ns + lo * 1e9, run.t0_ns + hi * 1e9
+    n = sum(1 for r in run.records if r.ok and r.sent_ns and lo_ns <= r.sent_ns + (r.end_ns or 0) <= hi_ns)
+    return round(n / (hi - lo), 4)
+
+
 def default_window(run: Any, ls: LoadSettings) -> tuple[float, float]:
     """The steady-state window of an open-loop point (``run``: anything with
     ``span_s``): ``--warmup`` (default 20 % of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s)
@@ -298,6 +309,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
         "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": len(recs),
                    "rate": round(len(recs) / span, 4) if span > 0 else None},
         "throughput": {"completed_rps": round(len(ok) / span, 4) if span > 0 else None,
+                       "finished_in_window_rps": _finished_in_window(run, lo, hi),
                        "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
         "latency": latency_summaries(recs, ms),
         "trend": _trend_figures(run, recs, ms, lo, hi, slo),
