@@ -168,3 +168,7 @@ class StaleConnection(FastIOError):
 
 class PointBudgetSpent(Exception):
     """Internal to ``bench capacity``'s search: the point budget (``max_points``) ran out."""
+
+
+class TimeBudgetSpent(Exception):
+    """Internal to ``bench capacity``'s search: the next point would end past ``--time-budget``."""

@@ -212,38 +212,99 @@ def _oracle(boundary: float, flaky_above: float | None = None):
     """Passes up to ``boundary``; above ``flaky_above`` only the first trial at a load passes."""
     calls: list[tuple[float, int]] = []
 
-    async def run_point(load: float, trial: int) -> dict:
+    async def run_point(load: float, trial: int, duration_s: float | None = None) -> dict:
         calls.append((load, trial))
         ok = load <= boundary and not (flaky_above is not None and load > flaky_above and trial > 0)
         return {"slo_met": ok, "steady": ok, "throughput": {"completed_rps": min(load, boundary)},
+                "slo": {"ttft_p90": {"held": ok}},
                 "goodput": {"rps": min(load, boundary), "tok_s": 0.0, "met_fraction": 1.0 if ok else 0.0}}
 
     return run_point, calls
 
 
+def _share_oracle(boundary: float, slope: float = 20.0):
+    """A rate oracle whose share over the limit is exactly logistic in log(load), crossing 0.1 at ``boundary``."""
+    async def run_point(load: float, trial: int, duration_s: float | None = None) -> dict:
+        p = 1 / (1 + math.exp(-(math.log(1 / 9) + slope * math.log(load / boundary))))
+        n = 4000
+        over = round(n * p)
+        ok = over <= 0.1 * n
+        return {"slo_met": ok, "steady": True, "throughput": {"completed_rps": load}, "window": {"rate": load},
+                "slo": {"ttft_p90": {"held": ok}}, "schedule": {"span_s": duration_s or 50.0},
+                "slo_model": {"ttft_p90": {"n": n, "over": over, "share": over / n, "tau": 1.0, "alpha": 0.1}},
+                "goodput": {"rps": load, "tok_s": 0.0, "met_fraction": 1.0}}
+
+    return run_point
+
+
 @pytest.mark.parametrize("boundary", [3.3, 22.87, 140.0])
-def test_search_brackets_the_boundary(boundary: float) -> None:
-    run_point, calls = _oracle(boundary)
-    doc = asyncio.run(search(SearchSettings(start=1.0, resolution=0.02, trials=3), run_point))
+def test_rate_search_finds_the_crossing_of_the_share(boundary: float) -> None:
+    doc = asyncio.run(search(SearchSettings(start=1.0), _share_oracle(boundary)))
     lo, hi = doc["interval"]
-    assert lo <= boundary < hi and hi / lo <= 1.02 + 1e-9
-    assert doc["boundary"] == pytest.approx(boundary, rel=0.02)
-    assert doc["safe"] == lo
-    assert doc["saturated_at"] is not None and doc["saturated_at"] > boundary
-    assert sum(1 for x, _ in calls if x == lo) == 3 and sum(1 for x, _ in calls if x == hi) == 3
-    assert doc["method"]["confidence"] == pytest.approx(confidence(3)) == pytest.approx(0.75)
+    assert lo <= boundary <= hi and hi / lo - 1 <= 0.05
+    assert doc["boundary"] == pytest.approx(boundary, rel=0.005)
+    assert doc["by"] == "rate" and "steady-state" in doc["definition"]
+    refine = [p for p in doc["points"] if p["phase"] == "refine"]
+    assert len(refine) >= 2 and all(p["slo_model"] for p in refine)
+    # exact data stop the search after two refine points: too few to state a level
+    assert doc["confidence"] is None and "fewer than 4" in doc["note"]
     assert all(set(p) >= {"load", "slo_met", "goodput"} for p in doc["points"])
 
 
-def test_search_moves_an_end_that_turns_mixed() -> None:
-    # between 16.2 and 16.5 the first trial passes and the second fails: the load bisection ends on turns mixed
-    # when confirmed, and the bracket's low end must move down to a load whose every trial passed
-    run_point, calls = _oracle(16.5, flaky_above=16.2)
-    doc = asyncio.run(search(SearchSettings(start=1.0, factor=2.0, resolution=0.02, trials=2), run_point))
+def test_rate_search_states_its_level_with_enough_points() -> None:
+    doc = asyncio.run(search(SearchSettings(start=1.0, target_width=1e-9, max_points=14), _share_oracle(10.0)))
+    assert doc["confidence"] == 0.95 and doc["interval"][0] <= 10.0 <= doc["interval"][1]
+    assert "--max-points 14" in doc["note"]
+
+
+@pytest.mark.parametrize("boundary", [3.0, 23.0, 140.0])
+def test_concurrency_search_brackets_the_boundary(boundary: float) -> None:
+    run_point, calls = _oracle(boundary)
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1.0, resolution=0.02, trials=3), run_point))
     lo, hi = doc["interval"]
-    assert lo <= 16.2 < 16.5 < hi
+    assert lo == boundary and boundary < hi <= max(boundary + 1, 1.02 * boundary)
+    assert doc["boundary"] == lo == doc["safe"]
+    assert doc["saturated_at"] is not None and doc["saturated_at"] > boundary
+    assert sum(1 for x, _ in calls if x == lo) == 3 and sum(1 for x, _ in calls if x == hi) == 3
+    assert doc["confidence"] == pytest.approx(confidence(3)) == pytest.approx(0.75)
+    assert doc["method"]["trials_at_ends"] == [3, 3]
+
+
+def test_search_moves_an_end_that_turns_mixed() -> None:
+    # from 17 on the first trial passes and the second fails: an end that turns mixed when confirmed moves the
+    # bracket's low end down to a load whose every trial passed
+    run_point, calls = _oracle(20, flaky_above=16)
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1.0, factor=2.0, trials=2), run_point))
+    lo, hi = doc["interval"]
+    assert lo <= 16 < 20 < hi
     assert sum(1 for x, _ in calls if x == lo) == 2
     assert lo <= doc["boundary"] <= hi
+
+
+def test_point_budget_keeps_the_interval_of_the_points_that_ran() -> None:
+    # escalation brackets [8, 16]; bisection tests 11 (pass) and 13 (fail) before the budget of 7 points runs out:
+    # the interval is [11, 13] (what the points show), not the escalation's [8, 16]
+    run_point, calls = _oracle(12)
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1, trials=3, max_points=7), run_point))
+    assert [x for x, _ in calls] == [1, 2, 4, 8, 16, 11, 13]
+    assert doc["interval"] == [11.0, 13.0] and "--max-points 7" in doc["note"]
+    # one trial at each end: the confidence counts the trials that ran, not --trials
+    assert doc["method"]["trials_at_ends"] == [1, 1] and doc["confidence"] == pytest.approx(confidence(1, 1)) == 0
+
+
+def test_time_budget_stops_a_concurrency_search() -> None:
+    now = [0.0]
+    run_point, calls = _oracle(12)
+
+    async def timed(load: float, trial: int) -> dict:
+        now[0] += 10.0
+        s = await run_point(load, trial)
+        s["schedule"] = {"span_s": 10.0}
+        return s
+
+    doc = asyncio.run(search(SearchSettings(by="concurrency", start=1, time_budget_s=45), timed, clock=lambda: now[0]))
+    assert len(calls) == 4 and doc["elapsed_s"] == 40.0 and "--time-budget 45" in doc["note"]
+    assert doc["interval"] == [8.0, None] and doc["confidence"] is None
 
 
 def test_concurrency_search_uses_whole_numbers() -> None:
@@ -254,9 +315,10 @@ def test_concurrency_search_uses_whole_numbers() -> None:
 
 
 def test_search_reports_when_the_first_load_fails() -> None:
-    run_point, _ = _oracle(0.5)
-    doc = asyncio.run(search(SearchSettings(start=1.0), run_point))
-    assert doc["boundary"] is None and "lower --start" in doc["note"]
+    for by in ("rate", "concurrency"):
+        run_point, _ = _oracle(0.5)
+        doc = asyncio.run(search(SearchSettings(by=by, start=1.0), run_point))
+        assert doc["boundary"] is None and "lower --start" in doc["note"]
 
 
 # ---- traces and sim truth ----------------------------------------------------------------------------------------

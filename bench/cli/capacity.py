@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 
 __all__ = ["capacity", "load_options", "load_settings", "with_cell_slo", "run_open_loop", "LOAD_OPTION_NAMES"]
 
+RATE_POINT_S = 50.0  # --by rate: a refine point's schedule (docs/load.md, "Capacity")
+RATE_TIME_BUDGET_S = 170.0
+
 LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "ramp", "max_concurrency",
                      "input_tokens", "output_tokens", "dataset", "seed", "slo", "trace", "block_tokens", "speed",
                      "drain", "warmup", "cooldown", "users", "turns", "think")
@@ -152,6 +155,12 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
 @click.option("--trials", type=click.IntRange(1), default=3, show_default=True, help="Trials at each end of the "
               "final bracket.")
 @click.option("--max-points", type=click.IntRange(1), default=40, show_default=True, help="Budget of points.")
+@click.option("--time-budget", type=float, help="Seconds the search may take; when the next point would end later, "
+              "the answer is the interval earned so far (default 170 for --by rate, none for concurrency).")
+@click.option("--confidence", "level", type=float, default=0.95, show_default=True,
+              help="Level of the interval (--by rate).")
+@click.option("--target-width", type=float, default=0.05, show_default=True,
+              help="--by rate: stop refining when the interval's hi/lo - 1 is at most this.")
 @click.option("--endpoint", "endpoint_kind", type=click.Choice(["chat", "completions"]), default="chat",
               show_default=True, help="API endpoint.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Results folder.")
@@ -160,15 +169,18 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
 @load_options
 @client_options
 def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: float, max_load: float,
-             resolution: float, trials: int, max_points: int, endpoint_kind: str, out_dir: str, as_json: bool,
-             overwrite: bool, model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
+             resolution: float, trials: int, max_points: int, time_budget: float | None, level: float,
+             target_width: float, endpoint_kind: str, out_dir: str, as_json: bool, overwrite: bool,
+             model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
              **load_kw: Any) -> None:
     """Find the highest rate (or concurrency) at which the SLOs hold, with an interval (docs/load.md).
 
     \b
-    Each point is an open-loop run of --duration seconds (default 20) measured in its steady-state window;
-    the search escalates by --factor until the SLO is missed or the server saturates, bisects to --resolution,
-    and confirms both ends with --trials repeated trials. Writes DIR/capacity.json and every point's records.
+    --by rate: short probes escalate by --factor until the SLO is missed, then refine points of --duration
+    seconds (default 50) run around the estimate, and a model fitted across them (the share of requests over
+    each limit against the arrival rate) gives the steady-state boundary and its interval at --confidence,
+    within --time-budget (default 170 s). --by concurrency: points of 8 x N requests, escalate, bisect to
+    --resolution, confirm both ends with --trials. Writes DIR/capacity.json and every point's records.
 
     \b
       bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms --input-tokens 512 --out cap/
@@ -181,11 +193,13 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     prof = Profile(name="capacity", endpoint=endpoint_kind, max_tokens=max_tokens, warmup=0)
     if load_kw.get("duration") is None and load_kw.get("requests") is None:
-        load_kw["duration"] = 20.0
+        load_kw["duration"] = RATE_POINT_S if by == "rate" else 20.0
+    if time_budget is None and by == "rate":
+        time_budget = RATE_TIME_BUDGET_S
     ls = load_settings(replace(prof, mode="rate"), load_kw)
     assert ls is not None  # mode "rate": always open loop
     ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
-                        max_points=max_points)
+                        max_points=max_points, confidence=level, target_width=target_width, time_budget_s=time_budget)
     ss.check()
     _prepare_capacity_folder(Path(out_dir), overwrite)
     doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
@@ -246,8 +260,9 @@ def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
         click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
     lo, hi = doc["interval"]
     unit = "req/s" if doc["by"] == "rate" else "in flight"
+    conf = "no stated level" if doc["confidence"] is None else f"confidence {doc['confidence']:.0%}"
     click.echo(f"capacity ({doc['slo']}): {doc['boundary']} {unit}, interval [{lo}, {hi}] "
-               f"(confidence {doc['method']['confidence']:.0%}); saturated at {doc['saturated_at']}")
+               f"({conf}); saturated at {doc['saturated_at']}")
     if doc.get("note"):
         click.echo(f"note: {doc['note']}", err=True)
     click.echo(f"results: {out}/capacity.json, {out}/points/", err=True)

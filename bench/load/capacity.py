@@ -1,40 +1,50 @@
 """The capacity search: the highest load (rate, or concurrency) at which the SLOs hold, with an interval.
 
-Method (docs/load.md, "Capacity"):
+``--by rate`` (docs/load.md, "Capacity"): the answer is the *steady-state boundary*: the highest offered rate of
+the given arrival process and request sizes at which every objective ``METRIC_pQ <= LIMIT`` holds in the long
+run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 - Q / 100``.
 
-1. Escalate: run a point at ``start``, then ``factor`` times higher, until a point misses the SLO or is saturated
-   (its TTFT or requests in flight kept rising over its window while its completed throughput did not grow past
-   the best of the lower loads, +2 %): then escalation stops.
-2. Bisect (geometric mid-points; whole numbers for concurrency) between the highest passing and the lowest
-   failing load until ``hi / lo <= 1 + resolution``.
-3. Confirm: the bracket is ``lo`` = the highest tested load at and below which every trial met the SLO and
-   ``hi`` = the lowest tested load at and above which every trial missed it; more trials (other seeds) run at
-   each end until both have ``trials``; a trial that disagrees makes that end mixed, and the bracket moves to the
-   next tested load outside it (which is then confirmed in turn).
+1. Probe: short points (``probe_s`` at most, about ``probe_requests`` requests) from ``start`` up by ``factor``
+   until one misses the SLO or saturates, then geometric bisection while ``hi / lo > 1 + probe_resolution``.
+   Probes only bracket; they start from an empty engine and are too short to enter the estimate.
+2. Refine: points of the full duration around the current estimate (first the bracket's middle, then the
+   fitted boundary times ``1 -+ spread`` in turn; before there is a fit, the middle of the refine points'
+   bracket), each measured after its start-up transient (``--warmup``, default ``REFINE_WARMUP_SHARE`` of it).
+3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every steady refine point: logit(share over
+   the limit) linear in log(realized arrival rate of the window), each point weighted by its effective number of
+   requests (n / integrated autocorrelation time), dispersion scaled up by the points' own Pearson chi-square;
+   the boundary is where the fitted share is ``alpha`` and ``interval`` is its Fieller interval at
+   ``confidence`` (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the
+   interval's width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the
+   point or time budget runs out (then the answer is the interval earned so far, marked in ``note``).
 
-A point "meets the SLO" when every objective held in its steady-state window and the window was steady (a load
-whose queue grows cannot meet any latency objective for long, however short the point). The result is the
-bracket ``interval = [lo, hi]``: every trial at ``lo`` met the SLO and every trial at ``hi`` missed it (loads
-with mixed results lie inside). ``boundary`` (``--by rate``; ``lo`` for concurrency) is the load inside the
-bracket where the pass fraction crosses 1/2 (:func:`crossing`: isotonic fractions, interpolated in log load; the
-bracket's geometric middle when nothing lies between), and ``safe = lo`` the highest load shown to hold in every
-trial.
-
-Confidence (binomial): if the chance to pass at ``lo`` were <= 1/2, ``k`` passes in ``k`` independent trials would
-have probability <= 2^-k, likewise for failures at ``hi``; so the bracket holds the load where the pass chance
-crosses 1/2 with probability >= 1 - 2 * 2^-k (75 % for k = 3, 94 % for k = 5).
+``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
+loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
+highest tested load at and below which every trial met the SLO and ``hi`` the lowest at and above which every
+trial missed, always computed from the points that ran; ``confidence = 1 - 2^-k_lo - 2^-k_hi`` with ``k`` the
+trials run at each end (a sign test that the pass chance crosses 1/2 inside, ignoring that the ends were
+chosen by the search: an upper bound on what it claims, stated as such).
 """
 
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from bench.errors import ConfigError, PointBudgetSpent
+from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
+from bench.load.estimate import Fit, fit_boundary
 
-__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry"]
+__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS"]
+
+DEFINITIONS = {
+    "rate": "steady-state boundary: the highest offered rate (req/s) of the arrival process and sizes asked at "
+            "which, for every objective METRIC_pQ <= LIMIT, the long-run share of requests over LIMIT is at most "
+            "1 - Q/100",
+    "concurrency": "the highest number of requests in flight at which every trial's point statistics met the SLO",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +59,13 @@ class SearchSettings:
     trials: int = 3
     max_points: int = 40
     max_moves: int = 3
+    confidence: float = 0.95
+    target_width: float = 0.05
+    time_budget_s: float | None = None
+    probe_s: float = 6.0
+    probe_resolution: float = 0.5
+    min_refine: int = 2
+    spread: float = 0.06
 
     def check(self) -> None:
         """Raise ConfigError naming the flag of the first bad value."""
@@ -64,6 +81,12 @@ class SearchSettings:
             raise ConfigError(f"--trials must be >= 1, got {self.trials}")
         if not self.max_load >= self.start:
             raise ConfigError(f"--max-load must be >= --start, got {self.max_load}")
+        if not 0.5 <= self.confidence < 1:
+            raise ConfigError(f"--confidence must be in [0.5, 1), got {self.confidence}")
+        if not self.target_width > 0:
+            raise ConfigError(f"--target-width must be > 0, got {self.target_width}")
+        if self.time_budget_s is not None and not self.time_budget_s > 0:
+            raise ConfigError(f"--time-budget must be > 0 s, got {self.time_budget_s}")
 
 
 @dataclass(slots=True)
@@ -73,6 +96,7 @@ class Point:
     load: float
     trial: int
     summary: dict[str, Any]
+    phase: str = "point"
 
     @property
     def slo_met(self) -> bool:
@@ -80,65 +104,131 @@ class Point:
 
     @property
     def completed_rps(self) -> float:
-        return float(self.summary["throughput"]["completed_rps"] or 0.0)
+        """Throughput over the window: requests that ended in it per s (the window's requests per s when the
+        summary has no ``finished_in_window_rps``)."""
+        t = self.summary["throughput"]
+        v = t.get("finished_in_window_rps")
+        return float((v if v is not None else t["completed_rps"]) or 0.0)
 
     @property
     def steady(self) -> bool:
         return bool(self.summary.get("steady", True))
 
+    @property
+    def rate(self) -> float:
+        """The realized arrival rate of the point's window (the load asked when the summary has none)."""
+        return float((self.summary.get("window") or {}).get("rate") or self.load)
 
-RunPoint = Callable[[float, int], Awaitable[dict[str, Any]]]
+
+RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
+
+REFINE_WARMUP_SHARE = 0.4
+PROBE_REQUESTS = 5
+MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 
 
-def confidence(trials: int) -> float:
-    """Probability that the bracket holds the 50 % pass load (module docstring): 1 - 2 * 2**-trials, >= 0."""
-    return max(0.0, 1.0 - 2.0 * 2.0 ** -trials)
+def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None) -> Any:
+    """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) is judged
+    on the second half of its schedule; a refine point keeps ``--warmup`` or leaves out its first
+    ``REFINE_WARMUP_SHARE``."""
+    from dataclasses import replace
+
+    pls = ls.at(load, by=by, seed=seed)
+    if duration_s is not None:
+        return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0)
+    if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
+        return replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
+    return pls
+
+
+def confidence(trials: int, trials_hi: int | None = None) -> float:
+    """Sign-test level of a bracket with ``trials`` agreeing trials at its low end and ``trials_hi`` (default the
+    same) at its high end: 1 - 2^-k_lo - 2^-k_hi, >= 0."""
+    k_hi = trials if trials_hi is None else trials_hi
+    return max(0.0, 1.0 - 2.0 ** -trials - 2.0 ** -k_hi)
 
 
 class _Search:
-    def __init__(self, ss: SearchSettings, run_point: RunPoint) -> None:
-        self.ss, self.run_point = ss, run_point
+    def __init__(self, ss: SearchSettings, run_point: RunPoint, clock: Callable[[], float]) -> None:
+        self.ss, self.run_point, self.clock = ss, run_point, clock
         self.points: list[Point] = []
-        self.saturated_at: float | None = None
+        self.t0 = clock()
+        self.overhead_s = 0.0  # the most a point took beyond its schedule (drain, prompts), to plan the budget
 
     def _norm(self, load: float) -> float:
         return float(max(1, round(load))) if self.ss.by == "concurrency" else float(load)
 
-    async def trial(self, load: float, trial: int = 0) -> Point:
+    def _check_budget(self, duration_s: float | None) -> None:
         if len(self.points) >= self.ss.max_points:
             raise PointBudgetSpent()
-        s = await self.run_point(load, trial)
-        p = Point(load, trial, s)
+        if self.ss.time_budget_s is None or not self.points:
+            return
+        need = (duration_s if duration_s is not None else self._typical_span()) + self.overhead_s
+        if self.clock() - self.t0 + need > self.ss.time_budget_s:
+            raise TimeBudgetSpent()
+
+    def _typical_span(self) -> float:
+        spans = [float((p.summary.get("schedule") or {}).get("span_s") or 0.0) for p in self.points
+                 if p.phase != "probe"]
+        return max(spans, default=0.0)
+
+    async def trial(self, load: float, trial: int = 0, *, duration_s: float | None = None,
+                    phase: str = "point") -> Point:
+        self._check_budget(duration_s)
+        began = self.clock()
+        s = await (self.run_point(load, trial) if duration_s is None else
+                   self.run_point(load, trial, duration_s=duration_s))
+        span = float((s.get("schedule") or {}).get("span_s") or 0.0)
+        self.overhead_s = max(self.overhead_s, self.clock() - began - span)
+        p = Point(load, trial, s, phase)
         best_below = max((q.completed_rps for q in self.points if q.load < load), default=0.0)
         sat = not p.steady and p.completed_rps <= 1.02 * best_below
         s["saturated"] = sat
-        if sat and (self.saturated_at is None or load < self.saturated_at):
-            self.saturated_at = load
         self.points.append(p)
         return p
 
-    async def escalate(self) -> tuple[float | None, float | None]:
+    def _stop_note(self, e: Exception) -> str:
+        if isinstance(e, TimeBudgetSpent):
+            return (f"stopped by --time-budget {self.ss.time_budget_s:g} s after {len(self.points)} points "
+                    f"({self.clock() - self.t0:.0f} s): the interval is what those points earned")
+        return f"stopped after --max-points {self.ss.max_points} points: the interval is what those points earned"
+
+
+class _Bracketing(_Search):
+    """Escalate, bisect, confirm (``--by concurrency``; pass or fail per point)."""
+
+    async def escalate(self, duration: Callable[[float], float | None] = lambda x: None,
+                       phase: str = "point") -> tuple[float | None, float | None]:
         load = self._norm(self.ss.start)
         lo: float | None = None
         while load <= self.ss.max_load:
-            p = await self.trial(load)
-            if not p.slo_met:
+            p = await self.trial(load, duration_s=duration(load), phase=phase)
+            if not self.passes(p):
                 return lo, load
             lo = load
             nxt = self._norm(load * self.ss.factor)
             load = nxt if nxt > load else load + 1
         return lo, None
 
-    async def bisect(self, lo: float, hi: float) -> tuple[float, float]:
-        while hi / lo > 1 + self.ss.resolution:
+    async def bisect(self, lo: float, hi: float, resolution: float,
+                     duration: Callable[[float], float | None] = lambda x: None,
+                     phase: str = "point") -> tuple[float, float]:
+        while hi / lo > 1 + resolution:
             mid = self._norm(math.sqrt(lo * hi))
             if mid <= lo or mid >= hi:
                 break
-            if (await self.trial(mid)).slo_met:
+            p = await self.trial(mid, duration_s=duration(mid), phase=phase)
+            if self.passes(p):
                 lo = mid
             else:
                 hi = mid
         return lo, hi
+
+    def passes(self, p: Point) -> bool:
+        """A point of the bracketing: it met the SLO (for a probe: every objective held; a probe starts from an
+        empty engine and is too short for the steadiness test) and was not saturated."""
+        held = all(v["held"] for v in (p.summary.get("slo") or {}).values()) if p.phase == "probe" else p.slo_met
+        return held and not p.summary.get("saturated")
 
     def bracket(self) -> tuple[float | None, float | None]:
         """``lo``: the highest tested load at and below which every trial met the SLO; ``hi``: the lowest tested
@@ -156,18 +246,177 @@ class _Search:
             hi = x
         return lo, hi
 
+    def count(self, x: float | None) -> int:
+        return sum(1 for p in self.points if p.load == x)
+
     async def confirm(self) -> tuple[float | None, float | None]:
         """Bring both ends of the bracket to ``trials`` trials each; an end that turns mixed moves outwards."""
         for _ in range(2 * (self.ss.trials + self.ss.max_moves)):
             lo, hi = self.bracket()
             if lo is None or hi is None:
                 return lo, hi
-            short = [x for x in (lo, hi) if sum(1 for p in self.points if p.load == x) < self.ss.trials]
+            short = [x for x in (lo, hi) if self.count(x) < self.ss.trials]
             if not short:
                 return lo, hi
-            x = short[0]
-            await self.trial(x, sum(1 for p in self.points if p.load == x))
+            await self.trial(short[0], self.count(short[0]))
         return self.bracket()
+
+    async def run(self) -> dict[str, Any]:
+        note = ""
+        try:
+            lo, hi = await self.escalate()
+            if lo is not None and hi is not None:
+                await self.bisect(lo, hi, self.ss.resolution)
+                await self.confirm()
+        except (PointBudgetSpent, TimeBudgetSpent) as e:
+            note = self._stop_note(e)
+        lo, hi = self.bracket()  # always from the points that ran (never the escalation's bracket)
+        if lo is None:
+            note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
+        elif hi is None:
+            top = max(p.load for p in self.points)
+            note = note or f"the SLO held at every load tried (up to {top:g}); raise --max-load"
+        boundary = lo
+        if lo is not None and hi is not None and self.ss.by == "rate":
+            boundary = round(crossing(self.points, lo, hi), 6)
+        conf = None if lo is None or hi is None else round(confidence(self.count(lo), self.count(hi)), 4)
+        return {"boundary": boundary, "interval": [lo, hi], "safe": lo, "confidence": conf, "note": note or None,
+                "method": {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated "
+                           "trials", "factor": self.ss.factor, "resolution": self.ss.resolution,
+                           "trials": self.ss.trials, "trials_at_ends": [self.count(lo), self.count(hi)],
+                           "confidence": conf}}
+
+
+class _RateSearch(_Bracketing):
+    """Probe, refine, fit (``--by rate``: module docstring)."""
+
+    def probe_duration(self, load: float) -> float:
+        """``probe_s``, or long enough for ``PROBE_REQUESTS`` requests in the judged second half."""
+        return max(self.ss.probe_s, 2 * PROBE_REQUESTS / load)
+
+    def fits(self) -> dict[str, Fit | str | None]:
+        """Per objective: its :class:`Fit` over the steady refine points, ``"never over"`` when no request of them
+        exceeded its limit, or None when they do not yet allow a fit."""
+        pts = [p for p in self.points if p.phase == "refine" and p.steady and p.summary.get("slo_model")]
+        if not pts:
+            return {}
+        keys = list(pts[0].summary["slo_model"])
+        level = 1.0 - (1.0 - self.ss.confidence) / max(1, len(keys))
+        out: dict[str, Fit | str | None] = {}
+        for key in keys:
+            stats = [p.summary["slo_model"][key] for p in pts]
+            if sum(s["over"] for s in stats) == 0:
+                out[key] = "never over"
+                continue
+            out[key] = fit_boundary([p.rate for p in pts], stats, stats[0]["alpha"], level)
+        return out
+
+    def estimate(self) -> tuple[float | None, float | None, float | None]:
+        """(boundary, lo, hi) of the lowest objective's fitted crossing; None where not bounded yet."""
+        fits = self.fits()
+        real = [f for f in fits.values() if isinstance(f, Fit)]
+        if not real or any(f is None for f in fits.values()) or any(f.boundary is None for f in real):
+            return None, None, None
+        b = min(float(f.boundary) for f in real if f.boundary is not None)
+        los = [f.lo for f in real]
+        his = [f.hi if f.hi is not None else math.inf for f in real]
+        lo = None if any(v is None for v in los) else min(v for v in los if v is not None)
+        hi = min(his)
+        return b, lo, (hi if math.isfinite(hi) else None)
+
+    def refine_bracket(self) -> tuple[float | None, float | None]:
+        """The highest refine load below the boundary (every objective's share at most its alpha, steady) that
+        lies under the lowest refine load above it, and that lowest one."""
+        ref = [p for p in self.points if p.phase == "refine"]
+        top = min((p.load for p in ref if self._over(p)), default=None)
+        low = max((p.load for p in ref if not self._over(p) and (top is None or p.load < top)), default=None)
+        return low, top
+
+    def _over(self, p: Point) -> bool:
+        """The point's shares say it is above the boundary (or it was not steady)."""
+        model = p.summary.get("slo_model") or {}
+        return not p.steady or any(m["share"] is not None and m["share"] > m["alpha"] for m in model.values())
+
+    def _next_load(self, side: int) -> float:
+        """Around the fitted boundary (``side``: above or below it by ``spread``); with no fit yet, the geometric
+        middle of the refine bracket, an open side stepping out by ``(1 + spread)^4``."""
+        b, _, _ = self.estimate()
+        step = 1.0 + self.ss.spread
+        low, top = self.refine_bracket()
+        if b is not None and (top is None or b < top * step):
+            return b * step if side > 0 else b / step
+        if low is None:
+            return min(p.load for p in self.points if p.phase == "refine") / step ** 4
+        if top is None:
+            return low * step ** 4
+        return math.sqrt(low * top)
+
+    def _done(self, n: int) -> bool:
+        b, ilo, ihi = self.estimate()
+        if b is None or not ilo or not ihi:  # no fit: the refine bracket narrowed to the target instead
+            low, top = self.refine_bracket()
+            return low is not None and top is not None and top / low - 1 <= self.ss.target_width
+        return n >= self.ss.min_refine and ihi / ilo - 1 <= self.ss.target_width
+
+    async def refine(self, lo: float, hi: float) -> None:
+        x, side, n = math.sqrt(lo * hi), 1, 0
+        while True:
+            await self.trial(x, phase="refine")
+            n += 1
+            if self._done(n):
+                return
+            x = min(self.ss.max_load, max(self.ss.start / 4, self._next_load(side)))
+            side = -side
+
+    async def run(self) -> dict[str, Any]:
+        note = ""
+        lo = hi = None
+        try:
+            lo, hi = await self.escalate(self.probe_duration, "probe")
+            if lo is not None and hi is not None:
+                lo, hi = await self.bisect(lo, hi, self.ss.probe_resolution, self.probe_duration, "probe")
+                await self.refine(lo, hi)
+        except (PointBudgetSpent, TimeBudgetSpent) as e:
+            note = self._stop_note(e)
+        return self.answer(lo, hi, note)
+
+    def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
+        b, ilo, ihi = self.estimate()
+        method = {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
+                  "limit) vs log(rate) across points", "factor": self.ss.factor,
+                  "probe_resolution": self.ss.probe_resolution, "target_width": self.ss.target_width,
+                  "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
+                  "fits": {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()}}
+        doc: dict[str, Any] = {"method": method, "confidence": self.ss.confidence}
+        if b is not None and ilo is not None and ihi is not None:
+            doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
+            fitted = sum(1 for p in self.points if p.phase == "refine" and p.steady)
+            if fitted < MIN_CALIBRATED:
+                doc["confidence"] = None
+                note = (note + "; " if note else "") + (
+                    f"the interval comes from {fitted} steady refine points, fewer than {MIN_CALIBRATED}: its "
+                    "spread is not checked against the points' own, so no level is stated (raise --time-budget)")
+        else:
+            blo, bhi = self.refine_bracket()
+            if blo is None or bhi is None:
+                blo, bhi = self.bracket()
+                kind = "single probe points"
+            else:
+                kind = "refine points (each of their shares was 0 or 1, or they allow no fit)"
+            if lo is None and blo is None:
+                note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
+            elif hi is None and bhi is None:
+                top = max(p.load for p in self.points)
+                note = note or f"the SLO held at every load tried (up to {top:g}); raise --max-load"
+            else:
+                note = (note + "; " if note else "") + (f"no fit bounds the boundary: the interval is the bracket "
+                                                        f"of {kind}, with no stated confidence")
+            mid = math.sqrt(blo * bhi) if blo is not None and bhi is not None else blo
+            est = b if b is not None and blo is not None and bhi is not None and blo <= b <= bhi else mid
+            doc.update({"boundary": None if est is None else round(est, 6), "interval": [blo, bhi], "safe": blo,
+                        "confidence": None})
+        doc["note"] = note or None
+        return doc
 
 
 def crossing(points: list[Point], lo: float, hi: float) -> float:
@@ -193,40 +442,28 @@ def crossing(points: list[Point], lo: float, hi: float) -> float:
     return math.sqrt(lo * hi)
 
 
-async def search(ss: SearchSettings, run_point: RunPoint) -> dict[str, Any]:
-    """Run the search; ``run_point(load, trial)`` measures one point and returns its summary. Returns the
-    capacity document (``by``, ``boundary``, ``interval``, ``saturated_at``, ``points``, ``method``...)."""
+async def search(ss: SearchSettings, run_point: RunPoint,
+                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """Run the search; ``run_point(load, trial[, duration_s=...])`` measures one point and returns its summary
+    (``duration_s``: a probe's schedule length; without it the point's own). ``clock``: seconds, for
+    ``time_budget_s`` (a virtual clock in simulations). Returns the capacity document (``by``, ``boundary``,
+    ``interval``, ``confidence``, ``definition``, ``saturated_at``, ``points``, ``method``, ``note``...)."""
     ss.check()
-    s = _Search(ss, run_point)
-    lo: float | None = None
-    hi: float | None = None
-    note = ""
-    try:
-        lo, hi = await s.escalate()
-        if lo is not None and hi is not None:
-            await s.bisect(lo, hi)
-            lo, hi = await s.confirm()
-    except PointBudgetSpent:
-        note = f"stopped after --max-points {ss.max_points} points; the interval is what was bracketed by then"
-    if lo is None:
-        note = note or f"the SLO was missed at the first load ({ss.start:g}); lower --start"
-    elif hi is None:
-        note = note or f"the SLO held up to --max-load {ss.max_load:g}; raise it"
-    boundary = lo
-    if lo is not None and hi is not None and ss.by == "rate":
-        boundary = round(crossing(s.points, lo, hi), 6)
-    return {
-        "by": ss.by,
-        "boundary": boundary,
-        "interval": [lo, hi],
-        "safe": lo,
-        "saturated_at": s.saturated_at,
-        "method": {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated trials",
-                   "factor": ss.factor, "resolution": ss.resolution, "trials": ss.trials,
-                   "confidence": round(confidence(ss.trials), 4)},
-        "note": note or None,
-        "points": [point_entry(p) for p in s.points],
-    }
+    s: _Bracketing = _RateSearch(ss, run_point, clock) if ss.by == "rate" else _Bracketing(ss, run_point, clock)
+    doc = await s.run()
+    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points),
+            "time_budget_s": ss.time_budget_s, "elapsed_s": round(clock() - s.t0, 3),
+            "points": [point_entry(p) for p in s.points]}
+
+
+def _resaturate(points: list[Point]) -> float | None:
+    """The saturation flags again, once every point ran: not steady, and completed no more than 2 % above the
+    best completed throughput of any lower load (during the search only the points before it were known).
+    Returns the lowest saturated load."""
+    for p in points:
+        best_below = max((q.completed_rps for q in points if q.load < p.load), default=0.0)
+        p.summary["saturated"] = not p.steady and p.completed_rps <= 1.02 * best_below
+    return min((p.load for p in points if p.summary["saturated"]), default=None)
 
 
 def point_entry(p: Point) -> dict[str, Any]:
@@ -234,7 +471,8 @@ def point_entry(p: Point) -> dict[str, Any]:
     lat = s.get("latency", {})
     ttft = lat.get("ttft_ms", {}).get("from_schedule", {})
     return {
-        "load": p.load, "trial": p.trial, "id": s.get("id"), "slo_met": p.slo_met, "steady": p.steady,
+        "load": p.load, "trial": p.trial, "phase": p.phase, "id": s.get("id"), "slo_met": p.slo_met,
+        "steady": p.steady, "rate": (s.get("window") or {}).get("rate"), "slo_model": s.get("slo_model"),
         "saturated": bool(s.get("saturated")), "goodput": s.get("goodput"), "slo": s.get("slo"),
         "achieved_rps": s.get("schedule", {}).get("achieved_rps"), "completed_rps": p.completed_rps,
         "ttft_p90_ms": ttft.get("p90"), "tpot_p50_ms": (s.get("tpot_ms") or {}).get("median"),

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from bench.load.capacity import Point, SearchSettings, point_entry, search
+from bench.load.capacity import Point, SearchSettings, point_entry, point_settings, search
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, run_point
 from bench.measure.metrics import request_metrics
@@ -103,8 +103,8 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
     first = [0]
     finished: list[Point] = []
 
-    async def one(load: float, trial: int) -> dict[str, Any]:
-        pls = ls.at(load, by=ss.by, seed=ls.seed + 1000 * trial + len(first))
+    async def one(load: float, trial: int, duration_s: float | None = None) -> dict[str, Any]:
+        pls = point_settings(ls, load, ss.by, ls.seed + 1000 * trial + len(first), duration_s)
         if ss.by == "concurrency":
             plan = _concurrency_plan(pls, int(load), session.profile.max_tokens)
         else:

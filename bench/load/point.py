@@ -21,8 +21,10 @@ from bench.config.profile import Cell
 from bench.config.sizes import dataset_order, load_dataset
 from bench.errors import ConfigError, ServerError
 from bench.load.arrivals import arrival_times, rng_for
+from bench.load.estimate import rise_test, slo_model
 from bench.load.openloop import (
     BEHIND_P99_MS,
+    TREND_MIN_MS,
     Planned,
     PointRun,
     lag_summary,
@@ -30,11 +32,10 @@ from bench.load.openloop import (
     point_window,
     run_plan,
     run_plan_pool,
-    trend,
 )
 from bench.load.traces import load_trace
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, point_slo
+from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.server.tokenizer import TokenizerError
@@ -176,9 +177,9 @@ SLO_RISE_SHARE = 0.05
 
 def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi: float,
                    slo: SLO | None) -> dict[str, Any]:
-    """TTFT-from-schedule and in-flight trends over the window (saturation signal: docs/load.md). With a TTFT
-    objective, a TTFT rise under ``SLO_RISE_SHARE`` of its limit does not count (a queue settling near full load
-    rises that much and stops)."""
+    """TTFT-from-schedule and in-flight trends over the window (:func:`bench.load.estimate.rise_test`; the
+    saturation signal of docs/load.md). With a TTFT objective, a TTFT rise under ``SLO_RISE_SHARE`` of its limit
+    does not count (a queue settling near full load rises that much and stops)."""
     xs, ys = [], []
     for r, m in zip(recs, ms):
         if m.ok and m.ttft_ms is not None:
@@ -188,10 +189,46 @@ def _trend_figures(run: PointRun, recs: list[Any], ms: list[Any], lo: float, hi:
     inf_x = [(t - run.t0_ns) / 1e9 for t, _ in run.inflight]
     sel = [i for i, x in enumerate(inf_x) if lo <= x <= hi]
     limits = [o.limit_ms for o in (slo.objectives if slo else ()) if o.metric == "ttft"]
-    tt = trend([x - lo for x in xs], ys, hi - lo, SLO_RISE_SHARE * min(limits) if limits else 0.0)
-    it = trend([inf_x[i] - lo for i in sel], [float(run.inflight[i][1]) for i in sel], hi - lo)
+    tt = rise_test(xs, ys)
+    tt["rising"] = tt["rising"] and (tt["rise"] or 0) > max(TREND_MIN_MS, SLO_RISE_SHARE * min(limits, default=0))
+    it = rise_test([inf_x[i] for i in sel], [float(run.inflight[i][1]) for i in sel])
     it["rising"] = it["rising"] and (it["rise"] or 0) >= 2  # two more requests in flight at least
     return {"ttft_from_schedule_ms": tt, "in_flight": it}
+
+
+def objective_values(o: Any, recs: list[Any], ms: list[Any]) -> list[float]:
+    """Per request of ``recs`` (in their order) its value for objective ``o`` in ms: inf when it failed (or has
+    no TTFT/E2E), nan when undefined (a one-token answer's TPOT); ITL objectives give every gap of each request."""
+    out: list[float] = []
+    for r, m in zip(recs, ms):
+        if not m.ok:
+            out.append(math.inf)
+        elif o.metric == "itl":
+            out.extend(m.itl_ms or [math.nan])
+        else:
+            v = request_values(r, m, o)
+            out.append(v if v is not None else (math.inf if o.metric in ("ttft", "e2e") else math.nan))
+    return out
+
+
+def _finished_in_window(run: PointRun, lo: float, hi: float) -> float | None:
+    """Requests/s that ended successfully inside the window's span (on the schedule's clock): the server's
+    throughput over the window, which stops growing at saturation (``completed_rps`` counts the window's
+    requests however late they end)."""
+    if hi <= lo:
+        return None
+    lo_ns, hi_ns = run.t0_ns + lo * 1e9, run.t0_ns + hi * 1e9
+    n = sum(1 for r in run.records if r.ok and r.sent_ns and lo_ns <= r.sent_ns + (r.end_ns or 0) <= hi_ns)
+    return round(n / (hi - lo), 4)
+
+
+def default_window(run: Any, ls: LoadSettings) -> tuple[float, float]:
+    """The steady-state window of an open-loop point (``run``: anything with
+    ``span_s``): ``--warmup`` (default 20 % of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s)
+    left out, or the middle half of a span too short for both."""
+    w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
+    w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
+    return point_window(run, w0, w1)
 
 
 def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO | None, *, cell: Cell,
@@ -200,10 +237,8 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     if run.span_s == 0 and ls.max_concurrency:
         recs, lo, hi = _closed_window(run, ls.max_concurrency)
     else:
-        w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
-        w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
-        lo, hi = point_window(run, w0, w1)
-        recs = _window_records(run, lo, hi)
+        lo, hi = default_window(run, ls)
+        recs = sorted(_window_records(run, lo, hi), key=lambda r: r.scheduled_ns)
     ms = [request_metrics(r) for r in recs]
     # the run's fixed overhead is in results["run"]; a point's TTFT holds queueing, so no overhead-share flag here
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, depth_target_tokens=None,
@@ -214,16 +249,19 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
         "id": load["id"], "mode": ls.mode, "load": load, "schedule": _schedule_figures(run, plan),
         "counts": {"planned": len(plan), "finished": sum(1 for r in run.records if r.ok),
                    "failed": sum(1 for r in run.records if not r.ok) - run.cut, "cut": run.cut},
-        "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": len(recs)},
+        "window": {"from_s": round(lo, 3), "to_s": round(hi, 3), "requests": len(recs),
+                   "rate": round(len(recs) / span, 4) if span > 0 else None},
         "throughput": {"completed_rps": round(len(ok) / span, 4) if span > 0 else None,
+                       "finished_in_window_rps": _finished_in_window(run, lo, hi),
                        "output_tok_s": round(sum(m.output_tokens for m in ok) / span, 3) if span > 0 else None},
         "latency": latency_summaries(recs, ms),
         "trend": _trend_figures(run, recs, ms, lo, hi, slo),
         "client_lag": run.lag,
     })
-    s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] or s["trend"]["in_flight"]["rising"])
+    s["steady"] = not (s["trend"]["ttft_from_schedule_ms"]["rising"] and s["trend"]["in_flight"]["rising"])
     if slo is not None:
         s.update(point_slo(recs, slo, span, ms))
+        s["slo_model"] = slo_model({o.key: (objective_values(o, recs, ms), o.limit_ms, o.q) for o in slo.objectives})
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
     _point_warnings(s, ls, run, stamp_context(recs, s.get("itl_ms")))
     return s
@@ -266,7 +304,7 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
         s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
                              "the last send and were cut (counted as failures); raise --drain to wait for them")
     if not s["steady"] and ls.mode == "rate":
-        s["warnings"].append(f"{s['id']}: not in a steady state: TTFT or requests in flight kept rising over the "
+        s["warnings"].append(f"{s['id']}: not in a steady state: TTFT and requests in flight kept rising over the "
                              "window (the server is saturated at this load); lower --rate")
 
 

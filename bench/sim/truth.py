@@ -35,6 +35,10 @@ __all__ = [
     "load_arrivals_ns",
     "ttft_quantile_ms",
     "ttft_slo_boundary_rps",
+    "tpot_quantile_ms",
+    "tpot_slo_boundary_rps",
+    "slo_quantile_ms",
+    "slo_boundary_rps",
     "saturation_rps",
 ]
 
@@ -211,41 +215,93 @@ def simulate_load(cfg: SimConfig, arrivals_ns: list[int], prompt_tokens: int, ou
     return {"admit_ns": admit, "first_ns": first, "last_ns": last}
 
 
-def load_arrivals_ns(rate: float, duration_s: float, kind: str = "constant", seed: int = 0) -> list[int]:
-    """Arrival times (ns from 0) at ``rate`` req/s over ``duration_s``: ``constant`` gaps of 1/rate, or
-    ``poisson`` (exponential gaps from ``random.Random(seed)``)."""
+def load_arrivals_ns(rate: float, duration_s: float, kind: str = "constant", seed: int = 0,
+                     burstiness: float = 1.0) -> list[int]:
+    """Arrival times (ns from 0) at ``rate`` req/s over ``duration_s``: ``constant`` gaps of 1/rate, ``poisson``
+    (exponential gaps) or ``gamma`` (gaps of shape ``burstiness`` and mean 1/rate), from ``random.Random(seed)``.
+    The random gaps are a unit-rate stream divided by ``rate``, so one seed gives the same stream at every rate."""
     out, t, rng = [], 0.0, random.Random(seed)
     while t < duration_s:
         out.append(round(t * 1e9))
-        t += 1.0 / rate if kind == "constant" else rng.expovariate(rate)
+        if kind == "constant":
+            t += 1.0 / rate
+        elif kind == "gamma":
+            t += rng.gammavariate(burstiness, 1.0 / burstiness) / rate
+        else:
+            t += rng.expovariate(1.0) / rate
     return out
 
 
-def ttft_quantile_ms(cfg: SimConfig, rate: float, prompt_tokens: int, output_tokens: int, *, q: float = 90.0,
-                     horizon_s: float = 120.0, kind: str = "constant", seed: int = 0) -> float:
-    """Server-side TTFT percentile ``q`` (nearest rank) over the requests arriving in the second half of a
-    ``horizon_s`` run at ``rate`` (the first half brings the engine to its steady state)."""
-    arr = load_arrivals_ns(rate, horizon_s, kind, seed)
+def slo_quantile_ms(cfg: SimConfig, metric: str, rate: float, prompt_tokens: int, output_tokens: int, *,
+                    q: float = 90.0, horizon_s: float = 120.0, kind: str = "constant", seed: int = 0,
+                    burstiness: float = 1.0) -> float:
+    """Server-side percentile ``q`` (nearest rank) of ``metric`` over the requests arriving in the second half of
+    a ``horizon_s`` run at ``rate`` (the first half brings the engine to its steady state). ``metric``: ``ttft``
+    (first event - arrival) or ``tpot`` ((last event - first event) / (output_tokens - 1), as bench computes it
+    with one token per event)."""
+    if metric not in ("ttft", "tpot"):
+        raise ValueError(f"metric must be ttft or tpot, got {metric!r}")
+    if metric == "tpot" and output_tokens < 2:
+        raise ValueError("tpot needs output_tokens >= 2")
+    arr = load_arrivals_ns(rate, horizon_s, kind, seed, burstiness)
     sim = simulate_load(cfg, arr, prompt_tokens, output_tokens)
     half = horizon_s / 2 * 1e9
-    vals = sorted((f - a) / 1e6 for a, f in zip(arr, sim["first_ns"]) if a >= half and f is not None)
+    if metric == "ttft":
+        vals = sorted((f - a) / 1e6 for a, f in zip(arr, sim["first_ns"]) if a >= half and f is not None)
+    else:
+        vals = sorted((z - f) / 1e6 / (output_tokens - 1)
+                      for a, f, z in zip(arr, sim["first_ns"], sim["last_ns"]) if a >= half and f is not None)
     return float(vals[max(0, math.ceil(q / 100 * len(vals)) - 1)])
+
+
+def ttft_quantile_ms(cfg: SimConfig, rate: float, prompt_tokens: int, output_tokens: int, *, q: float = 90.0,
+                     horizon_s: float = 120.0, kind: str = "constant", seed: int = 0, burstiness: float = 1.0) -> float:
+    """:func:`slo_quantile_ms` of TTFT."""
+    return slo_quantile_ms(cfg, "ttft", rate, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
+                           seed=seed, burstiness=burstiness)
+
+
+def tpot_quantile_ms(cfg: SimConfig, rate: float, prompt_tokens: int, output_tokens: int, *, q: float = 90.0,
+                     horizon_s: float = 120.0, kind: str = "constant", seed: int = 0, burstiness: float = 1.0) -> float:
+    """:func:`slo_quantile_ms` of TPOT."""
+    return slo_quantile_ms(cfg, "tpot", rate, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
+                           seed=seed, burstiness=burstiness)
+
+
+def slo_boundary_rps(cfg: SimConfig, metric: str, limit_ms: float, prompt_tokens: int, output_tokens: int, *,
+                     q: float = 90.0, horizon_s: float = 120.0, kind: str = "constant", seed: int = 0,
+                     burstiness: float = 1.0, lo: float = 0.1, hi: float = 10_000.0, rel_tol: float = 1e-4) -> float:
+    """The highest rate (req/s) at which the steady-state server ``metric`` p``q`` stays <= ``limit_ms``: bisection
+    over :func:`slo_quantile_ms` (monotone in the rate for constant arrivals; for random arrivals each rate sees
+    the same unit-rate stream, and a long ``horizon_s`` makes the quantile that of the stationary distribution)."""
+    def ok(rate: float) -> bool:
+        return slo_quantile_ms(cfg, metric, rate, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s,
+                               kind=kind, seed=seed, burstiness=burstiness) <= limit_ms
+
+    if not ok(lo):
+        raise ValueError(f"the SLO fails even at {lo} req/s")
+    while hi / lo > 1 + rel_tol:
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
 
 
 def ttft_slo_boundary_rps(cfg: SimConfig, limit_ms: float, prompt_tokens: int, output_tokens: int, *,
                           q: float = 90.0, horizon_s: float = 120.0, kind: str = "constant", seed: int = 0,
-                          lo: float = 0.1, hi: float = 10_000.0, rel_tol: float = 1e-4) -> float:
-    """The highest rate (req/s) at which the steady-state server TTFT p``q`` stays <= ``limit_ms``: bisection over
-    :func:`ttft_quantile_ms` (monotone in the rate for constant arrivals)."""
-    if ttft_quantile_ms(cfg, lo, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
-                        seed=seed) > limit_ms:
-        raise ValueError(f"the SLO fails even at {lo} req/s")
-    while hi / lo > 1 + rel_tol:
-        mid = math.sqrt(lo * hi)
-        ok = ttft_quantile_ms(cfg, mid, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s, kind=kind,
-                              seed=seed) <= limit_ms
-        lo, hi = (mid, hi) if ok else (lo, mid)
-    return lo
+                          lo: float = 0.1, hi: float = 10_000.0, rel_tol: float = 1e-4,
+                          burstiness: float = 1.0) -> float:
+    """:func:`slo_boundary_rps` of TTFT."""
+    return slo_boundary_rps(cfg, "ttft", limit_ms, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s,
+                            kind=kind, seed=seed, burstiness=burstiness, lo=lo, hi=hi, rel_tol=rel_tol)
+
+
+def tpot_slo_boundary_rps(cfg: SimConfig, limit_ms: float, prompt_tokens: int, output_tokens: int, *,
+                          q: float = 90.0, horizon_s: float = 120.0, kind: str = "constant", seed: int = 0,
+                          lo: float = 0.1, hi: float = 10_000.0, rel_tol: float = 1e-4,
+                          burstiness: float = 1.0) -> float:
+    """:func:`slo_boundary_rps` of TPOT."""
+    return slo_boundary_rps(cfg, "tpot", limit_ms, prompt_tokens, output_tokens, q=q, horizon_s=horizon_s,
+                            kind=kind, seed=seed, burstiness=burstiness, lo=lo, hi=hi, rel_tol=rel_tol)
 
 
 def saturation_rps(cfg: SimConfig, prompt_tokens: int, output_tokens: int) -> float:

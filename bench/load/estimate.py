@@ -1,0 +1,219 @@
+"""The statistics of ``bench capacity --by rate`` (docs/load.md, "Capacity"): pure functions on arrays.
+
+* :func:`exceedance`: per SLO objective, the share of a window's requests over the limit, with its variance
+  from the series' integrated autocorrelation time (Sokal's automatic window), not from a binomial count.
+* :func:`rise_test`: the steadiness test: a rise of the second half of the window over the first, in units of
+  its autocorrelation-aware standard error, and large against the level (docs/load.md, "Saturation rule").
+* :func:`fit_boundary`: the model across points: logit(share over the limit) linear in log(realized rate),
+  quasi-binomial weights, and the load where the fitted share crosses ``alpha = 1 - q / 100``, with a Fieller
+  interval.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any
+
+import numpy as np
+
+__all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "t_quantile",
+           "RISE_SIGMAS", "RISE_MIN_SHARE"]
+
+RISE_SIGMAS = 4.0
+RISE_MIN_SHARE = 0.25
+SOKAL_C = 5.0
+
+
+def tau_int(x: Sequence[float] | np.ndarray) -> float:
+    """Integrated autocorrelation time of a series (in samples, >= 1): 1 + 2 sum of its autocorrelations up to
+    Sokal's automatic window (the first M with M >= SOKAL_C * tau(M)). 1 for a constant or short series."""
+    a = np.asarray(x, dtype=float)
+    n = a.size
+    if n < 8:
+        return 1.0
+    a = a - a.mean()
+    var = float(np.dot(a, a)) / n
+    if var <= 0:
+        return 1.0
+    f = np.fft.rfft(a, n=2 * n)
+    acf = np.fft.irfft(f * np.conjugate(f))[:n] / (n * var)
+    tau = 1.0
+    for m in range(1, n // 2):
+        tau += 2.0 * float(acf[m])
+        if m >= SOKAL_C * tau:
+            break
+    return max(1.0, tau)
+
+
+def exceedance(values: Sequence[float], limit: float) -> dict[str, Any]:
+    """``{"n", "over", "share", "tau"}``: how many of ``values`` (in arrival order; inf = failed) exceed
+    ``limit``, their share, and the integrated autocorrelation time of the exceedance series (the variance of
+    ``share`` is ``share (1 - share) tau / n``)."""
+    v = np.asarray(values, dtype=float)
+    ind = (v > limit).astype(float)
+    n = int(ind.size)
+    over = int(ind.sum())
+    return {"n": n, "over": over, "share": round(over / n, 6) if n else None,
+            "tau": round(tau_int(ind), 3) if 0 < over < n else 1.0}
+
+
+def rise_test(xs_s: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
+    """Steadiness of a series over its window: ``rise`` = mean of the second half minus mean of the first half
+    (by sample time), ``se`` its standard error from each half's residuals around its own straight line, their
+    variance inflated by their integrated autocorrelation time; ``rising`` when the rise exceeds ``RISE_SIGMAS`` standard errors and ``RISE_MIN_SHARE``
+    of the first half's mean (a queue that grows without bound doubles its wait; noise in a stable queue does
+    not reach a quarter of the level in both tests at once)."""
+    t, y = np.asarray(xs_s, dtype=float), np.asarray(ys, dtype=float)
+    keep = np.isfinite(y)
+    t, y = t[keep], y[keep]
+    if y.size < 16:
+        return {"rise": None, "se": None, "rising": False}
+    order = np.argsort(t, kind="stable")
+    t, y = t[order], y[order]
+    mid = 0.5 * (t[0] + t[-1])
+    a, b = y[t < mid], y[t >= mid]
+    if a.size < 8 or b.size < 8:
+        return {"rise": None, "se": None, "rising": False}
+    var = sum(_detrended_var(t[sel], p) for sel, p in ((t < mid, a), (t >= mid, b)))
+    rise, se = float(b.mean() - a.mean()), math.sqrt(var)
+    rising = rise > RISE_SIGMAS * se and rise > RISE_MIN_SHARE * abs(float(a.mean()))
+    return {"rise": round(rise, 3), "se": round(se, 3), "rising": bool(rising)}
+
+
+def _detrended_var(t: np.ndarray, y: np.ndarray) -> float:
+    """Variance of the mean of ``y`` (sampled at ``t``), from its residuals around a straight line (a trend is
+    what the test looks for, not noise) times their integrated autocorrelation time."""
+    r = y - np.polyval(np.polyfit(t, y, 1), t) if np.ptp(t) > 0 else y - y.mean()
+    return float(r.var()) * tau_int(r) / y.size
+
+
+def t_quantile(p: float, df: float) -> float:
+    """Student-t quantile (Cornish-Fisher expansion in 1/df around the normal one; within 1 % for df >= 3)."""
+    z = NormalDist().inv_cdf(p)
+    if df <= 0 or math.isinf(df):
+        return z
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """The fitted crossing of one objective: ``boundary`` (req/s) and its interval ``lo``/``hi`` (None when the
+    data do not bound it on that side), the model ``a + b log(rate)`` and what it was fitted on."""
+
+    boundary: float | None
+    lo: float | None
+    hi: float | None
+    a: float
+    b: float
+    points: int
+    phi: float
+    df: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
+                "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
+                "df": round(self.df, 1)}
+
+
+def _r6(v: float | None) -> float | None:
+    return None if v is None else round(v, 6)
+
+
+def _irls(x: np.ndarray, k: np.ndarray, n: np.ndarray, w_eff: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Binomial logistic regression of k/n on [1, x], each point weighted by ``w_eff`` (1 / its dispersion);
+    returns the coefficients and (X'WX)^-1 (unscaled)."""
+    X = np.column_stack([np.ones_like(x), x])
+    p0 = np.clip((k + 0.5) / (n + 1.0), 1e-4, 1 - 1e-4)
+    z0 = np.log(p0 / (1 - p0))
+    W0 = w_eff * n * p0 * (1 - p0)
+    beta = np.linalg.lstsq(X * np.sqrt(W0)[:, None], z0 * np.sqrt(W0), rcond=None)[0]
+    for _ in range(50):
+        eta = X @ beta
+        p = np.clip(1.0 / (1.0 + np.exp(-eta)), 1e-9, 1 - 1e-9)
+        W = w_eff * n * p * (1 - p)
+        z = eta + (k / n - p) / (p * (1 - p))
+        new = np.linalg.lstsq(X * np.sqrt(W)[:, None], z * np.sqrt(W), rcond=None)[0]
+        if np.max(np.abs(new - beta)) < 1e-9:
+            beta = new
+            break
+        beta = new
+    eta = X @ beta
+    p = np.clip(1.0 / (1.0 + np.exp(-eta)), 1e-9, 1 - 1e-9)
+    W = w_eff * n * p * (1 - p)
+    cov = np.linalg.pinv((X * W[:, None]).T @ X)
+    return beta, cov
+
+
+def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha: float, level: float) -> Fit | None:
+    """The crossing of ``share = alpha`` by the model logit(share) = a + b log(rate) fitted to the points
+    (``rates``: each point's realized arrival rate in its window; ``stats``: its :func:`exceedance` dict).
+
+    Each point counts ``n / tau`` effective requests (its autocorrelation); the fit's dispersion is then also
+    scaled by the Pearson chi-square of the points around the model when it exceeds 1 (points that disagree more
+    than their own spread say widen the interval). The interval is Fieller's for ``(logit(alpha) - a) / b`` at
+    ``level`` with Student-t quantiles; an end is None when the data do not bound it. None with fewer than two
+    distinct rates or no request."""
+    x = np.log(np.asarray(rates, dtype=float))
+    n = np.asarray([s["n"] for s in stats], dtype=float)
+    k = np.asarray([s["over"] for s in stats], dtype=float)
+    tau = np.asarray([max(1.0, float(s.get("tau") or 1.0)) for s in stats])
+    ok = n > 0
+    x, n, k, tau = x[ok], n[ok], k[ok], tau[ok]
+    if x.size < 2 or np.ptp(x) <= 0:
+        return None
+    # a point whose share is 0 or 1 has no autocorrelation estimate of its own: it gets the pooled one
+    informative = (k > 0) & (k < n)
+    pooled = float(np.sum(tau[informative] * n[informative]) / np.sum(n[informative])) if informative.any() else 1.0
+    tau = np.where(informative, tau, pooled)
+    beta, cov = _irls(x, k, n, 1.0 / tau)
+    a, b = float(beta[0]), float(beta[1])
+    p = 1.0 / (1.0 + np.exp(-(a + b * x)))
+    p = np.clip(p, 1e-9, 1 - 1e-9)
+    pearson = float(np.sum((k - n * p) ** 2 / (n * p * (1 - p) * tau)))
+    df_pts = x.size - 2
+    phi = max(1.0, pearson / df_pts) if df_pts > 0 else 1.0
+    cov = cov * phi
+    # degrees of freedom: the independent stretches (SOKAL_C autocorrelation times long) behind the per-point
+    # dispersions, or the points when the Pearson scale took over
+    df = float(np.sum(n / (SOKAL_C * tau))) if phi <= 1.0 else float(max(df_pts, 1))
+    L = math.log(alpha / (1 - alpha))
+    tq = t_quantile(0.5 + level / 2, df)
+    lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
+    theta = (L - a) / b if b > 0 else None
+    est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
+    return Fit(est, lo, hi, a, b, int(x.size), phi * pooled, df)
+
+
+def _fieller(num: float, b: float, vaa: float, vbb: float, vab: float, tq: float) -> tuple[float | None, float | None]:
+    """Fieller interval for theta = num / b with num = L - a: the thetas where (num - b theta)^2 <= tq^2
+    Var(a + b theta). Returned as rates (exp theta); (None, None) when unbounded on both sides."""
+    t2 = tq * tq
+    qa = b * b - t2 * vbb
+    qb = -2.0 * num * b - 2.0 * t2 * vab  # Var(a + b th) = vaa + 2 th vab + th^2 vbb
+    qc = num * num - t2 * vaa
+    if qa <= 0:
+        return None, None
+    disc = qb * qb - 4 * qa * qc
+    if disc < 0:
+        return None, None
+    r = math.sqrt(disc)
+    t1, t2r = (-qb - r) / (2 * qa), (-qb + r) / (2 * qa)
+    lo_th, hi_th = min(t1, t2r), max(t1, t2r)
+    return (math.exp(lo_th) if lo_th > -50 else None, math.exp(hi_th) if hi_th < 50 else None)
+
+
+def slo_model(values: dict[str, tuple[Sequence[float], float, float]]) -> dict[str, Any]:
+    """Per objective key ``(values in schedule order, limit_ms, q)``: its :func:`exceedance` dict plus
+    ``alpha = 1 - q / 100`` (``max`` objectives, q = 100, count as q = 99.9: a long-run maximum under random
+    arrivals grows without bound). Undefined values (nan) are left out."""
+    out = {}
+    for key, (vals, limit, q) in values.items():
+        v = np.asarray(vals, dtype=float)
+        e = exceedance(v[~np.isnan(v)], limit)
+        e["alpha"] = round(1.0 - min(q, 99.9) / 100.0, 6)
+        out[key] = e
+    return out

@@ -1,0 +1,138 @@
+"""Coverage of ``bench capacity --by rate``: seeded searches against the sim's engine model, per case the boundary
+error vs the sim's steady-state truth, the share within 2 %, the share of intervals that cover the truth, the
+median interval width and the search time (issue 24).
+
+Each search is :func:`bench.load.capacity.search` driving :class:`bench.load.capacity_model.ModelPoints`: the
+schedules bench would send (same arrival process, seeds, sizes), the sim's scheduler replayed exactly
+(:func:`bench.sim.truth.simulate_load`) in virtual time, and the same point statistics as a live point. So the
+"time" column is the virtual time the search would take against ``bench sim`` (schedules + drains + 0.5 s per
+point), not this script's run time. The truth is :func:`bench.sim.truth.slo_boundary_rps` over a long horizon
+(``--truth-horizon``, default 20,000 s, two seeds; both are printed: their spread is the truth's own error).
+
+    python benchmarks/capacity_coverage.py --searches 20 --duration 60 --time-budget 170 --jobs 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.config.slo import parse_slo  # noqa: E402
+from bench.load.capacity import SearchSettings, search  # noqa: E402
+from bench.load.capacity_model import ModelPoints  # noqa: E402
+from bench.load.point import LoadSettings  # noqa: E402
+from bench.sim import truth as T  # noqa: E402
+from bench.sim.config import SimConfig  # noqa: E402
+
+Shape = tuple[SimConfig, int, int, dict[str, tuple[str, float, tuple[float, float]]]]
+SHAPES: dict[str, Shape] = {
+    # the issue's "Slow" problem: t(b) = 40 + 2b ms, prefill 20,000 tok/s, 200 prompt / 16 output tokens, 256 slots
+    "A": (SimConfig(decode_step_ms=40, decode_step_ms_per_seq=2, prefill_tok_s=20000), 200, 16,
+          {"ttft": ("ttft_p90=300ms", 300.0, (15, 31)), "tpot": ("tpot_p90=150ms", 150.0, (8, 31))}),
+    # the issue's queueing shape: 4 slots, t(b) = 20 + b ms, no prefill, 32 prompt / 8 output tokens
+    "B": (SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12), 32, 8,
+          {"ttft": ("ttft_p90=300ms", 300.0, (5, 20.9)), "tpot": ("tpot_p90=23.8ms", 23.8, (1, 20.9))}),
+}
+ARRIVALS = {"poisson": ("poisson", 1.0), "gamma0.5": ("gamma", 0.5), "constant": ("constant", 1.0)}
+
+
+def truth(shape: str, metric: str, arrival: str, horizon: float) -> list[float]:
+    cfg, pt, ot, objs = SHAPES[shape]
+    _, limit, (lo, hi) = objs[metric]
+    kind, burst = ARRIVALS[arrival]
+    seeds = (0,) if kind == "constant" else (0, 1)
+    h = 240.0 if kind == "constant" else horizon
+    return [T.slo_boundary_rps(cfg, metric, limit, pt, ot, kind=kind, burstiness=burst, seed=s, horizon_s=h, lo=lo,
+                               hi=hi, rel_tol=5e-4) for s in seeds]
+
+
+def one_search(args: tuple[str, str, str, int, float, float | None]) -> dict[str, Any]:
+    shape, metric, arrival, seed, duration, budget = args
+    cfg, pt, ot, objs = SHAPES[shape]
+    slo = objs[metric][0]
+    kind, burst = ARRIVALS[arrival]
+    ls = LoadSettings(duration_s=duration, input_tokens=str(pt), slo=slo, seed=seed, arrival=kind, burstiness=burst)
+    mp = ModelPoints(cfg, ls, parse_slo(slo), max_tokens=ot)
+    doc = asyncio.run(search(SearchSettings(time_budget_s=budget), mp, clock=mp.clock))
+    return {"boundary": doc["boundary"], "interval": doc["interval"], "confidence": doc["confidence"],
+            "elapsed_s": doc["elapsed_s"], "points": len(doc["points"]), "note": doc["note"]}
+
+
+def summarize(rows: list[dict[str, Any]], t: float) -> dict[str, Any]:
+    errs = [r["boundary"] / t - 1 if r["boundary"] else math.inf for r in rows]
+    calibrated = [r for r in rows if r["confidence"] is not None]
+    cov = [r["interval"][0] <= t <= r["interval"][1] for r in calibrated]
+    widths = [r["interval"][1] / r["interval"][0] - 1 for r in rows if r["interval"][0] and r["interval"][1]]
+    return {"n": len(rows), "within_2pct": sum(abs(e) <= 0.02 for e in errs) / len(rows),
+            "median_abs_err": statistics.median(abs(e) for e in errs), "mean_err": statistics.fmean(
+                e for e in errs if math.isfinite(e)), "calibrated": len(calibrated),
+            "coverage": sum(cov) / len(cov) if cov else None,
+            "coverage_all": sum(r["interval"][0] is not None and r["interval"][1] is not None
+                                and r["interval"][0] <= t <= r["interval"][1] for r in rows) / len(rows),
+            "median_width": statistics.median(widths) if widths else None,
+            "median_time_s": statistics.median(r["elapsed_s"] for r in rows),
+            "max_time_s": max(r["elapsed_s"] for r in rows)}
+
+
+def _pct(v: float | None, d: int = 1) -> str:
+    return "-" if v is None else f"{100 * v:.{d}f} %"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--searches", type=int, default=20)
+    ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
+    ap.add_argument("--time-budget", type=float, default=170.0)
+    ap.add_argument("--truth-horizon", type=float, default=20000.0)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--cases", default="all", help="comma list like A-ttft-poisson (default: all 12)")
+    ap.add_argument("--json", type=Path, help="write every search and the table here")
+    ap.add_argument("--truth-cache", type=Path, help="read the truths from this JSON file if it exists, else write "
+                    "them there")
+    a = ap.parse_args(argv)
+    cases = [(s, m, ar) for s in SHAPES for m in ("ttft", "tpot") for ar in ARRIVALS]
+    if a.cases != "all":
+        want = set(a.cases.split(","))
+        cases = [c for c in cases if "-".join(c) in want]
+    t0 = time.time()
+    with ProcessPoolExecutor(a.jobs) as pool:
+        cached = json.loads(a.truth_cache.read_text()) if a.truth_cache and a.truth_cache.exists() else {}
+        todo = [c for c in cases if "-".join(c) not in cached]
+        got = dict(zip(todo, pool.map(truth, *zip(*todo), [a.truth_horizon] * len(todo)))) if todo else {}
+        truths = {c: cached["-".join(c)] if c not in got else got[c] for c in cases}
+        if a.truth_cache:
+            a.truth_cache.write_text(json.dumps({**cached, **{"-".join(c): v for c, v in got.items()},
+                                                 "horizon_s": a.truth_horizon}, indent=1) + "\n")
+        jobs = [(s, m, ar, seed, a.duration, a.time_budget) for (s, m, ar) in cases for seed in range(a.searches)]
+        results = list(pool.map(one_search, jobs, chunksize=2))
+    out: dict[str, Any] = {"argv": sys.argv, "cases": {}}
+    print("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | mean err | calibrated | coverage "
+          "| coverage (all) | median width | median time s | max time s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for c in cases:
+        rows = [r for j, r in zip(jobs, results) if j[:3] == c]
+        t = statistics.fmean(truths[c])
+        sm = summarize(rows, t)
+        out["cases"]["-".join(c)] = {"truth": truths[c], "summary": sm, "searches": rows}
+        print(f"| {'-'.join(c)} | {SHAPES[c[0]][3][c[1]][0]} | {t:.3f} ({', '.join(f'{x:.3f}' for x in truths[c])}) "
+              f"| {_pct(sm['within_2pct'], 0)} | {_pct(sm['median_abs_err'])} | {_pct(sm['mean_err'])} "
+              f"| {sm['calibrated']}/{sm['n']} | {_pct(sm['coverage'], 0)} | {_pct(sm['coverage_all'], 0)} "
+              f"| {_pct(sm['median_width'])} | {sm['median_time_s']:.0f} | {sm['max_time_s']:.0f} |", flush=True)
+    print(f"(wall {time.time() - t0:.0f} s for {len(jobs)} searches)")
+    if a.json:
+        a.json.write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

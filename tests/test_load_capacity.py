@@ -1,0 +1,207 @@
+"""``bench capacity --by rate``'s estimator (bench/load/estimate.py, bench/load/capacity.py): the fit on seeded
+synthetic data, the steadiness test's false alarms under Poisson noise on the sim's engine model, searches on the
+engine model in virtual time (bench/load/capacity_model.py: deterministic given the seeds), the point and time
+budgets, the sim's TPOT truth, and docs/load.md against the code. Nothing here depends on wall-clock speed."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.config.slo import parse_slo
+from bench.load import capacity as C
+from bench.load import estimate as E
+from bench.load.capacity import SearchSettings, search
+from bench.load.capacity_model import ModelPoints
+from bench.load.point import LoadSettings
+from bench.sim import truth as T
+from bench.sim.config import SimConfig
+
+ROOT = Path(__file__).resolve().parents[1]
+SHAPE_A = SimConfig(decode_step_ms=40, decode_step_ms_per_seq=2, prefill_tok_s=20000)  # the issue's problem
+SHAPE_B = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
+
+
+# ---- the fit -----------------------------------------------------------------------------------------------------
+def _binomial_points(boundary: float, slope: float, loads: list[float], n: int, seed: int) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for x in loads:
+        p = 1 / (1 + math.exp(-(math.log(0.1 / 0.9) + slope * math.log(x / boundary))))
+        k = int(rng.binomial(n, p))
+        out.append({"n": n, "over": k, "share": k / n, "tau": 1.0, "alpha": 0.1})
+    return out
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_fit_recovers_a_logistic_crossing(seed: int) -> None:
+    loads = [18.0, 19.5, 21.0, 22.5]
+    f = E.fit_boundary(loads, _binomial_points(20.0, 20.0, loads, 2000, seed), 0.1, 0.95)
+    assert f is not None and f.lo is not None and f.hi is not None
+    assert f.lo <= f.boundary <= f.hi
+    assert f.boundary == pytest.approx(20.0, rel=0.02)
+    assert f.lo <= 20.0 <= f.hi  # these five seeds are covered (the 95 % interval misses 1 in 20 on average)
+    assert f.b == pytest.approx(20.0, rel=0.3)
+
+
+def test_fit_interval_covers_at_its_level() -> None:
+    # 200 seeded synthetic searches: the Fieller interval's coverage is near its nominal 90 %
+    loads = [18.5, 20.0, 21.5]
+    hits = 0
+    for seed in range(200):
+        f = E.fit_boundary(loads, _binomial_points(20.0, 15.0, loads, 800, 1000 + seed), 0.1, 0.90)
+        assert f is not None
+        hits += f.lo is not None and f.hi is not None and f.lo <= 20.0 <= f.hi
+    assert 0.84 <= hits / 200 <= 0.96
+
+
+def test_fit_is_unbounded_when_the_points_show_no_slope() -> None:
+    stats = [{"n": 100, "over": 10, "tau": 1.0}, {"n": 100, "over": 11, "tau": 1.0}]
+    f = E.fit_boundary([20.0, 20.2], stats, 0.1, 0.95)
+    assert f is not None and (f.lo is None or f.hi is None)
+    assert E.fit_boundary([20.0, 20.0], stats, 0.1, 0.95) is None  # one distinct rate: no fit
+
+
+def test_autocorrelation_time_of_a_known_process() -> None:
+    rng = np.random.default_rng(3)
+    assert E.tau_int(rng.normal(size=20000)) == pytest.approx(1.0, abs=0.15)
+    x = np.zeros(50000)
+    e = rng.normal(size=50000)
+    for i in range(1, x.size):  # AR(1), rho = 0.8: tau = (1 + rho) / (1 - rho) = 9
+        x[i] = 0.8 * x[i - 1] + e[i]
+    assert E.tau_int(x) == pytest.approx(9.0, rel=0.15)
+
+
+def test_exceedance_and_slo_model() -> None:
+    m = E.slo_model({"ttft_p90": ([100.0, 400.0, math.inf, 200.0, math.nan], 300.0, 90.0),
+                     "e2e_max": ([1.0, 2.0], 1.5, 100.0)})
+    assert (m["ttft_p90"]["n"], m["ttft_p90"]["over"], m["ttft_p90"]["alpha"]) == (4, 2, pytest.approx(0.1))
+    assert m["e2e_max"]["alpha"] == pytest.approx(0.001)  # a max objective counts as p99.9
+
+
+def test_t_quantile() -> None:
+    assert E.t_quantile(0.975, math.inf) == pytest.approx(1.95996, abs=1e-4)
+    assert E.t_quantile(0.975, 10) == pytest.approx(2.22814, rel=0.005)
+    assert E.t_quantile(0.975, 4) == pytest.approx(2.77645, rel=0.01)
+
+
+# ---- steadiness under Poisson noise (the engine model: deterministic given the seeds) --------------------------
+def _model_point(cfg: SimConfig, prompt: int, out: int, rate: float, seed: int, duration: float = 50.0,
+                 arrival: str = "poisson") -> dict[str, Any]:
+    ls = LoadSettings(duration_s=duration, input_tokens=str(prompt), slo="ttft_p90=300ms", seed=seed,
+                      arrival=arrival)
+    mp = ModelPoints(cfg, ls, parse_slo("ttft_p90=300ms"), max_tokens=out)
+    return asyncio.run(mp(rate, 0))
+
+
+def test_steadiness_false_alarms_below_85_percent_load() -> None:
+    # 50 % .. 85 % of each shape's saturation throughput, Poisson: at most 2 % of 240 points called not steady
+    alarms = total = 0
+    for cfg, prompt, out in ((SHAPE_A, 200, 16), (SHAPE_B, 32, 8)):
+        sat = T.saturation_rps(cfg, prompt, out)
+        for share in (0.5, 0.65, 0.75, 0.85):
+            for seed in range(30):
+                s = _model_point(cfg, prompt, out, share * sat, seed)
+                alarms += not s["steady"]
+                total += 1
+    assert alarms / total <= 0.02, (alarms, total)
+
+
+def test_steadiness_fires_on_overload() -> None:
+    sat = T.saturation_rps(SHAPE_B, 32, 8)
+    called = sum(not _model_point(SHAPE_B, 32, 8, 1.2 * sat, seed, duration=30.0)["steady"] for seed in range(20))
+    assert called >= 19
+
+
+# ---- searches on the engine model ----------------------------------------------------------------------------------
+def _search(cfg: SimConfig, prompt: int, out: int, slo: str, seed: int, **ss: Any) -> dict[str, Any]:
+    ls = LoadSettings(duration_s=ss.pop("duration", 50.0), input_tokens=str(prompt), slo=slo, seed=seed)
+    mp = ModelPoints(cfg, ls, parse_slo(slo), max_tokens=out)
+    return asyncio.run(search(SearchSettings(**ss), mp, clock=mp.clock))
+
+
+def _check_doc(doc: dict[str, Any]) -> None:
+    assert doc["by"] == "rate" and doc["definition"] == C.DEFINITIONS["rate"]
+    lo, hi = doc["interval"]
+    assert isinstance(lo, float) and isinstance(hi, float) and lo <= doc["boundary"] <= hi
+    assert all({"load", "slo_met", "goodput", "phase", "rate", "slo_model"} <= set(p) for p in doc["points"])
+
+
+def test_poisson_search_on_the_engine_model() -> None:
+    truth = 22.1  # T.slo_boundary_rps(SHAPE_A, "ttft", 300, 200, 16, kind="poisson", horizon_s=20000): 22.0-22.3
+    doc = _search(SHAPE_A, 200, 16, "ttft_p90=300ms", 3, duration=90.0, time_budget_s=900)
+    _check_doc(doc)
+    assert doc["confidence"] == 0.95
+    assert doc["boundary"] == pytest.approx(truth, rel=0.05)
+    assert doc["elapsed_s"] <= 900
+    assert sum(p["phase"] == "refine" for p in doc["points"]) >= C.MIN_CALIBRATED
+
+
+def test_time_budget_stops_the_search_and_says_so() -> None:
+    doc = _search(SHAPE_A, 200, 16, "ttft_p90=300ms", 1, time_budget_s=120)
+    _check_doc(doc)
+    assert doc["elapsed_s"] <= 120
+    assert "--time-budget 120" in doc["note"]
+    assert doc["confidence"] is None  # too few refine points to state a level
+
+
+def test_point_budget_on_the_rate_search() -> None:
+    doc = _search(SHAPE_A, 200, 16, "ttft_p90=300ms", 2, max_points=8)
+    assert len(doc["points"]) == 8 and "--max-points 8" in doc["note"]
+    lo, hi = doc["interval"]
+    loads = sorted(p["load"] for p in doc["points"])
+    assert lo in loads and hi in loads  # the bracket of points that ran
+
+
+def test_constant_arrivals_bracket_without_a_fit() -> None:
+    # constant arrivals on the 4-slot sim: each refine point's share is 0 or 1 (below or above saturation), so the
+    # answer is the refine points' bracket, which holds the truth
+    truth = T.ttft_slo_boundary_rps(SHAPE_B, 300, 32, 8)
+    ls = LoadSettings(duration_s=20.0, input_tokens="32", slo="ttft_p90=300ms", arrival="constant")
+    mp = ModelPoints(SHAPE_B, ls, parse_slo("ttft_p90=300ms"), max_tokens=8)
+    doc = asyncio.run(search(SearchSettings(start=12, factor=1.5), mp, clock=mp.clock))
+    lo, hi = doc["interval"]
+    assert lo <= truth <= hi and hi / lo - 1 <= 0.05
+    assert doc["confidence"] is None and "bracket" in doc["note"]
+
+
+# ---- truth ---------------------------------------------------------------------------------------------------------
+def test_tpot_truth() -> None:
+    one = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=1, prefill_tok_s=1e12)
+    # one slot, requests far apart: every request decodes alone, TPOT = t(1) = 21 ms
+    assert T.tpot_quantile_ms(one, 1.0, 32, 8, horizon_s=60) == pytest.approx(21.0)
+    b = T.tpot_slo_boundary_rps(SHAPE_A, 150, 200, 16, horizon_s=240)
+    assert T.tpot_quantile_ms(SHAPE_A, b, 200, 16, horizon_s=240) <= 150
+    assert T.tpot_quantile_ms(SHAPE_A, b * 1.01, 200, 16, horizon_s=240) > 150
+    assert T.slo_boundary_rps(SHAPE_A, "ttft", 300, 200, 16, horizon_s=240) == T.ttft_slo_boundary_rps(
+        SHAPE_A, 300, 200, 16, horizon_s=240)
+    with pytest.raises(ValueError, match="metric"):
+        T.slo_quantile_ms(SHAPE_A, "itl", 1.0, 200, 16)
+
+
+def test_gamma_arrivals_of_the_truth() -> None:
+    arr = T.load_arrivals_ns(10.0, 2000, "gamma", seed=1, burstiness=0.5)
+    gaps = np.diff(arr) / 1e9
+    assert gaps.mean() == pytest.approx(0.1, rel=0.05)
+    assert gaps.std() / gaps.mean() == pytest.approx(math.sqrt(2), rel=0.1)  # CV of gamma(0.5) = 1 / sqrt(0.5)
+
+
+# ---- docs ----------------------------------------------------------------------------------------------------------
+def test_docs_describe_the_code() -> None:
+    doc = " ".join((ROOT / "docs" / "load.md").read_text().split())
+    assert " ".join(C.DEFINITIONS["rate"].split()) in doc
+    from bench.cli.capacity import RATE_POINT_S, RATE_TIME_BUDGET_S
+
+    ss = SearchSettings()
+    for text in (f"`REFINE_WARMUP_SHARE` = {C.REFINE_WARMUP_SHARE:g}", f"`MIN_CALIBRATED` = {C.MIN_CALIBRATED}",
+                 f"`RISE_SIGMAS` = {E.RISE_SIGMAS:g}", f"`RISE_MIN_SHARE` = {E.RISE_MIN_SHARE:g}",
+                 f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
+                 f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
+                 f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}"):
+        assert text in doc, text
+    assert "fits a least-squares line over the window" not in doc and "geometric middle of the bracket for rates" not in doc
