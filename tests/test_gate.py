@@ -624,3 +624,98 @@ def test_mde_is_relative_so_a_large_change_is_called_what_it_is():
     rise = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=False)
     drop = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=True)
     assert drop < rise  # a drop and a rise of the same log size
+
+
+# --- sequential decisions (pure) ------------------------------------------------------------------------------------
+
+
+def test_obf_boundaries_match_published_values_and_spend_alpha():
+    from bench.sequential import boundaries, fractions, look_schedule, obf_spent
+
+    assert boundaries([1.0], 0.025)[0] == pytest.approx(1.95996, abs=1e-4)  # one look: the fixed test
+    # Lan-DeMets O'Brien-Fleming-type, 5 equally spaced looks, one-sided 0.025 (Jennison & Turnbull 2000, ch. 7)
+    want = (4.877, 3.357, 2.680, 2.290, 2.031)
+    assert boundaries([0.2, 0.4, 0.6, 0.8, 1.0], 0.025) == pytest.approx(want, abs=2e-3)
+    assert obf_spent(0.0, 0.025) == 0 and obf_spent(1.0, 0.025) == 0.025 and obf_spent(0.5, 0.025) < 0.002
+    # a stored baseline of 16 waves, candidate looks at 8 .. 40 waves: the crossing probability over all looks
+    # under the null (Monte Carlo of the canonical joint distribution) is alpha
+    sched = look_schedule(8, 40)
+    assert sched == [8, 12, 18, 27, 40]
+    ts = fractions(sched, 40, 16)
+    assert ts[-1] == 1.0 and all(a < b for a, b in zip(ts, ts[1:]))
+    c = np.array(boundaries(ts, 0.025))
+    rng = np.random.default_rng(3)
+    n = 200_000
+    z = np.cumsum(rng.standard_normal((n, len(ts))) * np.sqrt(np.diff([0.0, *ts])), axis=1) / np.sqrt(ts)
+    rate = float(np.mean((z > c).any(axis=1)))
+    assert abs(rate - 0.025) < 4 * np.sqrt(0.025 * 0.975 / n), rate
+    assert boundaries([0.5, 0.5], 0.025)[1] == float("inf")  # no new information: that look cannot decide
+
+
+def _sequential_gate(rng, ratio, cv, base_waves, sched, rule, resamples=600):
+    """One simulated sequential gate on lognormal per-wave samples; returns (verdict, looks taken)."""
+    from bench.gate import Look, sequential_samples
+
+    base = list(100.0 * np.exp(rng.normal(0.0, cv, base_waves)))
+    cand = list(100.0 * ratio * np.exp(rng.normal(0.0, cv, sched[-1])))
+    for k, n in enumerate(sched):
+        v = sequential_samples(rule, "c", base, cand[:n], Look(tuple(sched[:k + 1]), sched[-1], base_waves),
+                               resamples=resamples, seed=int(rng.integers(1 << 30)))
+        if v.verdict != "inconclusive":
+            return v.verdict, k + 1
+    return "inconclusive", len(sched)
+
+
+def _binomial_margin(p: float, n: int) -> float:
+    return 3.0 * float(np.sqrt(p * (1.0 - p) / n))
+
+
+def test_sequential_gate_keeps_its_false_alarm_rate_and_has_power():
+    """Many simulated gates, each looking after every round (6 looks): at a true ratio exactly at the limit the
+    share of regressions stays within alpha (plus 3 binomial standard errors of this simulation); an unchanged
+    candidate passes; 2 points beyond the allowance is a regression >= 95 % of the time (the plan says so)."""
+    from bench.gate import ALPHA, plan_rule
+    from bench.sequential import look_schedule
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    sched = look_schedule(16, 96)
+    rng = np.random.default_rng(25)
+    n = 300
+    cv = 0.02  # lognormal scatter per sample
+    runs = {r: [_sequential_gate(rng, r, cv, 48, sched, rule) for _ in range(n)] for r in (0.95, 1.0, 0.93)}
+    share = {r: {k: sum(v == k for v, _ in out) / n for k in VERDICT_KINDS} for r, out in runs.items()}
+    assert share[0.95]["regression"] <= ALPHA + _binomial_margin(ALPHA, n), share[0.95]
+    assert share[0.95]["unchanged"] + share[0.95]["improved"] <= ALPHA + _binomial_margin(ALPHA, n), share[0.95]
+    assert share[1.0]["regression"] == 0 and share[1.0]["unchanged"] >= 0.95, share[1.0]
+    assert share[0.93]["regression"] >= 0.95 - _binomial_margin(0.95, n), share[0.93]
+    assert share[0.93]["unchanged"] == 0, share[0.93]
+    # clear cases stop early: a 10 % slowdown needs fewer looks than the budget
+    early = [k for v, k in (_sequential_gate(rng, 0.90, cv, 48, sched, rule) for _ in range(40))]
+    assert max(early) < len(sched)
+    # the plan made from a baseline of this noise promises that power: its MDE is within 2 points
+    base = list(100.0 * np.exp(rng.normal(0.0, cv, 48)))
+    plan = plan_rule(rule, "c", base, 48, sched)
+    assert plan["planned_mde_pct"] < 2.0 and plan["waves_needed"] is not None and plan["waves_needed"] <= 96
+
+
+VERDICT_KINDS = ("regression", "inconclusive", "improved", "unchanged")
+
+
+def test_sequential_verdict_fields_and_plan():
+    from bench.gate import Look, plan_rule, sequential_samples
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    rng = np.random.default_rng(1)
+    base = list(100 * np.exp(rng.normal(0, 0.02, 16)))
+    cand = list(90 * np.exp(rng.normal(0, 0.02, 8)))
+    v = sequential_samples(rule, "c", base, cand, Look((8,), 24, 16), waves_baseline=16, planned_mde_pct=3.0)
+    assert v.verdict == "regression" and v.look == 1 and v.level > 0.99  # a first look needs strong evidence
+    d = v.to_dict()
+    assert d["waves"] == {"baseline": 16, "candidate": 8} and d["planned_mde_pct"] == 3.0
+    assert d["min_detectable_pct"] > 0 and d["verdict"] == "regression"
+    # the plan: a noisier baseline needs more waves; a baseline too noisy for the allowance says so (None)
+    quiet = plan_rule(rule, "c", base, 16, [8, 12, 18, 24])
+    noisy = plan_rule(rule, "c", list(100 * np.exp(rng.normal(0, 0.10, 16))), 16, [8, 12, 18, 24])
+    assert quiet["planned_mde_pct"] < noisy["planned_mde_pct"]
+    assert noisy["waves_needed"] is None and noisy["waves_needed_both"] > 24
+    assert quiet["waves_needed"] is not None
