@@ -723,10 +723,10 @@ def sequential_samples(
     except ValueError as e:
         return _with_look(Verdict(rule, cell, "inconclusive", None, None, None, None, None, 0.95, nb, nc, str(e)),
                           look, waves_baseline, planned_mde_pct)
-    from .sequential import expand_z
+    from .sequential import expand_z, se_df
 
     c = look.critical()
-    k = expand_z(c, nb, nc)
+    k = expand_z(c, nb, nc, se_df(rule.stat, nb, nc))
     ratio = cv / bv
     if not math.isfinite(k):
         v = Verdict(rule, cell, "inconclusive", bv, cv, ratio, None, None, 1.0, nb, nc,
@@ -782,7 +782,7 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     against this baseline; None when the baseline's own noise forbids it), ``waves_needed_both`` (waves per side if
     both sides were measured that long), ``se_per_wave_pct`` and ``note``.
     """
-    from .sequential import boundaries, expand_z, fractions
+    from .sequential import boundaries, expand_z, fractions, se_df
 
     name = f"{rule.metric}.{rule.stat}@{cell}"
     out: dict[str, Any] = {"name": name, "cell": cell, "max_change_pct": rule.max_change_pct,
@@ -801,7 +801,8 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     s = se_self * math.sqrt(m / 2.0)
     n_max = schedule[-1]
     c = boundaries(fractions(schedule, n_max, None if both_grow else m), alpha)[-1]
-    k = expand_z(c, nb, max(2, round(n_max * nb / m))) + NormalDist().inv_cdf(POWER)
+    nc = max(2, round(n_max * nb / m))
+    k = expand_z(c, nb, nc, se_df(rule.stat, nb, nc)) + NormalDist().inv_cdf(POWER)
     se = s * math.sqrt(2.0 / n_max if both_grow else 1.0 / m + 1.0 / n_max)
     out["planned_mde_pct"] = _pct_of_log(k * se, rule.higher_better)
     out["se_per_wave_pct"] = s * 100.0

@@ -680,14 +680,16 @@ def test_sequential_gate_keeps_its_false_alarm_rate_and_has_power():
     rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
     sched = look_schedule(16, 96)
     rng = np.random.default_rng(25)
-    n = 300
     cv = 0.02  # lognormal scatter per sample
-    runs = {r: [_sequential_gate(rng, r, cv, 48, sched, rule) for _ in range(n)] for r in (0.95, 1.0, 0.93)}
-    share = {r: {k: sum(v == k for v, _ in out) / n for k in VERDICT_KINDS} for r, out in runs.items()}
-    assert share[0.95]["regression"] <= ALPHA + _binomial_margin(ALPHA, n), share[0.95]
-    assert share[0.95]["unchanged"] + share[0.95]["improved"] <= ALPHA + _binomial_margin(ALPHA, n), share[0.95]
+    counts = {0.95: 600, 1.0: 200, 0.93: 200}  # the edge gets the most trials: its rate is the one asserted
+    runs = {r: [_sequential_gate(rng, r, cv, 48, sched, rule, resamples=400) for _ in range(n)]
+            for r, n in counts.items()}
+    share = {r: {k: sum(v == k for v, _ in out) / len(out) for k in VERDICT_KINDS} for r, out in runs.items()}
+    edge = ALPHA + _binomial_margin(ALPHA, counts[0.95])
+    assert share[0.95]["regression"] <= edge, share[0.95]
+    assert share[0.95]["unchanged"] + share[0.95]["improved"] <= edge, share[0.95]
     assert share[1.0]["regression"] == 0 and share[1.0]["unchanged"] >= 0.95, share[1.0]
-    assert share[0.93]["regression"] >= 0.95 - _binomial_margin(0.95, n), share[0.93]
+    assert share[0.93]["regression"] >= 0.95 - _binomial_margin(0.95, counts[0.93]), share[0.93]
     assert share[0.93]["unchanged"] == 0, share[0.93]
     # clear cases stop early: a 10 % slowdown needs fewer looks than the budget
     early = [k for v, k in (_sequential_gate(rng, 0.90, cv, 48, sched, rule) for _ in range(40))]
