@@ -26,6 +26,7 @@ from .cli_common import checked_url, client_options, endpoint, engine_size
 from .cli_common import settings_from_options as _settings
 from .errors import EXIT_OK, BenchError, GateCouldNotRun
 from .gate import (
+    ALPHA,
     Rule,
     Verdict,
     check_comparable,
@@ -142,22 +143,30 @@ def _load_profile(name: str) -> Profile:
 @click.option("--update-baseline", is_flag=True,
               help="After the run, write its results over the --baseline file (the exit code is still the verdict).")
 @click.option("--budget-waves", type=click.IntRange(0), default=None,
-              help="Extra waves for re-measuring inconclusive cells, in all (default: the profile's "
-                   "gate_budget_waves).")
+              help="Extra waves beyond the profile's planned ones, in all cells together (default: the profile's "
+                   "gate_budget_waves when --max-time is not given, else no limit but the time).")
+@click.option("--max-time", "max_time", type=click.FloatRange(min=1.0), default=None, metavar="S",
+              help="Decide within S seconds in all (connecting and the final summary included): the gate plans "
+                   "its looks to fit, and exits 2 (undecided) when the budget runs out first.")
+@click.option("--max-waves", type=click.IntRange(1), default=None,
+              help="At most this many measured waves per cell (the last look).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results folder (default bench-results/<time>-<profile>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the gate result (gate.json) on stdout, nothing else.")
 @client_options
 @_could_not_run
 def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
-         force: bool, update_baseline: bool, budget_waves: int | None, out_dir: str | None, as_json: bool,
-         **client: Any) -> None:
+         force: bool, update_baseline: bool, budget_waves: int | None, max_time: float | None,
+         max_waves: int | None, out_dir: str | None, as_json: bool, **client: Any) -> None:
     """CI speed gate: run a profile and compare it with a baseline results file.
 
     \b
-    For each [[gate]] rule and cell: ratio = statistic(candidate) / statistic(baseline) with a bootstrap 95 % CI.
+    For each [[gate]] rule and cell: ratio = statistic(candidate) / statistic(baseline) with a bootstrap CI,
+    judged after each round of waves (a sequential test: alpha spending keeps the false-alarm rate at 2.5 %
+    one-sided at the limit however many looks it takes). Before measuring it prints its plan: the MDE it
+    expects to reach and the time it needs.
     regression    the whole CI is beyond the allowance (e.g. below 0.95 for max_drop_pct = 5)
-    inconclusive  the CI straddles the allowance; such cells are re-measured within gate_budget_waves
+    inconclusive  the CI still straddles the allowance when the budget (--max-time, --budget-waves) ran out
     improved      the whole CI is on the better side of 1
     unchanged     otherwise
     Exit 0 pass, 1 regression, 2 inconclusive, 3 could not run (any cause). Method: docs/gate.md.
@@ -166,13 +175,18 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
     Examples:
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
       bench gate URL -p ci.toml --baseline base/results.json --update-baseline     (refresh it)
+      bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """
-    _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget_waves,
+    budget = {"budget_waves": budget_waves, "max_waves": max_waves, "max_time": max_time}
+    _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget,
           out_dir, as_json, client)
 
 
+SUMMARY_RESERVE_S = 1.0  # of --max-time, kept for the verdicts, reports and closing the session
+
+
 def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
-          force: bool, update_baseline: bool, budget_waves: int | None, out_dir: str | None, as_json: bool,
+          force: bool, update_baseline: bool, budget: dict[str, Any], out_dir: str | None, as_json: bool,
           client: dict[str, Any]) -> None:
     from .report.console import stderr
     from .report.export import VIEWS
@@ -192,13 +206,20 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
     parallel, ctx = engine_size(prof)
+    max_time = budget["max_time"]
+    deadline = t0 + max_time - SUMMARY_RESERVE_S if max_time else None
     with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
-                                       force=force, budget_waves=budget_waves, observer=observer, log=log,
-                                       views=VIEWS))
+                                       force=force, budget_waves=budget["budget_waves"],
+                                       max_waves=budget["max_waves"], deadline=deadline, observer=observer,
+                                       log=log, views=VIEWS))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
-    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves})
+    doc = _gate_json(outcome.verdicts, rules, {
+        "baseline": baseline_file, "extra_waves": outcome.extra_waves, "max_time_s": max_time,
+        "elapsed_s": round(time.monotonic() - t0, 2), "budget_ran_out": outcome.budget_ran_out,
+        "alpha": ALPHA, "plan": outcome.plan, "schedules": outcome.schedules, "looks": outcome.looks,
+        "seconds_per_wave": {k: round(v, 4) for k, v in outcome.wave_s.items()}})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)

@@ -51,7 +51,7 @@ _ERFC = np.frompyfunc(math.erfc, 1, 1)
 
 
 def _phi_sf(x: np.ndarray) -> np.ndarray:
-    return 0.5 * _ERFC(x / math.sqrt(2.0)).astype(float)
+    return 0.5 * np.asarray(_ERFC(x / math.sqrt(2.0)), dtype=float)
 
 
 def _cross_mass(grid: np.ndarray, dens: np.ndarray, h: float, b: float, sd: float) -> float:
