@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -801,19 +801,37 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     s = se_self * math.sqrt(m / 2.0)
     n_max = schedule[-1]
     c = boundaries(fractions(schedule, n_max, None if both_grow else m), alpha)[-1]
-    nc = max(2, round(n_max * nb / m))
-    k = expand_z(c, nb, nc, se_df(rule.stat, nb, nc)) + NormalDist().inv_cdf(POWER)
-    se = s * math.sqrt(2.0 / n_max if both_grow else 1.0 / m + 1.0 / n_max)
-    out["planned_mde_pct"] = _pct_of_log(k * se, rule.higher_better)
+    zp = NormalDist().inv_cdf(POWER)
+
+    def mde_log(n: int, base_n: int | None) -> float:
+        """(k + z_power) SE on the log scale with ``n`` candidate waves (and ``base_n`` baseline waves; None:
+        the baseline as it is)."""
+        mb = m if base_n is None else base_n
+        nbs, ncs = max(2, round(mb * nb / m)), max(2, round(n * nb / m))
+        k = expand_z(c, nbs, ncs, se_df(rule.stat, nbs, ncs)) + zp
+        return k * s * math.sqrt(2.0 / n if both_grow else 1.0 / mb + 1.0 / n)
+
+    out["planned_mde_pct"] = _pct_of_log(mde_log(n_max, None), rule.higher_better)
     out["se_per_wave_pct"] = s * 100.0
     a = _log_change(rule.max_change_pct, rule.higher_better) if 0 < rule.max_change_pct < 100 else 0.0
-    if a > 0 and s > 0:
-        room = (a / (k * s)) ** 2 - (0.0 if both_grow else 1.0 / m)
-        out["waves_needed"] = math.ceil((2.0 if both_grow else 1.0) / room) if room > 0 else None
-        out["waves_needed_both"] = math.ceil(2.0 * (k * s / a) ** 2)
-    elif s == 0:
-        out["waves_needed"] = out["waves_needed_both"] = schedule[0]
+    if a > 0:
+        out["waves_needed"] = _least_waves(lambda n: mde_log(n, None) <= a)
+        out["waves_needed_both"] = _least_waves(lambda n: mde_log(n, n) <= a)
     return out
+
+
+def _least_waves(ok: Callable[[int], bool], limit: int = 100_000) -> int | None:
+    """The least ``n`` in 2..limit with ``ok(n)`` (``ok`` monotone), or None: doubling, then bisection."""
+    hi = 2
+    while not ok(hi):
+        hi *= 2
+        if hi > limit:
+            return None
+    lo = hi // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
+    return hi if hi > 2 or not ok(1) else 1
 
 
 def plan_gate(baseline: Results, rules: Sequence[Rule], schedules: Mapping[str, Sequence[int]], *,

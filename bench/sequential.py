@@ -124,11 +124,15 @@ def fractions(waves: Sequence[int], waves_max: int, baseline_waves: int | None) 
 
 def look_schedule(first: int, waves_max: int, growth: float = 1.5) -> list[int]:
     """Candidate waves at each look: ``first``, then ``ceil(growth * previous)`` (at least one more), up to
-    ``waves_max`` (the last look). Fixed before measuring, so the looks do not depend on the data."""
+    ``waves_max`` (the last look; a look that would leave less than a quarter of its waves for the last one is
+    moved to ``waves_max``). Fixed before measuring, so the looks do not depend on the data."""
     first = max(1, min(first, waves_max))
     out = [first]
     while out[-1] < waves_max:
-        out.append(min(waves_max, max(out[-1] + 1, math.ceil(growth * out[-1]))))
+        nxt = min(waves_max, max(out[-1] + 1, math.ceil(growth * out[-1])))
+        if waves_max - nxt < 0.25 * nxt:
+            nxt = waves_max
+        out.append(nxt)
     return out
 
 

@@ -1,0 +1,1 @@
+"""Tools around the measurement: helpers that stand beside a server (the delay proxy, ...)."""
