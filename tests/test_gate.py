@@ -721,3 +721,54 @@ def test_sequential_verdict_fields_and_plan():
     assert quiet["planned_mde_pct"] < noisy["planned_mde_pct"]
     assert noisy["waves_needed"] is None and noisy["waves_needed_both"] > 24
     assert quiet["waves_needed"] is not None
+
+
+def test_gate_schedules_fit_the_budget():
+    from bench.runloop import gate_schedules
+
+    first = {"a": 8, "b": 4, "free": 6}
+    costs = {"a": (0.5, 0.2), "b": (1.0, 0.2), "free": (0.5, 0.2)}
+    gated = {"a", "b"}
+    one = gate_schedules(first, costs, gated, time_left=None, waves_left=0)
+    assert one == {"a": [8], "b": [4], "free": [6]}  # no budget: one look at the planned waves (the fixed gate)
+    s = gate_schedules(first, costs, gated, time_left=60.0, waves_left=None)
+    assert s["free"] == [6] and s["a"][0] == 8 and s["b"][0] == 4 and len(s["a"]) > 2
+
+    def cost(sched, wave, warm):
+        return len(sched) * warm + (sched[-1] - 1) * wave
+
+    assert sum(cost(v, *costs[k]) for k, v in s.items()) <= 60.0
+    bigger = gate_schedules(first, costs, gated, time_left=60.0 * 1.3, waves_left=None)
+    assert bigger["a"][-1] > s["a"][-1]  # the budget was used, not just met
+    capped = gate_schedules(first, costs, gated, time_left=600.0, waves_left=12, max_waves=14)
+    assert capped["a"][-1] <= 14 and sum(v[-1] - first[k] for k, v in capped.items()) <= 12
+    tiny = gate_schedules(first, costs, gated, time_left=2.0, waves_left=None)
+    assert all(v[-1] <= first[k] for k, v in tiny.items()) and tiny["a"][-1] < 8  # cut to what fits
+
+
+def test_gate_command_max_time_json(sims, sim_profile, tmp_path, bench_main, capsys):
+    base_dir = tmp_path / "base"
+    assert bench_main(["run", sims["same"], "-p", str(sim_profile), "--out", str(base_dir), "--json",
+                       "--repeats", "12"]) == 0
+    capsys.readouterr()
+    baseline = str(base_dir / "results.json")
+    code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", baseline, "--max-time", "40",
+                       "--json", "--out", str(tmp_path / "c1")])
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert code == 0 and doc["exit"] == 0, cap.err
+    v = doc["verdicts"][0]
+    assert v["verdict"] in ("unchanged", "improved") and v["waves"]["baseline"] == 12 and v["waves"]["candidate"] >= 8
+    assert v["min_detectable_pct"] > 0 and v["planned_mde_pct"] > 0 and v["look"] >= 1
+    assert doc["plan"][0]["name"] == v["name"] and doc["elapsed_s"] <= 40.0 and doc["max_time_s"] == 40.0
+    assert "plan: decode_tok_s.median@d0-s1-prose: expected MDE" in cap.err  # printed before measuring
+    # a budget that allows one wave cannot decide: exit 2, and it says so
+    code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", baseline, "--max-waves", "1",
+                       "--json", "--out", str(tmp_path / "c2")])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["verdicts"][0]["verdict"] == "inconclusive" and doc["looks"]["d0-s1-prose"] == [1]
+    # the 10 % slower sim is a regression within the budget
+    code = bench_main(["gate", sims["slow10"], "-p", str(sim_profile), "--baseline", baseline, "--max-time", "40",
+                       "--json", "--out", str(tmp_path / "c3")])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["verdicts"][0]["verdict"] == "regression"
