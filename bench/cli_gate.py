@@ -289,16 +289,23 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
 @_report_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Write a/ and b/ (results.json, records.jsonl...) and ab.json here.")
+@click.option("--max-time", "max_time", type=click.FloatRange(min=1.0), default=None, metavar="S",
+              help="Keep adding pairs of waves to undecided cells (a sequential test) within S seconds in all.")
+@click.option("--max-waves", type=click.IntRange(1), default=None,
+              help="With or without --max-time: at most this many waves per side and cell (sequential looks).")
 @client_options
 def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_file: str | None,
-       markdown_file: str | None, out_dir: str | None, **client: Any) -> None:
+       markdown_file: str | None, out_dir: str | None, max_time: float | None, max_waves: int | None,
+       **client: Any) -> None:
     """Matched A/B: measure two endpoints with alternating waves, then compare B against A.
 
     \b
     For each cell the waves alternate A, B, A, B, ... so drift of the machine, the network or the time of day
     falls on both alike: the recommended way to compare two setups that can run at once (docs/gate.md). Prints
     each main metric's ratio B/A with its bootstrap 95 % CI per cell, and the profile's gate rules (or the
-    defaults) as verdicts. Exit 0 pass, 1 B regressed, 2 inconclusive.
+    defaults) as verdicts. With --max-time or --max-waves, undecided cells get more pairs of waves, judged
+    sequentially (alpha spending, docs/gate.md) until decided or the budget ends. Exit 0 pass, 1 B regressed,
+    2 inconclusive.
 
     \b
     Example:
@@ -308,22 +315,29 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     from .report.console import stderr
     from .report.export import VIEWS
     from .results import write_atomic
-    from .runloop import run_ab
+    from .runloop import ABRounds, run_ab
 
+    t0 = time.monotonic()
     prof = _load_profile(profile_name)
     rules, _ = profile_rules(prof.gate)
     model = client.pop("model")
     settings = _settings(**client)
     base_a, base_b = checked_url(normalize_url(url_a)), checked_url(normalize_url(url_b))
     observer, _log = _observer()
-    t0 = time.monotonic()
+    rounds = None
+    if max_time is not None or max_waves is not None:
+        rounds = ABRounds(rules, t0 + max_time - SUMMARY_RESERVE_S if max_time else None, max_waves)
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)
     ra, rb = asyncio.run(run_ab(base_a, base_b, prof, settings, model_a=model, model_b=model_b or model,
-                                observer=observer, out_a=out_a, out_b=out_b, views=VIEWS))
+                                observer=observer, out_a=out_a, out_b=out_b, views=VIEWS, rounds=rounds))
     _warn(check_comparable(ra, rb, force=True), prefix="note: ")
-    verdicts = _print_ab(ra, rb, rules, base_a, base_b)
+    verdicts = _print_ab(ra, rb, rules, base_a, base_b, rounds)
     if out_dir:
-        write_atomic(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, {"a": base_a, "b": base_b}))
+        extra: dict[str, Any] = {"a": base_a, "b": base_b}
+        if rounds is not None:
+            extra.update(max_time_s=max_time, budget_ran_out=rounds.budget_ran_out, alpha=ALPHA,
+                         schedules=rounds.schedules, looks=rounds.looks)
+        write_atomic(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, extra))
     context = {"A": f"{base_a} ({ra.endpoint.model})", "B": f"{base_b} ({rb.endpoint.model})", "profile": prof.name}
     written = _write_reports(verdicts, title="bench ab", context=context, junit=junit_file, markdown=markdown_file,
                              side=_side_rows(ra, rb), elapsed=time.monotonic() - t0)
@@ -352,12 +366,17 @@ def _side_rows(a: Results, b: Results) -> Any:
     return side_by_side_rows(main_verdicts(a, b))
 
 
-def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base_b: str) -> list[Verdict]:
+def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base_b: str,
+              rounds: Any = None) -> list[Verdict]:
+    from .gate import sequential_compare
     from .report.console import stdout
     from .report.verdicts import side_by_side_table
 
     stdout.print(side_by_side_table(main_verdicts(ra, rb), f"bench ab: A = {base_a}, B = {base_b} (waves "
                                                           "alternated)"))
-    verdicts = compare_results(ra, rb, rules)
+    if rounds is not None and rounds.looks:
+        verdicts = sequential_compare(ra, rb, rules, rounds.look_map(), seed=rounds.seed)
+    else:
+        verdicts = compare_results(ra, rb, rules)
     _print_verdicts(verdicts, "gate rules (B against A)")
     return verdicts

@@ -614,7 +614,8 @@ def inconclusive_cells(verdicts: Sequence[Verdict]) -> list[str]:
     """Ids of the cells with an inconclusive verdict that has an interval (more samples can settle it), in order."""
     out: list[str] = []
     for v in verdicts:
-        settle = v.lo is not None or (v.n_candidate < MIN_SAMPLES <= v.n_baseline)
+        settle = (v.lo is not None or (v.n_candidate < MIN_SAMPLES <= v.n_baseline)
+                  or (v.look is not None and v.ratio is not None))  # a sequential look that could not decide yet
         if v.verdict == "inconclusive" and settle and v.cell not in out:
             out.append(v.cell)
     return out

@@ -38,7 +38,7 @@ from .results import CellResult, Results, save_results, write_atomic
 from .runner import CellAnnotator, CellRun, Observer, Session
 from .sequential import look_schedule
 
-__all__ = ["RunOutput", "GateOutcome", "run_profile", "run_gate", "run_ab", "stoppable", "Views", "gate_schedules",
+__all__ = ["RunOutput", "GateOutcome", "run_profile", "run_gate", "run_ab", "stoppable", "Views", "gate_schedules", "ABRounds",
            "plan_lines"]
 
 Views = Mapping[str, Callable[[Results], str]]
@@ -151,6 +151,12 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
                               "endpoint and model needed; --overwrite starts afresh)")
     session.note(f"resumed run {resume.run.id}: {len(resume.cells)} finished cell(s) kept, the rest measured now")
     return {c.id: c for c in resume.cells}
+
+
+MAX_GROWTH = 8
+"""The last look has at most this many times a cell's planned waves: against a stored baseline of as many waves the
+information is then 8/9 of its limit, and a longer schedule would only make the early looks (whose thresholds
+depend on their share of the last one's information) stricter."""
 
 
 @dataclass
@@ -329,7 +335,7 @@ def gate_schedules(first: Mapping[str, int], costs: Mapping[str, tuple[float, fl
     """Each cell's planned looks (candidate waves at each), fixed before measuring.
 
     A gated cell's first look is at its planned waves ``first[cid]``; its last at ``round(first * g)`` for the
-    largest common factor ``g`` (1 to 64) whose rounds fit: in ``time_left`` seconds (``costs[cid] = (seconds per
+    largest common factor ``g`` (1 to :data:`MAX_GROWTH`) whose rounds fit: in ``time_left`` seconds (``costs[cid] = (seconds per
     wave, seconds of a round's warm-up)``), within ``waves_left`` extra waves in all, and ``max_waves`` per cell;
     looks in between grow by ``growth``. When not even the planned waves fit the time, every cell is cut to what
     does (at least the plan's one wave). Cells no rule judges get one look at their planned waves.
@@ -356,7 +362,7 @@ def gate_schedules(first: Mapping[str, int], costs: Mapping[str, tuple[float, fl
             best = build(g)
         return best
     g = 1.0
-    while g < 64.0:
+    while g < MAX_GROWTH:
         cand = build(g * 1.05)
         if not fits(cand):
             break
@@ -433,14 +439,84 @@ async def _next_look(st: _GateState, cid: str, cell: Any, say: Callable[[str], N
     return True
 
 
+@dataclass
+class ABRounds:
+    """Sequential rounds for :func:`run_ab`: the rules to decide and the budget; :func:`run_ab` fills in the looks.
+
+    Without ``deadline`` (``time.monotonic()`` value) and ``max_waves`` each cell gets its planned waves and one
+    look (the fixed comparison). With them, a cell's looks are its planned waves and then 1.5x more per round up
+    to what its share of the time left (and ``max_waves``) allows; it stops at the first look that decides every
+    rule on it (both sides grow together, so the information grows like the waves).
+    """
+
+    rules: Sequence[Rule]
+    deadline: float | None = None
+    max_waves: int | None = None
+    seed: int = 0
+    schedules: dict[str, list[int]] = field(default_factory=dict)
+    looks: dict[str, list[int]] = field(default_factory=dict)
+    budget_ran_out: bool = False
+
+    def look_map(self) -> dict[str, Look]:
+        """``{cell id: Look}`` of the last look taken in each cell."""
+        return {cid: Look(tuple(ws), self.schedules[cid][-1], None) for cid, ws in self.looks.items() if ws}
+
+    def schedule(self, first: int, pair_s: float, cells_left: int) -> list[int]:
+        """A cell's looks from its planned waves, one A+B pair's seconds and the cells still to measure."""
+        top = first
+        if self.deadline is not None:
+            share = max(self.deadline - time.monotonic() - 1.0, 0.0) / max(cells_left, 1)
+            top = min(first + int(share / max(pair_s, 1e-3)), MAX_GROWTH * first)
+            top = min(top, self.max_waves) if self.max_waves is not None else top
+        elif self.max_waves is not None:
+            top = self.max_waves
+        return look_schedule(first, max(top, first))
+
+
+async def _ab_pairs(sa: Session, sb: Session, ra: CellRun, rb: CellRun, start: int, stop: int) -> None:
+    """Waves ``start .. stop - 1`` of a cell, A then B each (each side warms up before its wave 0)."""
+    for w in range(start, stop):
+        for sess, acc in ((sa, ra), (sb, rb)):
+            acc.extend(await sess.run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
+
+
+async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None, cells_left: int
+                   ) -> tuple[CellResult, CellResult]:
+    ra, rb = CellRun(cell), CellRun(cell)
+    first = sa.planned_waves(cell)
+    await _ab_pairs(sa, sb, ra, rb, 0, 1)
+    t0 = time.monotonic()
+    await _ab_pairs(sa, sb, ra, rb, 1, first)
+    if rounds is None:
+        return sa.summarize(ra), sb.summarize(rb)
+    pair_s = (time.monotonic() - t0) / (first - 1) if first > 1 else max(ra.wall_s + rb.wall_s, 1e-3)
+    sched = rounds.schedules[cell.id] = rounds.schedule(first, pair_s, cells_left)
+    looks = rounds.looks[cell.id] = []
+    for target in sched:
+        k = target - len(ra.waves)
+        if k > 0 and rounds.deadline is not None and k * pair_s * 1.1 > rounds.deadline - time.monotonic():
+            rounds.budget_ran_out = True
+            break
+        await _ab_pairs(sa, sb, ra, rb, len(ra.waves), target)
+        looks.append(len(ra.waves))
+        a, b = sa.results([sa.summarize(ra)]), sb.results([sb.summarize(rb)])
+        vs = sequential_compare(a, b, rounds.rules, rounds.look_map(), seed=rounds.seed)
+        if overall_exit(vs) == EXIT_CHECK_FAILED or cell.id not in inconclusive_cells(vs):
+            break
+    return sa.summarize(ra), sb.summarize(rb)
+
+
 async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSettings, *, model_a: str | None = None,
                  model_b: str | None = None, observer: Observer | None = None, out_a: Path | None = None,
-                 out_b: Path | None = None, views: Views | None = None) -> tuple[Results, Results]:
+                 out_b: Path | None = None, views: Views | None = None,
+                 rounds: ABRounds | None = None) -> tuple[Results, Results]:
     """Measure two endpoints with interleaved waves: per cell, waves go A, B, A, B, ... (each side warms up before
     its first wave of a cell), so slow drift of the machine or the network falls on both alike.
 
-    Each side runs the cell's planned waves (``target_ci`` is not used) and is summarized by the same step as
-    ``bench run``. Writes each side's folder (``out_a``/``out_b``) incrementally. Returns ``(a, b)``.
+    Each side runs the cell's planned waves (``target_ci`` is not used), and with ``rounds`` more pairs of waves
+    until the cell's rules are decided or the budget ends (:class:`ABRounds`; its looks are filled in for
+    :func:`bench.gate.sequential_compare`). Each side is summarized by the same step as ``bench run``. Writes each
+    side's folder (``out_a``/``out_b``) incrementally. Returns ``(a, b)``.
     """
     oa, ob = RunOutput(out_a, views or {}), RunOutput(out_b, views or {})
     async with stoppable() as got:
@@ -453,13 +529,11 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
         ca: list[CellResult] = []
         cb: list[CellResult] = []
         try:
-            for cell in profile.cells():
-                ra, rb = CellRun(cell), CellRun(cell)
-                for w in range(sa.planned_waves(cell)):
-                    for sess, acc in ((sa, ra), (sb, rb)):
-                        acc.extend(await sess.run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
-                ca.append(sa.summarize(ra))
-                cb.append(sb.summarize(rb))
+            cells = profile.cells()
+            for i, cell in enumerate(cells):
+                sum_a, sum_b = await _ab_cell(sa, sb, cell, rounds, len(cells) - i)
+                ca.append(sum_a)
+                cb.append(sum_b)
                 oa.progress(sa.results(ca))
                 ob.progress(sb.results(cb))
             await sa.measure_drift()

@@ -772,3 +772,20 @@ def test_gate_command_max_time_json(sims, sim_profile, tmp_path, bench_main, cap
                        "--json", "--out", str(tmp_path / "c3")])
     doc = json.loads(capsys.readouterr().out)
     assert code == 1 and doc["verdicts"][0]["verdict"] == "regression"
+
+
+def test_ab_sequential_rounds(sims, sim_profile, tmp_path, bench_main, capsys):
+    out = tmp_path / "ab"
+    code = bench_main(["ab", sims["same"], sims["slow10"], "-p", str(sim_profile), "--out", str(out),
+                       "--max-waves", "24"])
+    capsys.readouterr()
+    doc = json.loads((out / "ab.json").read_text())
+    assert code == 1 and doc["exit"] == 1 and doc["schedules"]["d0-s1-prose"] == [8, 12, 18, 24]
+    looks = doc["looks"]["d0-s1-prose"]
+    assert looks and looks[-1] <= 24 and doc["verdicts"][0]["look"] == len(looks)
+    a = load_results(out / "a" / "results.json")
+    assert a.cells[0].waves == looks[-1] == doc["verdicts"][0]["waves"]["candidate"]
+    code = bench_main(["ab", sims["same"], sims["same"], "-p", str(sim_profile), "--out", str(tmp_path / "ab2"),
+                       "--max-time", "60"])
+    capsys.readouterr()
+    assert code == 0
