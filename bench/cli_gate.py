@@ -150,6 +150,9 @@ def _load_profile(name: str) -> Profile:
                    "its looks to fit, and exits 2 (undecided) when the budget runs out first.")
 @click.option("--max-waves", type=click.IntRange(1), default=None,
               help="At most this many measured waves per cell (the last look).")
+@click.option("--instance-spread-pct", type=click.FloatRange(0, 100, max_open=True), default=0.0, metavar="PCT",
+              help="The spread between two server instances of one build and flags (sd of their ratio, %), when "
+                   "the baseline was made on another instance: folded into every verdict (docs/gate.md).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results folder (default bench-results/<time>-<profile>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the gate result (gate.json) on stdout, nothing else.")
@@ -157,7 +160,8 @@ def _load_profile(name: str) -> Profile:
 @_could_not_run
 def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
          force: bool, update_baseline: bool, budget_waves: int | None, max_time: float | None,
-         max_waves: int | None, out_dir: str | None, as_json: bool, **client: Any) -> None:
+         max_waves: int | None, instance_spread_pct: float, out_dir: str | None, as_json: bool,
+         **client: Any) -> None:
     """CI speed gate: run a profile and compare it with a baseline results file.
 
     \b
@@ -177,7 +181,8 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
       bench gate URL -p ci.toml --baseline base/results.json --update-baseline     (refresh it)
       bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """
-    budget = {"budget_waves": budget_waves, "max_waves": max_waves, "max_time": max_time}
+    budget = {"budget_waves": budget_waves, "max_waves": max_waves, "max_time": max_time,
+              "instance_spread_pct": instance_spread_pct}
     _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget,
           out_dir, as_json, client)
 
@@ -212,13 +217,13 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
                                        force=force, budget_waves=budget["budget_waves"],
                                        max_waves=budget["max_waves"], deadline=deadline, observer=observer,
-                                       log=log, views=VIEWS))
+                                       log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"]))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     doc = _gate_json(outcome.verdicts, rules, {
         "baseline": baseline_file, "extra_waves": outcome.extra_waves, "max_time_s": max_time,
         "elapsed_s": round(time.monotonic() - t0, 2), "budget_ran_out": outcome.budget_ran_out,
-        "alpha": ALPHA, "plan": outcome.plan, "schedules": outcome.schedules, "looks": outcome.looks,
+        "alpha": ALPHA, "instance_spread_pct": budget["instance_spread_pct"], "plan": outcome.plan, "schedules": outcome.schedules, "looks": outcome.looks,
         "seconds_per_wave": {k: round(v, 4) for k, v in outcome.wave_s.items()}})
     write_atomic(out / "gate.json", doc)
     if as_json:

@@ -93,7 +93,7 @@ __all__ = [
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s", "spec_acceptance_rate")
+                 "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).
@@ -662,12 +662,16 @@ class Look:
         waves_max: the planned last look (the budget); information fractions are taken against it.
         baseline_waves: the baseline's waves, fixed (a stored baseline); None when both sides grow alike (A/B).
         alpha: the one-sided error spent over all looks (:data:`ALPHA`).
+        spread_pct: the instance-to-instance spread (standard deviation of the log ratio between two server
+            processes of one build, in %) folded into every look's standard error: a stored baseline made on
+            another instance differs by that much before any change. 0: the same instance.
     """
 
     waves: tuple[int, ...]
     waves_max: int
     baseline_waves: int | None
     alpha: float = ALPHA
+    spread_pct: float = 0.0
 
     def critical(self) -> float:
         """This look's one-sided critical value on the normal scale (:func:`bench.sequential.boundaries`)."""
@@ -726,6 +730,8 @@ def sequential_samples(
                           look, waves_baseline, planned_mde_pct)
     from .sequential import expand_z, se_df
 
+    if look.spread_pct > 0:  # the instances' own difference adds to the noise of every look alike
+        se = math.hypot(se, math.log1p(look.spread_pct / 100.0))
     c = look.critical()
     k = expand_z(c, nb, nc, se_df(rule.stat, nb, nc))
     ratio = cv / bv
@@ -770,15 +776,15 @@ def sequential_compare(baseline: Results, candidate: Results, rules: Sequence[Ru
 
 
 def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int, schedule: Sequence[int], *,
-              alpha: float = ALPHA, seed: int = 0, resamples: int = 2000,
-              both_grow: bool = False) -> dict[str, Any]:
+              alpha: float = ALPHA, seed: int = 0, resamples: int = 2000, both_grow: bool = False,
+              spread_pct: float = 0.0) -> dict[str, Any]:
     """Before measuring: what a sequential rule will resolve with the looks ``schedule`` (candidate waves).
 
     The per-wave spread ``s`` of the log statistic comes from the baseline alone: the baseline compared with
     itself by two independent bootstrap resamples gives ``SE_self = s sqrt(2/m)`` (``m`` = baseline waves). A
     candidate as noisy with ``n`` waves then has ``SE(n) = s sqrt(1/m + 1/n)`` (``s sqrt(2/n)`` when
-    ``both_grow``), and the planned MDE is ``(k + z_power) SE(n_max)`` with ``k`` the last look's critical value
-    (small-sample widened). Returns a dict: ``name``, ``cell``, ``max_change_pct``, ``planned_mde_pct``,
+    ``both_grow``), plus ``d^2`` for an instance spread of ``spread_pct`` (``d = ln(1 + spread_pct/100)``), and the
+    planned MDE is ``(k + z_power) SE(n_max)`` with ``k`` the last look's critical value (small-sample widened). Returns a dict: ``name``, ``cell``, ``max_change_pct``, ``planned_mde_pct``,
     ``waves_max``, ``looks``, ``baseline_waves``, ``waves_needed`` (candidate waves for an MDE within the allowance
     against this baseline; None when the baseline's own noise forbids it), ``waves_needed_both`` (waves per side if
     both sides were measured that long), ``se_per_wave_pct`` and ``note``.
@@ -803,6 +809,7 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     n_max = schedule[-1]
     c = boundaries(fractions(schedule, n_max, None if both_grow else m), alpha)[-1]
     zp = NormalDist().inv_cdf(POWER)
+    d = math.log1p(spread_pct / 100.0)
 
     def mde_log(n: int, base_n: int | None) -> float:
         """(k + z_power) SE on the log scale with ``n`` candidate waves (and ``base_n`` baseline waves; None:
@@ -810,7 +817,7 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
         mb = m if base_n is None else base_n
         nbs, ncs = max(2, round(mb * nb / m)), max(2, round(n * nb / m))
         k = expand_z(c, nbs, ncs, se_df(rule.stat, nbs, ncs)) + zp
-        return k * s * math.sqrt(2.0 / n if both_grow else 1.0 / mb + 1.0 / n)
+        return k * math.sqrt(s * s * (2.0 / n if both_grow else 1.0 / mb + 1.0 / n) + d * d)
 
     out["planned_mde_pct"] = _pct_of_log(mde_log(n_max, None), rule.higher_better)
     out["se_per_wave_pct"] = s * 100.0
@@ -836,7 +843,8 @@ def _least_waves(ok: Callable[[int], bool], limit: int = 100_000) -> int | None:
 
 
 def plan_gate(baseline: Results, rules: Sequence[Rule], schedules: Mapping[str, Sequence[int]], *,
-              alpha: float = ALPHA, seed: int = 0, both_grow: bool = False) -> list[dict[str, Any]]:
+              alpha: float = ALPHA, seed: int = 0, both_grow: bool = False,
+              spread_pct: float = 0.0) -> list[dict[str, Any]]:
     """:func:`plan_rule` for every rule and baseline cell it covers that has a look schedule (``{cell id: candidate
     waves at each look}``), in rule order; server-counted rates are not planned."""
     out = []
@@ -850,5 +858,5 @@ def plan_gate(baseline: Results, rules: Sequence[Rule], schedules: Mapping[str, 
             if not bs and rule.cell == "*":
                 continue
             out.append(plan_rule(rule, cell.id, bs, _waves(cell) or len(bs), schedules[cell.id], alpha=alpha,
-                                 seed=seed, both_grow=both_grow))
+                                 seed=seed, both_grow=both_grow, spread_pct=spread_pct))
     return out

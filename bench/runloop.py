@@ -198,6 +198,7 @@ class _GateState:
     rules: Sequence[Rule]
     seed: int
     deadline: float | None = None
+    spread_pct: float = 0.0
     runs: dict[str, CellRun] = field(default_factory=dict)
     extra: dict[str, int] = field(default_factory=dict)
     wave_s: dict[str, float] = field(default_factory=dict)
@@ -220,7 +221,7 @@ class _GateState:
         return cell.waves if cell is not None and cell.waves > 0 else self.schedules[cid][0]
 
     def verdicts(self) -> list[Verdict]:
-        looks = {cid: Look(tuple(ws), self.schedules[cid][-1], self.baseline_waves(cid))
+        looks = {cid: Look(tuple(ws), self.schedules[cid][-1], self.baseline_waves(cid), spread_pct=self.spread_pct)
                  for cid, ws in self.looks.items() if ws}
         return sequential_compare(self.baseline, self.results(), self.rules, looks, planned=self.planned,
                                   seed=self.seed)
@@ -233,7 +234,7 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                    *, model: str | None = None, out_dir: Path | None = None, force: bool = False,
                    budget_waves: int | None = None, max_waves: int | None = None, deadline: float | None = None,
                    observer: Observer | None = None, log: Callable[[str], None] | None = None, seed: int = 0,
-                   views: Views | None = None) -> GateOutcome:
+                   views: Views | None = None, instance_spread_pct: float = 0.0) -> GateOutcome:
     """Run ``profile`` against ``base`` and decide every rule against ``baseline`` sequentially.
 
     Before measuring: one warm-up and one measured wave per cell give its seconds per wave; with the baseline's
@@ -243,6 +244,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     of each rule (:func:`bench.gate.plan_gate`), which ``log`` prints. Then rounds: every undecided cell is measured
     up to its next look and judged by :func:`bench.gate.sequential_compare` (alpha spending, so the looks keep the
     stated false-alarm rate) until every rule is decided, a regression decides the exit code, or the budget ends.
+    ``instance_spread_pct``: the spread between server instances, folded into every look (a stored baseline from
+    another instance; :class:`bench.gate.Look`).
 
     Raises:
         ConfigError: the runs are not comparable (profile, model, backend; unless ``force``).
@@ -255,7 +258,7 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
-        st = _GateState(session, baseline, rules, seed, deadline)
+        st = _GateState(session, baseline, rules, seed, deadline, instance_spread_pct)
         try:
             return await _gate(st, out, force, (budget_waves, max_waves), log or (lambda s: None))
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -317,7 +320,7 @@ def _make_plan(st: _GateState, budget: tuple[int | None, int | None], say: Calla
                                   max_waves=max_waves)
     st.looks = {cid: [] for cid in st.schedules}
     plan = plan_gate(st.baseline, st.rules, {cid: s for cid, s in st.schedules.items() if cid in gated},
-                     seed=st.seed)
+                     seed=st.seed, spread_pct=st.spread_pct)
     st.planned = {p["name"]: p["planned_mde_pct"] for p in plan}
     for line in plan_lines(plan, st.schedules, costs, st.left() if st.deadline is not None else None):
         say(line)

@@ -789,3 +789,30 @@ def test_ab_sequential_rounds(sims, sim_profile, tmp_path, bench_main, capsys):
                        "--max-time", "60"])
     capsys.readouterr()
     assert code == 0
+
+
+def test_instance_spread_turns_drift_into_an_honest_verdict():
+    """A stored baseline from another instance that decoded 6.5 % faster (drift, not a change): without the
+    spread the quiet data call it a regression; with a measured instance spread of 3 % it is not one."""
+    from bench.gate import Look, plan_rule, sequential_samples
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    base, cand = spread(100.0, 24, 0.005), spread(93.5, 24, 0.005)
+    look = Look((24,), 24, 24)
+    assert sequential_samples(rule, "c", base, cand, look).verdict == "regression"
+    folded = sequential_samples(rule, "c", base, cand, Look((24,), 24, 24, spread_pct=3.0))
+    assert folded.verdict == "inconclusive" and folded.lo < 0.95 < folded.hi
+    # the plan says what the spread costs: the MDE cannot fall under (k + z) * 3 %
+    p0 = plan_rule(rule, "c", base, 24, [24, 36, 48])
+    p3 = plan_rule(rule, "c", base, 24, [24, 36, 48], spread_pct=3.0)
+    assert p3["planned_mde_pct"] > 2.0 * 3.0 > p0["planned_mde_pct"] and p3["waves_needed"] is None
+
+
+def test_server_decode_rate_is_a_gate_metric():
+    rules = parse_rules([{"metric": "server_decode_tok_s", "max_drop_pct": 5}])
+    a = results({"c": {"server_decode_tok_s": spread(200.0, 12)}})
+    b = results({"c": {"server_decode_tok_s": spread(180.0, 12)}})
+    (v,) = compare(a, b, rules)
+    assert v.rule.higher_better and v.verdict == "regression"
+    plain = results({"c": {"decode_tok_s": spread(180.0, 12)}})
+    assert compare(plain, plain, rules) == []  # a backend that never reports it: skipped quietly
