@@ -11,10 +11,10 @@ Timing tolerances, and why:
 from __future__ import annotations
 
 import concurrent.futures
-import math
-import random
 import json
+import math
 import os
+import random
 import signal
 import statistics
 import subprocess
