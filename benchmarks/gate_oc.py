@@ -64,6 +64,7 @@ def _sim(step_ms: float, seed: int, jitter: float, drift: float) -> SimProcess:
 
 async def _one_gate(case: str, rep: int, args: argparse.Namespace) -> dict[str, Any]:
     prof = parse_profile(PROFILE, "gate-oc")
+    base_prof = parse_profile({**PROFILE, "requests": args.baseline_waves}, "gate-oc")  # same name, more waves
     rules, _ = profile_rules(prof.gate)
     slowdown = CASES[case]
     sb, sc = 1000 + 2 * rep + 100_000 * list(CASES).index(case), 1001 + 2 * rep + 100_000 * list(CASES).index(case)
@@ -73,7 +74,7 @@ async def _one_gate(case: str, rep: int, args: argparse.Namespace) -> dict[str, 
     true_ratio = (step * fb) / (step / slowdown * fc)
     with _sim(step, sb, args.jitter_pct, args.drift_pct) as base_sim, \
             _sim(step / slowdown, sc, args.jitter_pct, args.drift_pct) as cand_sim:
-        baseline = await run_profile(base_sim.base, prof, ClientSettings(), out_dir=None)
+        baseline = await run_profile(base_sim.base, base_prof, ClientSettings(), out_dir=None)
         t0 = time.monotonic()
         o = await run_gate(cand_sim.base, prof, ClientSettings(), baseline, rules,
                            deadline=t0 + args.max_time - 1.0)
@@ -109,6 +110,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=20, help="gates per case")
     ap.add_argument("--cases", default=",".join(CASES), help="comma-separated subset of: " + ", ".join(CASES))
     ap.add_argument("--max-time", type=float, default=60.0, help="each gate's --max-time (s)")
+    ap.add_argument("--baseline-waves", type=int, default=16, help="waves of each baseline (the candidate's first "
+                    "look is at the profile's 16)")
     ap.add_argument("--step-ms", type=float, default=STEP_MS, help="the baseline sim's decode step (ms)")
     ap.add_argument("--jitter-pct", type=float, default=10.0, help="sim --step-jitter-pct")
     ap.add_argument("--drift-pct", type=float, default=0.0, help="sim --drift-pct")
@@ -128,7 +131,7 @@ def main() -> None:
           f"{platform.node()}, {platform.processor() or platform.machine()})\n")
     print(f"command: python benchmarks/gate_oc.py {' '.join(sys.argv[1:])}\n")
     print(f"sim: decode step {args.step_ms:g} ms, step jitter {args.jitter_pct} %, drift {args.drift_pct} %; profile: "
-          f"max_tokens 32, 16 requests (waves) per baseline, 1 stream; rule decode_tok_s median drop <= "
+          f"max_tokens 32, {args.baseline_waves} requests (waves) per baseline, first look at 16, 1 stream; rule decode_tok_s median drop <= "
           f"{ALLOWANCE:g} %; --max-time {args.max_time:g} s per gate; total {time.monotonic() - t_all:.0f} s\n")
     print("| case | true ratio | gates | pass (0) | regression (1) | undecided (2) | false alarms | caught "
           "(true ratio < limit) | missed | looks median (max) | candidate waves median (max) | "
