@@ -144,7 +144,7 @@ def _load_profile(name: str) -> Profile:
               help="After the run, write its results over the --baseline file (the exit code is still the verdict).")
 @click.option("--budget-waves", type=click.IntRange(0), default=None,
               help="Extra waves beyond the profile's planned ones, in all cells together (default: the profile's "
-                   "gate_budget_waves when --max-time is not given, else no limit but the time).")
+                   "gate_budget_waves when neither --max-time nor --max-waves is given).")
 @click.option("--max-time", "max_time", type=click.FloatRange(min=1.0), default=None, metavar="S",
               help="Decide within S seconds in all (connecting and the final summary included): the gate plans "
                    "its looks to fit, and exits 2 (undecided) when the budget runs out first.")

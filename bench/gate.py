@@ -245,7 +245,7 @@ class Verdict:
             return f"regression: the whole {ci} is {side} the limit {r.limit:.3f} ({r.key} = {r.max_change_pct:g})"
         if self.verdict == "inconclusive":
             return (f"inconclusive: the {ci} straddles the limit {r.limit:.3f}; more samples "
-                    f"(requests, or gate_budget_waves) can settle it")
+                    f"(requests, or a larger budget: --max-time, --budget-waves) can settle it")
         if self.verdict == "improved":
             t = max(r.max_change_pct, self.mde_pct or 0.0)
             return f"improved: the whole {ci} is more than {t:.1f} % (allowance or MDE) on the better side of 1"

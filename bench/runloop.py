@@ -240,7 +240,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     Before measuring: one warm-up and one measured wave per cell give its seconds per wave; with the baseline's
     noise they fix each cell's looks (:func:`gate_schedules`: the profile's planned waves first, then 1.5x more per
     round, up to what ``deadline`` (``time.monotonic()`` value), ``budget_waves`` (extra waves in all; default
-    ``profile.gate_budget_waves`` when there is no deadline) and ``max_waves`` (per cell) allow) and the planned MDE
+    ``profile.gate_budget_waves`` when neither a deadline nor ``max_waves`` is given) and ``max_waves`` (per
+    cell) allow) and the planned MDE
     of each rule (:func:`bench.gate.plan_gate`), which ``log`` prints. Then rounds: every undecided cell is measured
     up to its next look and judged by :func:`bench.gate.sequential_compare` (alpha spending, so the looks keep the
     stated false-alarm rate) until every rule is decided, a regression decides the exit code, or the budget ends.
@@ -310,8 +311,8 @@ def _make_plan(st: _GateState, budget: tuple[int | None, int | None], say: Calla
                ) -> list[dict[str, Any]]:
     profile = st.session.profile
     budget_waves, max_waves = budget
-    if budget_waves is None and st.deadline is None:
-        budget_waves = profile.gate_budget_waves
+    if budget_waves is None and st.deadline is None and max_waves is None:
+        budget_waves = profile.gate_budget_waves  # no budget given: the profile's extra waves
     first = {cid: st.session.planned_waves(run.cell) for cid, run in st.runs.items()}
     gated = _gated_cells(st)
     costs = {cid: (st.wave_s[cid], st.warm_s[cid]) for cid in first}
