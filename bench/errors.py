@@ -41,7 +41,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from .redaction import redact
+from bench.redaction import redact
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -138,7 +138,7 @@ class UnreadableResponse(Exception):
         self.kind = kind
 
 
-# --- the stamping transport (bench.fastio): internal, translated into records by bench.client ---------------
+# --- the stamping transport (bench.transport.http): internal, translated into records by bench.client.request ---------------
 
 
 class FastIOError(Exception):

@@ -53,9 +53,10 @@ from typing import Any
 
 import numpy as np
 
-from .errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
-from .results import CellResult, Results
-from .stats import bootstrap_ratio_ci, expanded_tail, make_estimator
+from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
+from bench.results import CellResult, Results
+from bench.sequential import boundaries, expand_z, fractions, look_schedule, se_df
+from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
     "HIGHER_BETTER",
@@ -90,6 +91,7 @@ __all__ = [
     "sequential_compare",
     "plan_rule",
     "plan_gate",
+    "look_schedule",
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
@@ -675,8 +677,6 @@ class Look:
 
     def critical(self) -> float:
         """This look's one-sided critical value on the normal scale (:func:`bench.sequential.boundaries`)."""
-        from .sequential import boundaries, fractions
-
         return boundaries(fractions(self.waves, self.waves_max, self.baseline_waves), self.alpha)[-1]
 
 
@@ -728,8 +728,6 @@ def sequential_samples(
     except ValueError as e:
         return _with_look(Verdict(rule, cell, "inconclusive", None, None, None, None, None, 0.95, nb, nc, str(e)),
                           look, waves_baseline, planned_mde_pct)
-    from .sequential import expand_z, se_df
-
     if look.spread_pct > 0:  # the instances' own difference adds to the noise of every look alike
         se = math.hypot(se, math.log1p(look.spread_pct / 100.0))
     c = look.critical()
@@ -789,8 +787,6 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     against this baseline; None when the baseline's own noise forbids it), ``waves_needed_both`` (waves per side if
     both sides were measured that long), ``se_per_wave_pct`` and ``note``.
     """
-    from .sequential import boundaries, expand_z, fractions, se_df
-
     name = f"{rule.metric}.{rule.stat}@{cell}"
     out: dict[str, Any] = {"name": name, "cell": cell, "max_change_pct": rule.max_change_pct,
                            "planned_mde_pct": None, "waves_max": schedule[-1] if schedule else 0,

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .redaction import mask_spans, redact, redact_obj, secrets
+from bench.errors import ConfigError
+from bench.redaction import mask_spans, redact, redact_obj, secrets
 
 __all__ = ["Event", "RequestRecord", "RecordWriter", "read_records"]
 
@@ -67,10 +67,10 @@ class RequestRecord:
         error: one-line description of the failure, or None. Never contains the API key (:meth:`redact`).
         error_kind: short class of failure: ``http_4xx``/``http_5xx``/``http_429``, ``stream_error``,
             ``incomplete``, ``no_tokens``, ``connect``, ``timeout``, ``protocol``, ``bad_json``, ``cancelled``,
-            ``worker_lost`` (a Ray node running the request was lost, bench.raypool).
+            ``worker_lost`` (a Ray node running the request was lost, bench.session.ray_actors).
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
         stamp_source: where the arrival stamps came from: ``"kernel"`` (the kernel's receive time of each read,
-            bench.kstamp) or ``"user"`` (``perf_counter_ns()`` when Python got the read).
+            bench.transport.kernel_stamps) or ``"user"`` (``perf_counter_ns()`` when Python got the read).
         scheduled_ns: open-loop modes (``rate``, ``trace``, ``sessions``): when the schedule said to send it
             (absolute ns, the clock of ``queued_ns``/``sent_ns``); None in concurrency mode. ``sent_ns -
             scheduled_ns`` is the send lag (docs/load.md).

@@ -9,7 +9,7 @@ is read from the environment (:func:`add_secret`). Every path out applies the re
 * the terminal consoles of :mod:`bench.report.console` write through :class:`RedactingStream`;
 * the ``bench`` logger (and ``-v``'s handler) carry :data:`LOG_FILTER`;
 * the results exporters (:mod:`bench.report.export`) redact the text they write;
-* an uncaught exception's traceback is printed redacted (:func:`install_excepthook`, from ``bench.cli.main``).
+* an uncaught exception's traceback is printed redacted (:func:`install_excepthook`, from ``bench.cli.app.main``).
 
 A key is found verbatim, split by whitespace (a wrapped line, a newline inside a JSON string, written raw or as a
 ``\\n`` escape), and cut off at the end of a text (a body truncated in the middle of the key, 8 characters or

@@ -6,7 +6,7 @@ fields are the dataclasses below; docs/results.md lists them and ``tests/test_re
     Results
     ├── profile: ProfileInfo      name, source, every Profile setting
     ├── endpoint: EndpointInfo    url, model, kind
-    ├── server: dict              what bench.server_info discovered (backend, context size, routes, slots...)
+    ├── server: dict              what bench.server.info discovered (backend, context size, routes, slots...)
     ├── machine: dict             where bench ran (hostname, platform, cpu_count, python)
     ├── run: RunInfo              id, times, complete / interrupted, overhead, tokenizer, workers...
     ├── cells: [CellResult]       one summary per cell (definitions: docs/metrics.md, "Per cell")
@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import ConfigError
-from .redaction import redact
+from bench.errors import ConfigError
+from bench.redaction import redact
 
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",

@@ -22,9 +22,9 @@ sim's CPU (from /proc/PID/stat) is shown too, because the sim and the client sha
 
 Parts:
 1. stream counts 1..1024 at 20 events/s per stream (``decode_step_ms = 50``), one process: bench's client as the
-   runner uses it (``http://`` reads stamped by bench.fastio), and the same with ``fast_io=False`` (every read
+   runner uses it (``http://`` reads stamped by bench.transport.http), and the same with ``fast_io=False`` (every read
    through httpx, as ``https://`` endpoints still are);
-2. the largest clean load (p99 error <= 3 ms, no failed request) for one process and for ``bench.workers``
+2. the largest clean load (p99 error <= 3 ms, no failed request) for one process and for ``bench.session.workers``
    worker processes: (a) the most streams at 20 events/s (every step writes one event per stream at once: the
    burst a single reader falls behind on), (b) the highest event rate at 16 streams (lowering the step time: the
    CPU cost per event). Each is a x1.5 ladder then a bisection; a trial that is not clean is run once more (a
@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import os
 import platform
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -50,12 +52,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import fastio, kstamp  # noqa: E402
-from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
-from bench.metrics import RequestMetrics, request_metrics  # noqa: E402
+from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.measure.metrics import RequestMetrics, request_metrics  # noqa: E402
+from bench.measure.summary import wave_aggregate_decode  # noqa: E402
 from bench.records import RequestRecord  # noqa: E402
-from bench.summary import wave_aggregate_decode  # noqa: E402
-from bench.workers import WorkerPool  # noqa: E402
+from bench.session.workers import WorkerPool  # noqa: E402
+from bench.transport import http as fastio  # noqa: E402
+from bench.transport import kernel_stamps as kstamp  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "fidelity.md"
@@ -75,12 +78,12 @@ from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when r
 @dataclass
 class Trial:
     """One measured wave. ``client``: ``"process"`` = bench's client in this process, as the runner uses it (one
-    ``make_http_client`` for all streams, default ``ClientSettings``: ``http://`` streams read by bench.fastio);
+    ``make_http_client`` for all streams, default ``ClientSettings``: ``http://`` streams read by bench.transport.http);
     ``"httpx"`` = the same with ``fast_io=False`` (every read through httpx/httpcore/anyio/h11, user stamps);
-    ``"workers:N"`` = ``bench.workers.WorkerPool`` with N processes; ``"ray:N"`` = ``bench.raypool.RayPool`` with N
+    ``"workers:N"`` = ``bench.session.workers.WorkerPool`` with N processes; ``"ray:N"`` = ``bench.session.ray_actors.RayPool`` with N
     actors. A ``":user"`` suffix (``"process:user"``, ``"workers:4:user"``) forces user-space stamps; without it
-    fastio uses kernel receive stamps where the OS gives them (bench.kstamp; the default). ``"process:queue"``:
-    kernel stamps with every read queued for the reading task (``bench.fastio.PUMP_BODIES`` off)."""
+    fastio uses kernel receive stamps where the OS gives them (bench.transport.kernel_stamps; the default). ``"process:queue"``:
+    kernel stamps with every read queued for the reading task (``bench.transport.http.PUMP_BODIES`` off)."""
 
     streams: int
     step_ms: float
@@ -158,14 +161,37 @@ def _aggregate_vs_writes(ok: list[RequestRecord], ms: list[RequestMetrics], writ
     return 100.0 * (mine / (toks / ((max(lasts) - min(firsts)) / 1e9)) - 1.0)
 
 
-def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float) -> Trial:
+_PAIRS: dict[int, int] = {}  # the last in-process wave's {kernel stamp: user stamp} (stamp_pairs)
+
+
+@contextlib.contextmanager
+def stamp_pairs() -> Iterator[dict[int, int]]:
+    """Within the block, every kernel-stamped read of this process as ``{kernel stamp: user stamp}`` (the same reads
+    stamped both ways, so the two sources compare on one wave). A wrapper of the protocol's delivery, installed
+    for the block only: the read path itself has no benchmark hook."""
+    pairs: dict[int, int] = {}
+    deliver = kstamp.KernelStampProtocol._deliver
+
+    def paired(self: kstamp.KernelStampProtocol, t: int, data: bytes) -> None:
+        pairs[t] = self.last_user_ns
+        deliver(self, t, data)
+
+    kstamp.KernelStampProtocol._deliver = paired  # type: ignore[method-assign]
+    try:
+        yield pairs
+    finally:
+        kstamp.KernelStampProtocol._deliver = deliver  # type: ignore[method-assign]
+
+
+def analyse(t: Trial, recs: list[RequestRecord], client_cpu_s: float, sim_cpu_s: float, wall_s: float,
+            pairs: dict[int, int] | None = None) -> Trial:
     """Fill ``t`` from the wave's records; CPU figures are % of one core over the wave's wall time (send of the
     first request -> end of the last)."""
     errs, late, arrivals, rates, paired, vs_writes = [], [], [], [], [], []
     ok: list[RequestRecord] = []
     ms: list[RequestMetrics] = []
     writes: list[list[int]] = []
-    pairs = kstamp.PAIRS or {}
+    pairs = pairs or {}
     t.stamp_source = ",".join(sorted({r.stamp_source for r in recs})) or "?"
     for r in recs:
         if not r.ok:
@@ -225,14 +251,13 @@ def run_trial(streams: int, step_ms: float, seconds: float, client: str) -> Tria
             if parts[0] == "httpx":
                 settings = dataclasses.replace(settings, fast_io=False)
             s0 = sim.cpu_s()
-            kstamp.PAIRS = {}
             fastio.PUMP_BODIES = "queue" not in parts
             try:
-                recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
+                with stamp_pairs() as pairs:
+                    recs, cpu, wall = asyncio.run(_inprocess(sim.base, warm, specs, settings))
                 s1 = sim.cpu_s()
-                return analyse(t, recs, cpu, s1 - s0, wall)
+                return analyse(t, recs, cpu, s1 - s0, wall, pairs)
             finally:
-                kstamp.PAIRS = None
                 fastio.PUMP_BODIES = True
         else:
             recs, cpu, wall, s0, s1 = _pooled(parts[0], int(parts[1]), sim, settings, streams, warm, specs)
@@ -243,7 +268,7 @@ def _pooled(kind: str, n: int, sim: Any, settings: ClientSettings, streams: int,
             specs: list[RequestSpec]) -> tuple[list[RequestRecord], float, float, float, float]:
     """A warm-up then the measured wave through N worker processes or N Ray actors."""
     if kind == "ray":
-        from bench.raypool import RayPool
+        from bench.session.ray_actors import RayPool
 
         rp = RayPool(sim.base, model=MODEL, settings=settings, workers=n, address=RAY_ADDRESS[0],
                      concurrency=streams).start()
@@ -420,7 +445,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-httpx", action="store_true", help="skip the rows with fast_io off (httpx reads)")
     ap.add_argument("--no-user", action="store_true", help="skip the user-stamp rows (kernel stamps only)")
     ap.add_argument("--queue", action="store_true", help="part 1 also runs one process with kernel-stamped reads "
-                    "queued for the reading task (bench.fastio.PUMP_BODIES off: the path before BodyPump)")
+                    "queued for the reading task (bench.transport.http.PUMP_BODIES off: the path before BodyPump)")
     ap.add_argument("--no-search", action="store_true", help="skip part 2 (the largest-clean-load searches)")
     ap.add_argument("--scale-workers", default="1,2,4,8,16", help="worker counts of part 3 ('' = skip part 3)")
     ap.add_argument("--scale-streams", type=int, default=512, help="streams (20 ev/s each) of part 3")
@@ -532,14 +557,14 @@ def write_md(path: Path, m: dict[str, str], started: datetime, a: argparse.Names
         "cores.",
         "",
         "Columns: *stamps* = the records' `stamp_source` (`kernel`: the kernel's receive time of each read, "
-        "bench.kstamp; `user`: `perf_counter_ns()` when Python got the read); "
+        "bench.transport.kernel_stamps; `user`: `perf_counter_ns()` when Python got the read); "
         "*err* = bench's arrival stamp - the sim's `write_ns` of that event (one clock), over every token "
         "event of the measured wave; *same reads, user stamps* = for a kernel-stamped wave in this process, the "
         "error the user-space stamps of the very same reads would have had (`perf_counter_ns()` in the read callback; "
         "one wave, so the box's noise is the same for both); *decode err %* = median per-stream decode tok/s against the sim's truth "
         "(1000 / step ms: *vs step*) and against the decode rate of the same stream's events as the sim wrote them "
         "(`write_ns`: *vs writes*, bench's own part when the sim falls behind its schedule); *aggregate err %* = the "
-        "wave's aggregate decode tok/s (bench.summary.wave_aggregate_decode) against the same definition on the "
+        "wave's aggregate decode tok/s (bench.measure.summary.wave_aggregate_decode) against the same definition on the "
         "sim's write times; *client CPU %* = the client's CPU time over the wave's wall time "
         "(first send -> last byte), % of one core (summed over workers; more than 100 % = the client needed more than one core, only possible with "
         "workers); *sim late* = `write_ns - sched_ns` (the sim behind its own schedule; not part of *err*). A "

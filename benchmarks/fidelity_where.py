@@ -7,12 +7,12 @@ Method: the wave of ``benchmarks/fidelity.py``'s part 1 (``bench sim`` in its ow
 one token per event, a warm-up wave first, the garbage collector off), then every token event whose error
 (bench's arrival stamp - the sim's ``write_ns``) is over ``--late-ms`` (5 ms) is counted by its index in its
 stream and by when the sim wrote it (100 ms bins from the first send). For those events it also prints how long
-after its kernel stamp bench read that read (``kstamp.PAIRS``: user stamp - kernel stamp): a late event that was
+after its kernel stamp bench read that read (``fidelity.stamp_pairs``: user stamp - kernel stamp): a late event that was
 read promptly was late before bench could read it (the bytes reached the socket late); one read late was held up
 by bench's own event loop. Errors that are whole multiples of the step are events the kernel handed over in one
 read with a later event (the socket was not read within one gap).
 
-This is the diagnosis behind bench.turns (the first and last events of a wave of 2,048 streams were coalesced
+This is the diagnosis behind bench.client.turns (the first and last events of a wave of 2,048 streams were coalesced
 while the loop built and sent requests or finished responses): ``benchmarks/results/fidelity-2048-*-h200.md``.
 """
 
@@ -29,9 +29,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import fidelity  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 from simproc import SimProcess  # noqa: E402
 
-from bench import fastio, kstamp  # noqa: E402
-from bench.client import ClientSettings  # noqa: E402
+from bench.client import ClientSettings
 from bench.records import RequestRecord  # noqa: E402
+from bench.transport import http as fastio  # noqa: E402
+from bench.transport import kernel_stamps as kstamp  # noqa: E402
 
 STEP_MS = 50.0
 
@@ -94,12 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     fastio.PUMP_BODIES = not a.queue
     for _ in range(a.repeats):
-        pairs: dict[int, int] = {}
-        kstamp.PAIRS = pairs
-        try:
+        with fidelity.stamp_pairs() as pairs:
             recs = wave(a.streams, a.seconds)
-        finally:
-            kstamp.PAIRS = None
         print("\n".join(report(recs, pairs, a.late_ms)), flush=True)
     return 0
 

@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from bench.client import ClientSettings  # noqa: E402
+from bench.client import ClientSettings
+from bench.config.profile import parse_profile  # noqa: E402
+from bench.driver import run_gate, run_profile  # noqa: E402
 from bench.gate import Rule, classify, profile_rules  # noqa: E402
-from bench.profile import parse_profile  # noqa: E402
-from bench.runloop import run_gate, run_profile  # noqa: E402
 from bench.stats import bootstrap_ratio_ci  # noqa: E402
 
 STEP_MS = 5.0  # decode step of the baseline sim: 200 tok/s per stream

@@ -38,9 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from bench.client import ClientSettings  # noqa: E402
+from bench.config.profile import parse_profile  # noqa: E402
+from bench.driver import run_gate, run_profile  # noqa: E402
 from bench.gate import profile_rules  # noqa: E402
-from bench.profile import parse_profile  # noqa: E402
-from bench.runloop import run_gate, run_profile  # noqa: E402
 from bench.sim import SimConfig  # noqa: E402
 from bench.sim.truth import drift_factor  # noqa: E402
 

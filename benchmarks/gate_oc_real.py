@@ -33,10 +33,10 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.client import ClientSettings  # noqa: E402
-from bench.engine import LocalEngine  # noqa: E402
+from bench.config.profile import parse_profile  # noqa: E402
+from bench.driver import run_gate, run_profile  # noqa: E402
 from bench.gate import Rule  # noqa: E402
-from bench.profile import parse_profile  # noqa: E402
-from bench.runloop import run_gate, run_profile  # noqa: E402
+from bench.tools.engine import LocalEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILE = {

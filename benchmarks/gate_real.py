@@ -1,7 +1,7 @@
 """``bench gate`` on the real llama-server: self-gates (fresh and warm server, both orders) and a real slowdown.
 
 benchmarks/gate_fairness.py proves the gate on ``bench sim``, whose timing is exact. This script asks the same of
-the embedded llama-server (SmolLM2-135M, ``bench.engine.LocalEngine``), where server state drifts between runs:
+the embedded llama-server (SmolLM2-135M, ``bench.tools.engine.LocalEngine``), where server state drifts between runs:
 
 * **warm self-gate**: one server; a baseline run, then ``bench gate`` of the same server against it (with the
   profile's re-measure budget). Should pass: never exit 1, and "improved" only beyond the noise.
@@ -13,7 +13,7 @@ the embedded llama-server (SmolLM2-135M, ``bench.engine.LocalEngine``), where se
   ``--slow-args`` the slow side is the same server with those flags instead (on a GPU, where threads do not
   matter: ``--server-args "-ngl 99" --slow-args "-ngl 99 -ub 8 -b 8"``, say).
 
-The engine is ``bench.engine.LocalEngine``'s: ``$BENCH_LLAMA_SERVER`` and ``$BENCH_MODEL`` choose another binary
+The engine is ``bench.tools.engine.LocalEngine``'s: ``$BENCH_LLAMA_SERVER`` and ``$BENCH_MODEL`` choose another binary
 and model (the H200 run: a CUDA build and a random SmolLM2-shaped model, ``benchmarks/gpu/run_h200.sh gate``).
 
 Prints, per scenario, the exit codes (0 pass, 1 regression, 2 inconclusive) and verdict counts, with the median
@@ -41,12 +41,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.client import ClientSettings  # noqa: E402
-from bench.engine import LocalEngine, find_model  # noqa: E402
+from bench.client import ClientSettings
+from bench.config.profile import parse_profile  # noqa: E402
+from bench.driver import run_gate, run_profile  # noqa: E402
 from bench.gate import compare, overall_exit, profile_rules  # noqa: E402
-from bench.profile import parse_profile  # noqa: E402
 from bench.results import Results  # noqa: E402
-from bench.runloop import run_gate, run_profile  # noqa: E402
+from bench.tools.engine import LocalEngine, find_model  # noqa: E402
 
 PROFILE: dict[str, Any] = {
     "max_tokens": 48,

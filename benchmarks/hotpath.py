@@ -29,9 +29,9 @@ many events per write, faster than any client; the client is then the slower sid
 *events/s* is what one process ingests, wall-clock, with reads of many events each (the best case; one event per
 read is the worst, what the ``fidelity.py`` waves at 20 events/s per stream have).
 
-Variants: ``kernel`` / ``user`` (stamp source, bench.kstamp or data_received), ``+uvloop`` (the ``fast`` extra's
-event loop), ``+h11`` (chunked bodies framed by h11, as before bench.chunked took that over), ``+queue`` (a
-kernel-stamped body's reads queued for the reading task, as before bench.fastio.BodyPump decoded them in the read
+Variants: ``kernel`` / ``user`` (stamp source, bench.transport.kernel_stamps or data_received), ``+uvloop`` (the ``fast`` extra's
+event loop), ``+h11`` (chunked bodies framed by h11, as before bench.transport.chunked took that over), ``+queue`` (a
+kernel-stamped body's reads queued for the reading task, as before bench.transport.http.BodyPump decoded them in the read
 callback), ``httpx`` (fast_io off).
 """
 
@@ -57,7 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
-from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request  # noqa: E402
+from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
 from bench.records import RequestRecord  # noqa: E402
 
 MODEL = "bench-sim"
@@ -103,7 +103,7 @@ async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens
         await client.aclose()
 
 
-# variant flags that turn one of bench.fastio's switches off for the wave
+# variant flags that turn one of bench.transport.http's switches off for the wave
 OFF_FLAGS = {"h11": "CHUNKED_FRAMING", "queue": "PUMP_BODIES"}
 
 
@@ -113,7 +113,7 @@ def run_variant(variant: str, base: list[str], streams: int, tokens: int, profil
     parts = variant.split("+")
     off = [OFF_FLAGS[p] for p in parts if p in OFF_FLAGS]
     if off:
-        from bench import fastio
+        from bench.transport import http as fastio
 
         for name in off:
             setattr(fastio, name, False)

@@ -5,9 +5,9 @@
 N streams against ``bench sim`` (its own process), all of one output length, so they finish at the same decode
 step: the sim writes their final events over a few ms, and the parsing of the first finishers runs while the final
 events of the others arrive. Stamp error = bench's arrival stamp - the sim's ``write_ns`` (one clock), over every
-token event and over each stream's final event. Event-loop lag from :class:`bench.lag.LagMonitor`. Each round
+token event and over each stream's final event. Event-loop lag from :class:`bench.session.loop_lag.LagMonitor`. Each round
 runs the client twice: parsing each finished response in one go (``PARSE_SLICE`` = infinite, as before issue 12)
-and in slices of ``bench.client.PARSE_SLICE`` events with a yield between them (now).
+and in slices of ``bench.client.request.PARSE_SLICE`` events with a yield between them (now).
 """
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ import asyncio
 import numpy as np
 from simproc import SimProcess
 
-from bench import client as client_mod
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.lag import LagMonitor
+from bench.client import events as client_mod
+from bench.session.loop_lag import LagMonitor
 
 
 async def wave(base: str, n: int, seed: int, tokens: int) -> tuple[list[float], list[float], dict]:

@@ -5,7 +5,7 @@
 
 Method. ``bench sim`` runs in its own process (no prefill, 1 ms steps, 1 output token, 100k slots: the server
 side stays cheap). For each rate, bench runs one open-loop point exactly as ``bench run URL --rate R --duration D
---arrival constant`` does (:func:`bench.load.point.run_load`) and reports, over every request of the point:
+--arrival constant`` does (:func:`bench.driver.run_load`) and reports, over every request of the point:
 
 * dispatch lag: when bench's dispatcher started the request - its scheduled time (bench's own lateness);
 * send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from simproc import SimProcess  # noqa: E402
 
 from bench.client import ClientSettings  # noqa: E402
-from bench.load.point import LoadSettings, run_load  # noqa: E402
-from bench.profile import Profile  # noqa: E402
+from bench.config.load import LoadSettings  # noqa: E402
+from bench.config.profile import Profile  # noqa: E402
+from bench.driver import run_load  # noqa: E402
 
 
 def one_rate(sim: SimProcess, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Shared fixtures: the real llama-server (session-scoped) and the case files."""
+"""Shared fixtures: the real llama-server (session-scoped), the one `bench sim` fixture, and the case files."""
 
 from __future__ import annotations
 
@@ -15,10 +15,21 @@ def all_case_files() -> list[Path]:
     return sorted(CASES_DIR.glob("*/*.json"))
 
 
+@pytest.fixture(scope="module")
+def sim(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Base URL of a `bench sim` on loopback for this test module, shared by its tests. Its settings are the
+    module's ``SIM_CONFIG`` (a :class:`bench.sim.SimConfig`), else 10 ms decode steps and 1M tok/s prefill."""
+    from bench.sim import SimConfig, running_sim
+
+    cfg = getattr(request.module, "SIM_CONFIG", None) or SimConfig(decode_step_ms=10.0, prefill_tok_s=1e6)
+    with running_sim(cfg) as base:
+        yield base
+
+
 @pytest.fixture(scope="session")
 def llama_server() -> Iterator[str]:
     """Base URL of a running llama-server with SmolLM2-135M (4 slots, 32k shared context)."""
-    from bench.engine import LocalEngine
+    from bench.tools.engine import LocalEngine
 
     with LocalEngine(parallel=4, ctx_size=32768) as eng:
         yield eng.url

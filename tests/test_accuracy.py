@@ -59,10 +59,10 @@ from typing import Any
 import pytest
 
 from bench.client import ClientSettings
-from bench.metrics import request_metrics
-from bench.profile import parse_profile
+from bench.config.profile import parse_profile
+from bench.driver import run_profile
+from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord, read_records
-from bench.runloop import run_profile
 from bench.sim import (
     SimConfig,
     expected_cached_tokens,

@@ -1,4 +1,4 @@
-"""bench.autosize and ``bench run --workers auto``: bench's own lag picks the worker count; results say which."""
+"""bench.session.autosize and ``bench run --workers auto``: bench's own lag picks the worker count; results say which."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from bench import autosize
-from bench.autosize import advice, assess, carry, choose_workers, lag_budget_ms, lag_summary, recheck
-from bench.cli import main
+from bench.cli.app import main
 from bench.records import Event, RequestRecord
+from bench.session import autosize as autosize
+from bench.session.autosize import advice, assess, carry, choose_workers, lag_budget_ms, lag_summary, recheck
 from bench.sim import SimConfig, running_sim
 
 
@@ -100,8 +100,8 @@ def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
         assert choice["workers"] == run["workers"] and choice["budget_ms"] == pytest.approx(10.0, rel=0.3)
         assert choice["measured"]["workers"] == run["workers"] and choice["measured"]["lag_p99_ms"] is not None
         assert run["stamp_clock"]["measurements"] >= 1 and run["stamp_clock"]["uncertainty_ns"] >= 0
-        from bench.kstamp import kernel_stamps_supported
         from bench.records import read_records
+        from bench.transport.kernel_stamps import kernel_stamps_supported
 
         measured = [r for r in read_records(tmp_path / "a" / "records.jsonl") if r.meta.get("phase") == "measure"]
         want = "kernel" if kernel_stamps_supported() else "user"

@@ -28,10 +28,12 @@ def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]
                           env={**os.environ, "COLUMNS": "100"})
 
 
+SIM_CONFIG = SimConfig(decode_step_ms=2.0)  # the shared `sim` fixture
+
+
 @pytest.fixture(scope="module")
-def sim_url():
-    with running_sim(SimConfig(decode_step_ms=2.0)) as url:
-        yield url
+def sim_url(sim: str) -> str:
+    return sim
 
 
 def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:

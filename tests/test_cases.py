@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from bench.cli import main
-from bench.replay import check_expect, load_case, replay_case
+from bench.cli.app import main
+from bench.tools.replay import check_expect, load_case, replay_case
 
 from .conftest import all_case_files
 

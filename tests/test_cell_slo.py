@@ -1,5 +1,5 @@
 """``--slo`` in concurrency mode (issue 14): each cell of a sweep gets ``goodput``, ``slo`` and ``slo_met``,
-computed by the open-loop code (bench.load.slo) over the cell's measured waves; checked against ``bench sim``,
+computed by the open-loop code (bench.measure.slo) over the cell's measured waves; checked against ``bench sim``,
 whose timing is known, and the sweep's own records.
 
 Sim of the sweep: no prefill to speak of, decode steps of ``t(b) = 10 + 4 * b`` ms for a batch of b, 16 output
@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bench.cli import main
+from bench.cli.app import main
+from bench.config.profile import parse_profile
 from bench.errors import ConfigError
-from bench.metrics import request_metrics
-from bench.profile import parse_profile
+from bench.measure.metrics import request_metrics
 from bench.records import read_records
 from bench.results import load_results
 
@@ -131,7 +131,7 @@ def test_terminal_summary_shows_each_cells_slo_within_80_columns(slo_sweep):
 
 
 def test_a_profile_slo_scores_concurrency_cells_and_the_flag_wins() -> None:
-    from bench.cli_capacity import load_settings, with_cell_slo
+    from bench.cli.capacity import load_settings, with_cell_slo
 
     data = {"sweep": [{"streams": [1, 2]}], "load": {"slo": "ttft_p90=2s"}}
     p = parse_profile(data, "x")
@@ -180,7 +180,7 @@ def test_capacity_by_concurrency_still_runs(tmp_path: Path, capsys: pytest.Captu
 
 
 def test_waves_wall_time_runs_from_first_send_to_last_end_per_wave() -> None:
-    from bench.load.slo import waves_wall_s
+    from bench.measure.slo import waves_wall_s
     from bench.records import RequestRecord
 
     s = 1_000_000_000

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
-from bench.replay import Case, serve_case
+from bench.cli.app import main
 from bench.sim import SimConfig, running_sim
+from bench.tools.replay import Case, serve_case
 
 KEYS = {"usage", "tokens_per_event", "min_tokens_honoured", "prefix_cache", "metrics", "tokenize",
         "context_tokens", "keeps_open_after_done"}

@@ -1,4 +1,4 @@
-"""bench.chunked: incremental HTTP/1.1 chunked-body decoding, split at every byte."""
+"""bench.transport.chunked: incremental HTTP/1.1 chunked-body decoding, split at every byte."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from bench.chunked import ChunkedDecoder
+from bench.transport.chunked import ChunkedDecoder
 
 
 def _encode(pieces: list[bytes], ext: bool = False) -> bytes:

@@ -10,13 +10,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bench import client as client_mod
-from bench.cli import main
+from bench.cli.app import main
 from bench.client import ClientSettings, make_http_client, normalize_url, root_url
+from bench.client import events as client_mod
 from bench.errors import ConfigError
 from bench.records import RequestRecord
-from bench.replay import Case, serve_case
-from bench.sse import SSEEvent
+from bench.tools.replay import Case, serve_case
+from bench.transport.sse import SSEEvent
 
 KEY = "sk-test-0123456789abcdefSECRET"
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench.cli import main
+from bench.cli.app import main
 
 pytestmark = pytest.mark.engine
 

@@ -1,4 +1,4 @@
-"""bench.fastio: the Protocol-based HTTP/1.1 streaming client (stamps taken in data_received)."""
+"""bench.transport.http: the Protocol-based HTTP/1.1 streaming client (stamps taken in data_received)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.fastio import FastConnectError, FastIOError, FastPool, FastTimeout
+from bench.transport.http import FastConnectError, FastIOError, FastPool, FastTimeout
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter, int], Awaitable[None]]
 
@@ -586,7 +586,7 @@ def test_close_after_done_pools_a_chunked_connection_when_the_terminator_follows
             pool = FastPool()
             for _ in range(2):
                 r = await pool.stream("POST", srv.url + "/", {}, b"", connect_timeout=2.0, read_timeout=5.0)
-                stamped = r.aiter_stamped()  # held, as bench.client holds it, until close_after_done is done
+                stamped = r.aiter_stamped()  # held, as bench.client.request holds it, until close_after_done is done
                 async for _, d in stamped:
                     assert d == sse
                     break

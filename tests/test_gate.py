@@ -305,8 +305,8 @@ def test_markdown_table_and_step_summary(tmp_path):
 
 @pytest.fixture(scope="module")
 def bench_main():
-    """bench.cli.main, with the gate commands registered as the CLI ships them."""
-    from bench.cli import cli, main
+    """bench.cli.app.main, with the gate commands registered as the CLI ships them."""
+    from bench.cli.app import cli, main
 
     assert {"gate", "compare", "ab"} <= set(cli.commands)
     return main
@@ -386,9 +386,9 @@ def sim_profile(tmp_path_factory) -> Path:
 
 def test_gate_fairness_against_sim(sims, sim_profile):
     from bench.client import ClientSettings
+    from bench.config.profile import load_profile
+    from bench.driver import run_gate, run_profile
     from bench.gate import profile_rules
-    from bench.profile import load_profile
-    from bench.runloop import run_gate, run_profile
 
     prof = load_profile(str(sim_profile))
     rules, from_profile = profile_rules(prof.gate)
@@ -464,12 +464,12 @@ def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_mai
 
 
 def test_gate_module_imports_first() -> None:
-    """bench.cli_gate imported before bench.cli (as benchmarks/gate_fairness.py does) must not hit an import cycle."""
+    """bench.cli.gate imported before bench.cli.app (as benchmarks/gate_fairness.py does) must not hit an import cycle."""
     import subprocess
     import sys
 
-    r = subprocess.run([sys.executable, "-c", "import bench.cli_gate, bench.cli; "
-                        "assert {'gate', 'compare', 'ab'} <= set(bench.cli.cli.commands)"],
+    r = subprocess.run([sys.executable, "-c", "import bench.cli.gate, bench.cli.app; "
+                        "assert {'gate', 'compare', 'ab'} <= set(bench.cli.app.cli.commands)"],
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
 
@@ -724,7 +724,7 @@ def test_sequential_verdict_fields_and_plan():
 
 
 def test_gate_schedules_fit_the_budget():
-    from bench.runloop import gate_schedules
+    from bench.driver import gate_schedules
 
     first = {"a": 8, "b": 4, "free": 6}
     costs = {"a": (0.5, 0.2), "b": (1.0, 0.2), "free": (0.5, 0.2)}

@@ -5,25 +5,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench import client as client_mod
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.client import events as client_mod
 from bench.records import RequestRecord
-from bench.sim import SimConfig, running_sim
-from bench.sse import SSEDecoder
+from bench.sim import SimConfig
+from bench.transport.sse import SSEDecoder
 
 MODEL = "bench-sim"
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[str]:
-    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e7, seed=7)) as base:
-        yield base
+SIM_CONFIG = SimConfig(decode_step_ms=2.0, prefill_tok_s=1e7, seed=7)  # the shared `sim` fixture
 
 
 async def _records(base: str, n: int = 3) -> list[RequestRecord]:

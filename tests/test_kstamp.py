@@ -1,4 +1,4 @@
-"""bench.kstamp: kernel receive stamps (SO_TIMESTAMPNS) for bench.fastio's reads.
+"""bench.transport.kernel_stamps: kernel receive stamps (SO_TIMESTAMPNS) for bench.transport.http's reads.
 
 What is checked: the stamp source is chosen (kernel on Linux by default, user when asked or unsupported) and
 recorded on every record; the CLOCK_REALTIME -> perf_counter conversion is right (fake clocks with a known
@@ -19,12 +19,12 @@ from typing import Any
 
 import pytest
 
-from bench import kstamp
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.fastio import FastIOError, FastPool, FastTimeout, _StampProtocol
-from bench.kstamp import ClockOffset, KernelStampProtocol, kernel_stamps_supported
 from bench.records import RequestRecord
-from bench.sim import SimConfig, running_sim
+from bench.sim import SimConfig
+from bench.transport import kernel_stamps as kstamp
+from bench.transport.http import FastIOError, FastPool, FastTimeout, StampProtocol
+from bench.transport.kernel_stamps import ClockOffset, KernelStampProtocol, kernel_stamps_supported
 from tests.test_fastio import Server, _chunk, _chunked_handler, _server_ctx, _sse_handler
 
 needs_kernel = pytest.mark.skipif(not kernel_stamps_supported(), reason="no SO_TIMESTAMPNS on this system")
@@ -204,10 +204,7 @@ async def _sim_records(base: str, settings: ClientSettings, n: int) -> list[Requ
         await client.aclose()
 
 
-@pytest.fixture(scope="module")
-def sim() -> Any:
-    with running_sim(SimConfig(decode_step_ms=10.0, prefill_tok_s=1e6)) as base:
-        yield base
+SIM_CONFIG = SimConfig(decode_step_ms=10.0, prefill_tok_s=1e6)  # the shared `sim` fixture
 
 
 @needs_kernel
@@ -264,7 +261,7 @@ def test_tls_over_memory_bio(tls_cert) -> None:
                 assert -2e6 <= t - w < 20e6
             await pool.aclose()
             bad = FastPool()  # the default trust store does not know the certificate
-            from bench.fastio import FastConnectError
+            from bench.transport.http import FastConnectError
 
             with pytest.raises(FastConnectError):
                 await bad.stream("GET", srv.url + "/", {}, b"", connect_timeout=5.0, read_timeout=5.0)
@@ -274,8 +271,8 @@ def test_tls_over_memory_bio(tls_cert) -> None:
 
 def test_user_protocol_has_the_same_seam() -> None:
     for name in ("drain", "next_chunk", "chunks", "closed", "exc", "transport", "stamp_source"):
-        assert hasattr(KernelStampProtocol, name) and hasattr(_StampProtocol, name)
-    assert _StampProtocol.stamp_source == "user"
+        assert hasattr(KernelStampProtocol, name) and hasattr(StampProtocol, name)
+    assert StampProtocol.stamp_source == "user"
 
 
 @needs_kernel
@@ -311,7 +308,7 @@ def test_a_body_read_without_kernel_stamp_makes_the_record_user(monkeypatch: pyt
     assert calls["n"] >= 3 and rec.stamp_source == "user"
 
 
-# --- decoding in the read callback (bench.fastio.BodyPump) -----------------------------------------------------
+# --- decoding in the read callback (bench.transport.http.BodyPump) -----------------------------------------------------
 def _ch(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 

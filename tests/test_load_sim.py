@@ -20,13 +20,12 @@ from typing import Any
 import pytest
 
 from bench.client import ClientSettings
+from bench.config.profile import Profile
+from bench.driver import run_capacity, run_load
 from bench.load.capacity import SearchSettings
-from bench.load.capacity_run import run_capacity
-from bench.load.point import LoadSettings, make_plan, run_load
+from bench.load.point import LoadSettings, make_plan
 from bench.load.traces import load_trace
-from bench.profile import Profile
 from bench.records import read_records
-from bench.runner import Session
 from bench.sim import SimConfig
 from bench.sim import truth as T
 
@@ -184,14 +183,10 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
     sim = SimProcess(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
 
     async def go() -> dict[str, Any]:
-        s = await Session.open(sim.base, ClientSettings(), Profile(name="cap", max_tokens=8, warmup=0,
-                                                                   overhead_probes=2), out_dir=tmp_path)
-        try:
-            ls = LoadSettings(duration_s=5.0, arrival="constant", input_tokens="32", slo="ttft_p90=300ms")
-            return await run_capacity(s, ls, SearchSettings(start=12, factor=1.5, resolution=0.02, trials=3),
-                                      out_dir=tmp_path)
-        finally:
-            await s.close()
+        ls = LoadSettings(duration_s=5.0, arrival="constant", input_tokens="32", slo="ttft_p90=300ms")
+        return await run_capacity(sim.base, Profile(name="cap", max_tokens=8, warmup=0, overhead_probes=2),
+                                  ClientSettings(), ls, SearchSettings(start=12, factor=1.5, resolution=0.02,
+                                                                       trials=3), out_dir=tmp_path)
 
     try:
         doc = asyncio.run(go())

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.metrics import request_metrics
+from bench.measure.metrics import request_metrics
+from bench.measure.tokens import estimate_tokens, event_token_counts
 from bench.records import Event, RecordWriter, RequestRecord, read_records
-from bench.tokens import estimate_tokens, event_token_counts
 
 MS = 1_000_000
 
@@ -102,16 +102,16 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
 
     import httpx
 
-    import bench.load.slo
-    import bench.metrics
-    import bench.runner
-    import bench.summary
+    import bench.measure.metrics
+    import bench.measure.slo
+    import bench.measure.summary
+    import bench.session.runner
     from bench.client import ClientSettings
-    from bench.noise import wave_medians
-    from bench.profile import Cell, Profile
-    from bench.queueing import queueing_summary
-    from bench.runner import CellRun, Session
-    from bench.summary import summarize_cell
+    from bench.config.profile import Cell, Profile
+    from bench.measure.noise import wave_medians
+    from bench.measure.queueing import queueing_summary
+    from bench.measure.summary import summarize_cell
+    from bench.session.runner import CellRun, Session
 
     recs = _cell_records()
     fresh = [request_metrics(r) for r in recs]
@@ -121,7 +121,7 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
         calls.append(r.request_id)
         return request_metrics(r)
 
-    for mod in (bench.metrics, bench.runner, bench.summary, bench.load.slo):
+    for mod in (bench.measure.metrics, bench.session.runner, bench.measure.summary, bench.measure.slo):
         monkeypatch.setattr(mod, "request_metrics", counted)
     cell = Cell("main", 0, 2, "prose", 8, 4)
     session = Session("http://127.0.0.1:9/v1", ClientSettings(), Profile(target_ci=0.05), httpx.AsyncClient())
@@ -150,8 +150,8 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
 
 
 def test_cell_run_extend_carries_the_metrics_over() -> None:
-    from bench.profile import Cell
-    from bench.runner import CellRun
+    from bench.config.profile import Cell
+    from bench.session.runner import CellRun
 
     recs = _cell_records()
     cell = Cell("main", 0, 2, "prose", 8, 4)

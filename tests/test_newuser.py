@@ -76,7 +76,7 @@ def test_progress_lines_come_while_the_run_runs(piped_run):
 def test_plain_observer_interval():
     import io
 
-    from bench.profile import Cell
+    from bench.config.profile import Cell
     from bench.report.progress import PlainObserver
 
     buf = io.StringIO()
@@ -181,7 +181,7 @@ def test_console_width_reads_columns():
 
 
 def test_probe_body_unique_prefix_and_llama_cache_flag():
-    from bench.probe import PROBE_PROMPT, probe_body
+    from bench.tools.probe import PROBE_PROMPT, probe_body
 
     a = probe_body("chat", None, 16, probe_id="a")
     b = probe_body("chat", None, 16, probe_id="b")
@@ -194,7 +194,7 @@ def test_probe_body_unique_prefix_and_llama_cache_flag():
 
 
 def test_probe_report_marks_prefill_not_measured():
-    from bench.probe import probe_report
+    from bench.tools.probe import probe_report
 
     d, w = probe_report({"cached_tokens": 0, "prompt_tokens": 60, "prefill_tok_s": 100.0}, same_prompt=False)
     assert d["prefill_measured"] is True and d["prefill_tok_s"] == 100.0 and d["cached_tokens"] == 0 and not w
@@ -238,7 +238,7 @@ def test_probe_twice_against_llama_server(llama_server):
 
 
 def test_slot_warnings():
-    from bench.queueing import slot_warnings
+    from bench.measure.queueing import slot_warnings
 
     [w] = slot_warnings({"id": "d0-s8-prose", "streams": 8}, {"slots": 4})
     assert "slots" in w and "8" in w and "4" in w and "-np 8" in w and w.startswith("d0-s8-prose")
@@ -247,7 +247,7 @@ def test_slot_warnings():
 
 
 def test_detect_queueing_synthetic():
-    from bench.queueing import detect_queueing
+    from bench.measure.queueing import detect_queueing
 
     queued = [[(50.0, 1000.0)] * 4 + [(1050.0, 2000.0)] * 4 for _ in range(3)]
     d = detect_queueing(queued, 8)
@@ -260,7 +260,7 @@ def test_detect_queueing_synthetic():
 
 
 def _sim_run(tmp_path: Path, max_running: int, streams: int) -> tuple[list[Any], str]:
-    from bench.cli import main
+    from bench.cli.app import main
     from bench.records import read_records
     from bench.sim import SimConfig, running_sim
 
@@ -275,8 +275,8 @@ def _sim_run(tmp_path: Path, max_running: int, streams: int) -> tuple[list[Any],
 
 @pytest.mark.parametrize("max_running, want", [(2, True), (8, False)])
 def test_queueing_detected_from_records_of_the_sim(tmp_path, capsys, max_running, want):
-    from bench.metrics import request_metrics
-    from bench.queueing import queueing_summary, waves_of_cell
+    from bench.measure.metrics import request_metrics
+    from bench.measure.queueing import queueing_summary, waves_of_cell
 
     recs, cid = _sim_run(tmp_path, max_running, 4)
     waves = waves_of_cell(recs, cid)
@@ -297,7 +297,7 @@ def test_discover_server_reads_slots():
 
     import httpx
 
-    from bench.server_info import discover_server
+    from bench.server.info import discover_server
 
     def handler(props: dict[str, Any], slots: Any):
         def h(req: httpx.Request) -> httpx.Response:
@@ -326,8 +326,8 @@ def test_llama_server_slots(llama_server):
 
     import httpx
 
-    from bench.queueing import slot_warnings
-    from bench.server_info import discover_server
+    from bench.measure.queueing import slot_warnings
+    from bench.server.info import discover_server
 
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient() as c:
@@ -342,7 +342,7 @@ def test_llama_server_slots(llama_server):
 
 
 def test_cell_noise_spread_and_waves_needed():
-    from bench.noise import cell_noise, noise_warnings
+    from bench.measure.noise import cell_noise, noise_warnings
 
     quiet = cell_noise([100.0, 100.5, 99.5, 100.2], [100.0, 100.1, 99.9, 100.2, 99.8, 100.0, 100.1, 99.9], 0.05)
     assert quiet["waves"] == 4 and quiet["spread_pct"] == pytest.approx(1.0, abs=0.01)
@@ -375,9 +375,9 @@ def test_noise_is_marked_in_table_and_csv(piped_run):
 
 
 def test_wave_medians_from_sim_records(tmp_path, capsys):
-    from bench.metrics import request_metrics
-    from bench.noise import cell_noise, wave_medians
-    from bench.queueing import waves_of_cell
+    from bench.measure.metrics import request_metrics
+    from bench.measure.noise import cell_noise, wave_medians
+    from bench.measure.queueing import waves_of_cell
 
     recs, cid = _sim_run(tmp_path, 8, 2)
     waves = waves_of_cell(recs, cid)
@@ -390,9 +390,9 @@ def test_wave_medians_from_sim_records(tmp_path, capsys):
 def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float = 20.0) -> list[str]:
     """The cell warnings of three requests whose TTFT is ``ttft_ms`` and llama.cpp's ``prompt_ms`` is
     ``prompt_ms``."""
-    from bench.profile import Cell
+    from bench.config.profile import Cell
+    from bench.measure.summary import summarize_cell
     from bench.records import Event, RequestRecord
-    from bench.summary import summarize_cell
 
     ms = 1_000_000
     recs = []
@@ -427,7 +427,7 @@ def test_a_run_leaves_nothing_in_the_temp_dir(piped_run):
 def test_engine_log_is_temporary_or_kept_in_the_folder(tmp_path, monkeypatch):
     import tempfile
 
-    from bench import engine
+    from bench.tools import engine as engine
 
     class FakeProc:
         returncode = 0
@@ -478,7 +478,7 @@ def test_profiles_doc_lists_every_profile_and_key():
     import dataclasses
     import tomllib
 
-    from bench.profile import PROFILES_DIR, Profile, Sweep
+    from bench.config.profile import PROFILES_DIR, Profile, Sweep
 
     doc = (ROOT / "docs" / "profiles.md").read_text()
     shipped = sorted(p for p in PROFILES_DIR.glob("*.toml") if not p.stem.startswith("sim"))
@@ -566,7 +566,7 @@ def test_gen_model_writes_a_readable_tiny_gguf(tiny_model):
 def test_llama_server_runs_the_tiny_model(tiny_model):
     import httpx
 
-    from bench.engine import find_server_binary, free_port
+    from bench.tools.engine import find_server_binary, free_port
 
     port = free_port()
     log = tiny_model.parent / "server.log"
@@ -629,11 +629,11 @@ def test_run_warns_when_streams_exceed_the_slots(llama_server, tmp_path):
 def test_end_of_run_output_fits_80_columns_with_long_warnings(piped_run, monkeypatch):
     import io
 
-    from bench import cli
+    from bench.cli import app as cli
     from bench.report import console
 
     res = _wide_results(piped_run)
-    from bench.queueing import slot_warnings
+    from bench.measure.queueing import slot_warnings
 
     res["warnings"] = ["d131072-s128-structured: " + "a long warning that names its cause and its fix " * 4]
     res["server"] = {"slots": 4}
@@ -669,7 +669,7 @@ def test_readme_sample_is_what_bench_run_prints():
 def test_plain_progress_lines_wrap_at_the_width():
     import io
 
-    from bench.profile import Cell
+    from bench.config.profile import Cell
     from bench.report.progress import PlainObserver
 
     buf = io.StringIO()

@@ -12,13 +12,8 @@ import pytest
 from bench.prompts import (
     INSTRUCTIONS,
     KINDS,
-    CalibratedTokenizer,
-    HttpTokenizer,
     Prompt,
-    RegexTokenizer,
     TextStream,
-    TokenizerError,
-    TokenizerUnavailable,
     build_prompt,
     instruction_for,
     stream_text,
@@ -27,6 +22,13 @@ from bench.prompts import (
     unique_prefix,
 )
 from bench.prompts import content as content_mod
+from bench.server.tokenizer import (
+    CalibratedTokenizer,
+    HttpTokenizer,
+    RegexTokenizer,
+    TokenizerError,
+    TokenizerUnavailable,
+)
 
 
 def run(coro):

@@ -1,4 +1,4 @@
-"""bench.raypool: measured waves in Ray actors on a local two-node Ray cluster, every process on 127.0.0.1.
+"""bench.session.ray_actors: measured waves in Ray actors on a local two-node Ray cluster, every process on 127.0.0.1.
 
 One module-scoped cluster (``ray.cluster_utils.Cluster``: a head and one worker node, both bound to 127.0.0.1,
 health checks every 0.5 s so a removed node is noticed in about a second) and ``bench sim`` in a thread of the test
@@ -33,15 +33,15 @@ import pytest
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 ray = pytest.importorskip("ray")
 
-from bench.cli import main  # noqa: E402
+from bench.cli.app import main  # noqa: E402
 from bench.client import ClientSettings, RequestSpec, make_http_client  # noqa: E402
-from bench.lag import LagMonitor  # noqa: E402
 from bench.load.point import LoadSettings, make_plan  # noqa: E402
-from bench.metrics import request_metrics  # noqa: E402
-from bench.raypool import RayPool, estimate_offset  # noqa: E402
+from bench.measure.metrics import request_metrics  # noqa: E402
 from bench.records import read_records  # noqa: E402
-from bench.sim import SimConfig, running_sim  # noqa: E402
-from bench.workers import share_records  # noqa: E402
+from bench.session.loop_lag import LagMonitor  # noqa: E402
+from bench.session.ray_actors import RayPool, estimate_offset  # noqa: E402
+from bench.session.workers import share_records  # noqa: E402
+from bench.sim import SimConfig  # noqa: E402
 
 pytestmark = pytest.mark.ray
 MODEL = "bench-sim"
@@ -68,10 +68,7 @@ def cluster() -> Iterator[Any]:
         c.shutdown()
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[str]:
-    with running_sim(SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6)) as base:
-        yield base
+SIM_CONFIG = SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6)  # the shared `sim` fixture
 
 
 def specs(n: int, tag: str, tokens: int | list[int] = 12) -> list[RequestSpec]:
@@ -214,7 +211,7 @@ async def _now(x: Any) -> Any:
 
 class ShiftedActor:
     """A stand-in for bench's actor on a host whose clock reads ``SHIFT_NS`` ahead: the same share
-    (:func:`bench.workers.share_records`) on this process's loop, every absolute time it is given or sends back on
+    (:func:`bench.session.workers.share_records`) on this process's loop, every absolute time it is given or sends back on
     the shifted clock. ``die_after``: it is lost after sending that many records."""
 
     def __init__(self, base: str, die_after: int | None = None) -> None:
@@ -349,9 +346,9 @@ def test_node_lost_mid_point_keeps_every_request(cluster: Any, sim: str) -> None
 
 def test_sessions_refuse_ray() -> None:
     """Conversations run in the driver: --ray with --sessions is refused before anything is sent."""
+    from bench.config.profile import Profile
+    from bench.driver import run_load
     from bench.errors import ConfigError
-    from bench.load.point import run_load
-    from bench.profile import Profile
 
     with pytest.raises(ConfigError, match="--ray"):
         asyncio.run(run_load("http://127.0.0.1:9/v1", Profile(), ClientSettings(), LoadSettings(mode="sessions"),

@@ -7,7 +7,7 @@ import io
 
 import pytest
 
-from bench.cli import main
+from bench.cli.app import main
 from bench.report.export import CSV_COLUMNS, headline, to_csv, to_markdown, write_results
 from bench.results import results_from_dict
 

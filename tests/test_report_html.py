@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.cli import main
+from bench.cli.app import main
 
 pytest.importorskip("plotly")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cli_report import roofline_spec_from_options
+from bench.cli.report import roofline_spec_from_options
 from bench.errors import ConfigError
-from bench.roofline import (
+from bench.measure.roofline import (
     HARDWARE,
     apply_roofline,
     build_spec,
@@ -176,7 +176,7 @@ def test_llama_server_reports_its_model_size(llama_server) -> None:
 
     import httpx
 
-    from bench.server_info import discover_server
+    from bench.server.info import discover_server
 
     async def go() -> dict:
         async with httpx.AsyncClient() as c:
@@ -190,7 +190,7 @@ def test_llama_server_reports_its_model_size(llama_server) -> None:
 
 
 def test_run_rejects_a_bad_roofline_flag_before_running(capsys) -> None:
-    from bench.cli import main
+    from bench.cli.app import main
 
     assert main(["run", "http://127.0.0.1:9/v1", "--bandwidth", "fast"]) == 3
     err = capsys.readouterr().err

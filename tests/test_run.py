@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from bench.cli import main
+from bench.cli.app import main
+from bench.config.profile import load_profile, parse_depths, parse_profile
 from bench.errors import ConfigError
-from bench.profile import load_profile, parse_depths, parse_profile
 from bench.records import read_records
 
 
@@ -104,7 +104,7 @@ def test_sweep_against_llama_server(llama_server, tmp_path, capsys) -> None:
     assert header < 40
     recs = [r for r in read_records(out / "records.jsonl") if r.meta.get("phase") == "measure"]
     assert len(recs) == sum(c["requests_ok"] + c["requests_failed"] for c in cells.values())
-    from bench.metrics import request_metrics
+    from bench.measure.metrics import request_metrics
     from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 
     # llama-server picks the slot whose cached prompt is most alike: two unique prefixes may share up to their first

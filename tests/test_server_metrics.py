@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.server_metrics import (
+from bench.server.metrics import (
     Snapshot,
     cross_check_notes,
     cross_checks,
@@ -93,7 +93,7 @@ def test_engines_summed_resets_and_spec_decode() -> None:
 
 
 def test_table_fields() -> None:
-    from bench.server_metrics import table_fields
+    from bench.server.metrics import table_fields
 
     assert table_fields({"kv_cache_usage_pct_max": 98.0, "spec_acceptance_rate": 0.71, "backend": "vllm"}) == {
         "KV % max": 98.0, "accept rate": 0.71}
@@ -168,7 +168,7 @@ def test_sim_deltas_exact() -> None:
 
 def test_no_metrics_page() -> None:
     """A server with no /metrics (here: a case replay server) gives None, not an error."""
-    from bench.replay import Case, serve_case
+    from bench.tools.replay import Case, serve_case
 
     case = Case("x", "", "chat", 200, {"content-type": "text/event-stream"}, ((0.0, b"data: [DONE]\n\n"),), {})
 
@@ -210,8 +210,8 @@ def test_slots_and_server_info_stand_in_for_metrics() -> None:
     length (and what the server is set to)."""
     import json
 
-    from bench.server_info import sglang_summary, slots_summary
-    from bench.server_metrics import page_from
+    from bench.server.info import sglang_summary, slots_summary
+    from bench.server.metrics import page_from
 
     slots = [{"id": i, "n_ctx": 8192, "is_processing": i < 3, "speculative": True} for i in range(4)]
     assert slots_summary(slots) == {"slots": 4, "slot_ctx": 8192, "slots_processing": 3, "speculative": True}
@@ -235,8 +235,8 @@ def test_slots_and_server_info_stand_in_for_metrics() -> None:
 def test_llama_server_draft_acceptance() -> None:
     """llama-server with a draft model (SmolLM2 as its own draft): the acceptance counters of /metrics equal the
     per-response timings (draft_n, draft_n_accepted), and the mean accepted length is 1 + accepted / drafts."""
-    from bench.engine import LocalEngine, find_model
-    from bench.server_metrics import spec_from_timings
+    from bench.server.metrics import spec_from_timings
+    from bench.tools.engine import LocalEngine, find_model
 
     extra = ["-md", str(find_model()), "--spec-type", "draft-simple", "--spec-draft-n-max", "4"]
 
@@ -257,3 +257,41 @@ def test_llama_server_draft_acceptance() -> None:
     assert (s["spec_draft_tokens"], s["spec_accepted_tokens"]) == (st["draft_tokens"], st["accepted_tokens"])
     assert s["spec_acceptance_rate"] == st["acceptance_rate"]
     assert s["spec_mean_accepted_length"] == round(1 + s["spec_accepted_tokens"] / s["spec_drafts"], 4)
+
+
+def test_a_crashed_scraper_is_a_warning_not_silence(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interval task dies (a bug in a scrape): the cell's server_metrics says why, and the cell warns."""
+    from bench.server import metrics as sm_mod
+    from bench.server.metrics import MetricsScraper
+
+    with running_sim(SimConfig(decode_step_ms=2.0)) as base:
+        async def go() -> dict:
+            client = make_http_client(ClientSettings())
+            try:
+                sc = MetricsScraper(client, base.removesuffix("/v1") + "/metrics", "bench-sim", interval_s=0.05)
+                await sc.begin()
+
+                async def broken(self: MetricsScraper) -> None:
+                    raise RuntimeError("parser bug")
+
+                monkeypatch.setattr(sm_mod.MetricsScraper, "scrape", broken)
+                await asyncio.sleep(0.2)
+                monkeypatch.undo()
+                return await sc.end()
+            finally:
+                await client.aclose()
+
+        out = asyncio.run(go())
+    assert out["scraper_error"] == "RuntimeError: parser bug"
+    assert out["scrapes"] >= 2  # the first scrape and the one at the end still count
+
+    from bench.config.profile import Profile
+    from bench.results import CellResult
+    from bench.session.runner import Session
+
+    summary = CellResult(id="c")
+    session = object.__new__(Session)
+    session.profile = Profile()
+    session._server_checks(out, [], summary)
+    assert any("the /metrics scraper stopped during the cell (RuntimeError: parser bug)" in w
+               for w in summary.warnings)

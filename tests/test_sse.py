@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from bench.sse import SSEDecoder
+from bench.transport.sse import SSEDecoder
 
 
 def feed_all(chunks: list[bytes]) -> list[tuple[int, str, str]]:

@@ -1,4 +1,4 @@
-"""bench.turns: bursts of per-request work spread over event-loop iterations.
+"""bench.client.turns: bursts of per-request work spread over event-loop iterations.
 
 The clock is a fake one that each task's "work" advances, so what is checked does not depend on this machine's
 speed: how many turns go per loop iteration (counted by a callback that re-schedules itself once per
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from bench.turns import Turns, take_turn
+from bench.client.turns import Turns, take_turn
 
 
 class FakeClock:
@@ -99,7 +99,7 @@ def test_cancelled_waiters_are_skipped() -> None:
 
 def test_take_turn_lets_a_lone_caller_go_at_once() -> None:
     """One request at a time (the common small run) never waits, and each loop has its own turns."""
-    from bench import turns as mod
+    from bench.client import turns as mod
 
     async def main() -> Turns:
         for _ in range(5):

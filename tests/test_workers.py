@@ -1,4 +1,4 @@
-"""bench.workers: a wave spread over worker processes gives the same records as one process would.
+"""bench.session.workers: a wave spread over worker processes gives the same records as one process would.
 
 Against ``bench sim`` in a thread of the test process (the workers reach it over loopback). Worker processes are
 started with 'spawn', which costs ~0.5-1 s each on this box; the pool tests reuse one pool (module fixture).
@@ -25,12 +25,12 @@ from collections.abc import Iterator
 import pytest
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.metrics import request_metrics
-from bench.profile import Profile, Sweep
+from bench.config.profile import Profile, Sweep
+from bench.driver import run_profile
+from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord
-from bench.runloop import run_profile
+from bench.session.workers import WorkerPool, arun_requests_multiproc, run_requests_multiproc, shared_clock, split_specs
 from bench.sim import SimConfig, running_sim
-from bench.workers import WorkerPool, arun_requests_multiproc, run_requests_multiproc, shared_clock, split_specs
 
 MODEL = "bench-sim"
 STEP_MS = 20.0
@@ -62,10 +62,7 @@ def shape(r: RequestRecord) -> dict:
     return d
 
 
-@pytest.fixture(scope="module")
-def sim() -> Iterator[str]:
-    with running_sim(SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6, error_rate=0.25)) as base:
-        yield base
+SIM_CONFIG = SimConfig(decode_step_ms=STEP_MS, prefill_tok_s=1e6, error_rate=0.25)  # the shared `sim` fixture
 
 
 @pytest.fixture(scope="module")

@@ -13,9 +13,9 @@ raises the rate from 0 to ``rate``: the unit-rate process is generated first and
 the cumulative intensity ``L(t) = rate * t**2 / (2 * ramp_s)`` (t < ramp_s), ``rate * (t - ramp_s / 2)`` after.
 
 Seeds: every random draw comes from a ``numpy.random.Generator`` made from ``SeedSequence(seed)`` spawned per
-purpose (:func:`rng_for`), so the schedule, the input sizes and the output sizes are independent streams, and
-:func:`worker_rngs` gives each worker process its own spawned stream: workers never replay one stream (the trains of
-equal gaps a shared seed makes). bench itself generates one schedule in the parent and deals it out.
+purpose (:func:`rng_for`), so the schedule, the input sizes and the output sizes are independent streams. The
+schedule is generated once, in the parent, and dealt out to worker processes (:func:`split_round_robin`): workers
+never replay one seeded stream (the trains of equal gaps a shared seed makes).
 
 :func:`ks_statistic` / :func:`ks_pvalue` (one-sample Kolmogorov-Smirnov) and :func:`gamma_cdf` check a schedule
 against its distribution (tests/test_load.py).
@@ -28,9 +28,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from ..errors import ConfigError
+from bench.errors import ConfigError
 
-__all__ = ["ARRIVAL_KINDS", "PURPOSES", "arrival_times", "rng_for", "worker_rngs", "split_round_robin",
+__all__ = ["ARRIVAL_KINDS", "PURPOSES", "arrival_times", "rng_for", "split_round_robin",
            "ks_statistic", "ks_pvalue", "gamma_cdf", "exp_cdf"]
 
 ARRIVAL_KINDS = ("poisson", "gamma", "constant")
@@ -42,11 +42,6 @@ def rng_for(seed: int, purpose: str) -> np.random.Generator:
     """The generator of one purpose (``PURPOSES``) of a run seeded ``seed``: ``SeedSequence(seed).spawn``."""
     children = np.random.SeedSequence(seed).spawn(len(PURPOSES))
     return np.random.default_rng(children[PURPOSES.index(purpose)])
-
-
-def worker_rngs(seed: int, workers: int) -> list[np.random.Generator]:
-    """``workers`` independent generators (one per worker process), spawned from ``SeedSequence(seed)``."""
-    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(workers)]
 
 
 def split_round_robin(n: int, workers: int) -> list[list[int]]:

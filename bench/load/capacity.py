@@ -32,9 +32,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import ConfigError, PointBudgetSpent
+from bench.errors import ConfigError, PointBudgetSpent
 
-__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows"]
+__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,11 +225,11 @@ async def search(ss: SearchSettings, run_point: RunPoint) -> dict[str, Any]:
                    "factor": ss.factor, "resolution": ss.resolution, "trials": ss.trials,
                    "confidence": round(confidence(ss.trials), 4)},
         "note": note or None,
-        "points": [_point_entry(p) for p in s.points],
+        "points": [point_entry(p) for p in s.points],
     }
 
 
-def _point_entry(p: Point) -> dict[str, Any]:
+def point_entry(p: Point) -> dict[str, Any]:
     s = p.summary
     lat = s.get("latency", {})
     ttft = lat.get("ttft_ms", {}).get("from_schedule", {})

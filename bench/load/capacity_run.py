@@ -1,4 +1,4 @@
-"""``bench capacity`` against a live endpoint: one :class:`bench.runner.Session`, one open-loop point per load of
+"""``bench capacity`` against a live endpoint: one :class:`bench.session.runner.Session`, one open-loop point per load of
 the search (:mod:`bench.load.capacity`), each point's records and summary in its own folder, live progress.
 
 Folder: ``DIR/capacity.json`` (the search document), ``DIR/records.jsonl`` (set-up probes),
@@ -14,15 +14,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
-from ..metrics import request_metrics
-from ..records import RecordWriter
-from ..results import write_atomic
-from .capacity import SearchSettings, search
-from .openloop import Planned
-from .point import LoadSettings, load_dict, make_plan, run_point
-from .slo import SLO, meets, parse_slo
+from bench.load.capacity import Point, SearchSettings, point_entry, search
+from bench.load.openloop import Planned
+from bench.load.point import LoadSettings, load_dict, make_plan, run_point
+from bench.measure.metrics import request_metrics
+from bench.measure.slo import SLO, meets, parse_slo
+from bench.records import RecordWriter
+from bench.results import write_atomic
 
-__all__ = ["run_capacity", "Progress", "PER_SLOT_REQUESTS"]
+__all__ = ["search_capacity", "Progress", "PER_SLOT_REQUESTS"]
 
 PER_SLOT_REQUESTS = 8
 
@@ -90,12 +90,15 @@ async def _ticker(progress: Progress) -> None:
         progress.tick()
 
 
-async def run_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, out_dir: Path,
-                       progress: Progress | None = None) -> dict[str, Any]:
-    """Search the capacity over ``session``; writes ``out_dir/capacity.json`` and each point's folder."""
+async def search_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, out_dir: Path,
+                          progress: Progress | None = None) -> dict[str, Any]:
+    """Search the capacity over ``session``; writes ``out_dir/capacity.json`` and each point's folder. Cancelled
+    (an interrupt), it writes capacity.json with ``"interrupted": true``, the points finished so far and no
+    boundary, then lets the cancellation go on."""
     assert ls.slo, "bench capacity needs an SLO"
     slo = parse_slo(ls.slo)
     first = [0]
+    finished: list[Point] = []
 
     async def one(load: float, trial: int) -> dict[str, Any]:
         pls = ls.at(load, by=ss.by, seed=ls.seed + 1000 * trial + len(first))
@@ -120,13 +123,34 @@ async def run_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, ou
         first[0] += len(plan)
         first.append(0)
         s["dir"] = str(folder)
+        finished.append(Point(load, trial, s))
         write_atomic(folder / "point.json", json.dumps(s, indent=1) + "\n")
         if progress is not None:
             progress.end(s)
         return s
 
-    doc = await search(ss, one)
+    try:
+        doc = await search(ss, one)
+    except asyncio.CancelledError:
+        doc = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [point_entry(p) for p in finished],
+               "interrupted": True,
+               "note": f"interrupted after {len(finished)} point(s): no boundary (run the search again)"}
+        _write_doc(doc, slo, ls, session, out_dir)
+        raise
+    doc["interrupted"] = False
+    _write_doc(doc, slo, ls, session, out_dir)
+    return doc
+
+
+def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
+    """capacity.json of a search interrupted before its first point (while the endpoint was being set up)."""
+    doc: dict[str, Any] = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [], "interrupted": True,
+           "note": "interrupted before the first point (while the endpoint was being set up)",
+           "slo": ls.slo, "load": load_dict(ls)}
+    write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")
+
+
+def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Any, out_dir: Path) -> None:
     doc.update({"slo": slo.text, "load": load_dict(ls), "endpoint": {"url": session.base, "model": session.model},
                 "server": session.server, "run_id": session.run_id})
     write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")  # atomic, secrets redacted
-    return doc

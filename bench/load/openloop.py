@@ -1,4 +1,4 @@
-"""The open-loop executor: send a planned schedule through a :class:`bench.runner.Session` and measure both the
+"""The open-loop executor: send a planned schedule through a :class:`bench.session.runner.Session` and measure both the
 server and bench's own schedule keeping (docs/load.md).
 
 Each planned request has an offset ``at_s``; the run starts at ``t0`` (``perf_counter_ns``, a short delay after
@@ -31,11 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ..client import RequestSpec
-from ..lag import LagMonitor, workers_lag
-from ..records import RequestRecord
-from ..stats import summarize
-from ..workers import sleep_until
+from bench.client import RequestSpec
+from bench.records import RequestRecord
+from bench.session.loop_lag import LagMonitor, workers_lag
+from bench.session.workers import sleep_until
+from bench.stats import summarize
 
 __all__ = ["Planned", "PointRun", "run_plan", "run_plan_pool", "point_window", "trend", "lag_summary", "BEHIND_P99_MS",
            "START_DELAY_S"]
@@ -70,7 +70,7 @@ class PointRun:
     dispatch_lag_ns: list[int]
     inflight: list[tuple[int, int]]  # (ns, requests in flight) sampled at each dispatch
     cut: int = 0
-    lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.lag; the worst worker's)
+    lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.session.loop_lag; the worst worker's)
     workers: int = 1  # processes or Ray actors that sent the schedule
 
 
@@ -81,10 +81,10 @@ class _Counters:
         self.sent = self.done = self.ok = self.met = 0
 
 
-def _cut_record(session: Any, k: int, p: Planned, sched: int, drain_s: float, meta: dict[str, Any]) -> RequestRecord:
+def _cut_record(session: Any, k: int, p: Planned, sched: int, why: str, meta: dict[str, Any]) -> RequestRecord:
     rec = RequestRecord(f"{session.run_id}-cut-{k:06d}", session.profile.endpoint, session.model,
                         queued_ns=sched, meta=meta, scheduled_ns=sched)
-    rec.error = f"cut: still in flight {drain_s:g} s after the last send (raise --drain to wait longer)"
+    rec.error = f"cut: {why}"
     rec.error_kind = "cancelled"
     return rec
 
@@ -111,6 +111,29 @@ async def _drain(tasks: list[asyncio.Task[None]], drain_s: float) -> None:
             await asyncio.wait(still)
 
 
+async def _cut_all(tasks: list[asyncio.Task[None]]) -> None:
+    """Cancel every request still in flight and wait until each has recorded itself as cut."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
+
+
+async def _send_all(plan: Sequence[Planned], t0: int, start: Callable[[int, int], None],
+                    tasks: dict[int, asyncio.Task[None]], drain_s: float, why: list[str]) -> list[int]:
+    """Dispatch the plan and drain it; on an interrupt nothing more is sent and what is in flight is cut (``why``
+    says so in each cut record)."""
+    try:
+        lags = await _dispatch(plan, t0, start)
+        await _drain(list(tasks.values()), drain_s)
+        return lags
+    except asyncio.CancelledError:
+        why[0] = "in flight when the run was interrupted"
+        await _cut_all(list(tasks.values()))
+        raise
+
+
 async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
                    max_concurrency: int | None = None, drain_s: float = 60.0,
                    on_done: Callable[[RequestRecord], None] | None = None,
@@ -126,6 +149,7 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
     tasks: dict[int, asyncio.Task[None]] = {}
     inflight: list[tuple[int, int]] = []
     cut = [0]
+    why = [f"still in flight {drain_s:g} s after the last send (raise --drain to wait longer)"]
 
     async def one(k: int, sched: int) -> None:
         p = plan[k]
@@ -137,7 +161,7 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
             else:
                 rec = await session.send(texts[k], p.output_tokens, tag, meta)
         except asyncio.CancelledError:
-            rec = _cut_record(session, k, p, sched, drain_s, meta)
+            rec = _cut_record(session, k, p, sched, why[0], meta)
             cut[0] += 1
         rec.scheduled_ns = None if closed else sched
         records[k] = rec
@@ -158,8 +182,7 @@ async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], 
     mon = LagMonitor()
     mon.start()
     try:
-        lags = await _dispatch(plan, t0, start)
-        await _drain(list(tasks.values()), drain_s)
+        lags = await _send_all(plan, t0, start, tasks, drain_s, why)
     finally:
         lag = mon.stop()
         if gc_was_on:
@@ -184,7 +207,7 @@ def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
 async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
     """:func:`run_plan` through the session's pool: worker processes (``--workers N``) or Ray actors (``--ray``).
     The plan is dealt round-robin; each worker keeps its share's schedule (on the shared clock; a Ray actor on its
-    host's clock, converted both ways by :mod:`bench.raypool`). No concurrency cap, no live counters, no cut (the
+    host's clock, converted both ways by :mod:`bench.session.ray_actors`). No concurrency cap, no live counters, no cut (the
     workers wait for every request; a lost Ray actor's requests come back as ``worker_lost`` failures); dispatch
     lags come back in each record's meta, each worker's loop lag with the records (the point's lag: the worst)."""
     specs = []

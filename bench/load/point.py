@@ -1,7 +1,8 @@
 """One open-loop point, end to end: settings -> plan -> prompts -> :func:`~bench.load.openloop.run_plan` ->
-the point's summary (a results cell), and :func:`run_load` for ``bench run --rate/--trace``.
+the point's summary (a results cell); :func:`measure_load` is the point of ``bench run --rate/--trace/--sessions``
+(driven by :func:`bench.driver.run_load`).
 
-The summary of a point is the cell dict of :func:`bench.summary.summarize_cell` over the steady-state window's
+The summary of a point is the cell dict of :func:`bench.measure.summary.summarize_cell` over the steady-state window's
 requests, plus the open-loop keys documented in docs/load.md: ``load``, ``schedule`` (planned vs achieved,
 dispatch and send lag), ``counts`` (finished / failed / cut), ``window``, ``throughput``, ``latency`` (from send
 and from schedule), ``trend`` / ``steady``, and with an SLO ``goodput``, ``slo`` and ``slo_met``.
@@ -9,23 +10,18 @@ and from schedule), ``trend`` / ``steady``, and with an SLO ``goodput``, ``slo``
 
 from __future__ import annotations
 
-import asyncio
 import math
-from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import ConfigError, ServerError
-from ..lag import LagMonitor, lag_warning, stamp_context
-from ..metrics import request_metrics
-from ..profile import Cell
-from ..prompts import TokenizerError, build_prompt, unique_prefix
-from ..results import Results, cell_from_dict
-from ..summary import summarize_cell
-from .arrivals import arrival_times, rng_for
-from .openloop import (
+from bench.config.load import MODES, LoadSettings
+from bench.config.profile import Cell
+from bench.config.sizes import dataset_order, load_dataset, parse_size
+from bench.errors import ConfigError, ServerError
+from bench.load.arrivals import arrival_times, rng_for
+from bench.load.openloop import (
     BEHIND_P99_MS,
     Planned,
     PointRun,
@@ -36,73 +32,16 @@ from .openloop import (
     run_plan_pool,
     trend,
 )
-from .sizes import dataset_order, load_dataset, parse_size
-from .slo import SLO, parse_slo, point_slo
-from .traces import load_trace
+from bench.load.traces import load_trace
+from bench.measure.metrics import request_metrics
+from bench.measure.slo import SLO, parse_slo, point_slo
+from bench.measure.summary import summarize_cell
+from bench.prompts import build_prompt, unique_prefix
+from bench.server.tokenizer import TokenizerError
+from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
 
-__all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "MODES"]
-
-MODES = ("concurrency", "rate", "trace", "sessions")
-
-
-@dataclass(frozen=True, slots=True)
-class LoadSettings:
-    """Open-loop settings (profile keys and flags: docs/profiles.md, docs/load.md)."""
-
-    mode: str = "rate"
-    rate: float | None = None
-    duration_s: float | None = None
-    requests: int | None = None
-    arrival: str = "poisson"
-    burstiness: float = 1.0
-    ramp_s: float = 0.0
-    max_concurrency: int | None = None
-    input_tokens: str = "128"
-    output_tokens: str | None = None
-    dataset: str | None = None
-    trace: str | None = None
-    block_tokens: int = 512
-    speed: float = 1.0
-    seed: int = 0
-    warmup_s: float | None = None
-    cooldown_s: float | None = None
-    drain_s: float = 60.0
-    slo: str | None = None
-    prompt: str = "prose"
-    users: int = 4
-    turns: int = 3
-    think_s: float = 1.0
-    stagger_s: float = 0.5
-
-    def check(self) -> None:
-        """Raise ConfigError naming the flag of the first bad value."""
-        if self.mode not in MODES[1:]:
-            raise ConfigError(f"mode: {self.mode!r} is not an open-loop mode (rate, trace, sessions)")
-        if self.mode == "sessions" and not (self.users >= 1 and self.turns >= 1 and self.think_s >= 0
-                                            and self.stagger_s >= 0):
-            raise ConfigError("--sessions and --turns must be >= 1, --think and stagger_s >= 0")
-        if self.mode == "trace" and not self.trace:
-            raise ConfigError("--trace FILE is needed in trace mode")
-        if self.max_concurrency is not None and self.max_concurrency < 1:
-            raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
-        for name in ("warmup_s", "cooldown_s"):
-            v = getattr(self, name)
-            if v is not None and v < 0:
-                raise ConfigError(f"{name} must be >= 0 s, got {v}")
-        if not self.drain_s >= 0:
-            raise ConfigError(f"--drain must be >= 0 s, got {self.drain_s}")
-        if self.slo:
-            parse_slo(self.slo)
-        parse_size(self.input_tokens, "--input-tokens")
-        if self.output_tokens is not None:
-            parse_size(self.output_tokens, "--output-tokens")
-
-    def at(self, load: float, *, by: str = "rate", seed: int | None = None) -> LoadSettings:
-        """A copy at another load (``by="rate"``: requests/s; ``"concurrency"``: the cap, at an unbounded rate)."""
-        if by == "rate":
-            return replace(self, rate=load, seed=self.seed if seed is None else seed)
-        return replace(self, max_concurrency=int(load), seed=self.seed if seed is None else seed)
-
+__all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "measure_load",
+           "interrupted_point", "MODES"]
 
 def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     """The schedule with sizes (pure; seeded by ``ls.seed``)."""
@@ -352,7 +291,7 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
 async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
     """The ``sessions`` mode as one cell: user messages built first, then the conversations
     (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
-    from .sessions import run_sessions, turn_summary
+    from bench.load.sessions import run_sessions, turn_summary
 
     sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
     msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
@@ -410,44 +349,38 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
     return d
 
 
-async def run_load(base: str, profile: Any, settings: Any, ls: LoadSettings, *, out_dir: Path | None,
-                   model: str | None = None, observer: Any = None, workers: int = 1,
-                   ray_address: str | None = None) -> Results:
-    """``bench run`` in an open-loop mode: one point; returns the results document (records.jsonl and
-    results.json/csv/md written to ``out_dir`` through :func:`bench.report.export.write_results`). ``workers > 1``
-    sends the schedule from that many processes, ``ray_address`` from ``workers`` Ray actors on that cluster
-    (:func:`bench.load.openloop.run_plan_pool`; ``run.ray`` names the nodes and their clock offsets).
+def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO | None) -> dict[str, Any]:
+    """The summary of a point stopped before its schedule ended: the requests that finished (and those cut in
+    flight, as failures), no steady-state window and no schedule figures; a warning says what is missing."""
+    cell = Cell(ls.mode, 0, ls.max_concurrency or 0, ls.prompt, 0, planned)
+    ms = [request_metrics(r) for r in recs]
+    s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
+                       metrics=ms).to_dict()
+    cut = sum(1 for r in recs if (r.error or "").startswith("cut:"))
+    s.update({"id": load_id(ls), "mode": ls.mode, "load": load_dict(ls),
+              "counts": {"planned": planned, "finished": sum(r.ok for r in recs),
+                         "failed": sum(not r.ok for r in recs) - cut, "cut": cut},
+              "latency": latency_summaries(recs, ms)})
+    s["warnings"].append(f"{s['id']}: interrupted: {len(recs)} of {planned} planned requests ended ({cut} cut in "
+                         "flight); the figures are over those, with no steady-state window or schedule figures")
+    if slo is not None and recs:
+        sent = [r.sent_ns for r in recs if r.sent_ns]
+        ends = [r.sent_ns + (r.end_ns or 0) for r in recs if r.sent_ns]
+        span = (max(ends) - min(sent)) / 1e9 if sent else 0.0
+        if span > 0:
+            s.update(point_slo(recs, slo, span, ms))
+            s["slo_met"] = all(v["held"] for v in s["slo"].values())
+    return s
 
-    Raises:
-        ConfigError: ``ray_address`` in sessions mode (the conversations run in this process).
-    """
-    from ..report.export import write_results
-    from ..runner import Session
 
-    ls.check()
-    if ray_address is not None and ls.mode == "sessions":
-        raise ConfigError("--ray is not available with --sessions: the conversations run in this process")
+async def measure_load(session: Any, ls: LoadSettings) -> dict[str, Any]:
+    """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary."""
     slo = parse_slo(ls.slo) if ls.slo else None
-    plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else []
-    session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
-                                 workers=workers, ray_address=ray_address)
-    try:
-        if ls.mode == "sessions":
-            summary = await sessions_point(session, ls, slo, profile.max_tokens)
-        else:
-            _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0,
-                                         load=load_dict(ls))
-        results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)
-        results.load = load_dict(ls)
-        if out_dir is not None:
-            write_results(results, out_dir)
-        return results
-    except (asyncio.CancelledError, KeyboardInterrupt):
-        if out_dir is not None:
-            write_results(session.results([], interrupted=True), out_dir)
-        raise
-    finally:
-        await session.close()
+    if ls.mode == "sessions":
+        return await sessions_point(session, ls, slo, session.profile.max_tokens)
+    plan = make_plan(ls, session.profile.max_tokens)
+    _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0, load=load_dict(ls))
+    return summary
 
 
 def describe_point(s: dict[str, Any]) -> list[str]:

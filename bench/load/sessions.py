@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..metrics import request_metrics
-from ..prompts import unique_prefix
-from ..records import RequestRecord
+from bench.measure.metrics import request_metrics
+from bench.prompts import unique_prefix
+from bench.records import RequestRecord
 
 __all__ = ["run_sessions", "turn_summary"]
 

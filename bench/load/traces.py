@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import ConfigError
-from .openloop import Planned
+from bench.errors import ConfigError
+from bench.load.openloop import Planned
 
 __all__ = ["load_trace", "read_mooncake", "read_azure", "make_samples", "main"]
 

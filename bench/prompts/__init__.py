@@ -8,14 +8,14 @@ of an exact token count whose first tokens differ per request (no server prefix-
 * :data:`INSTRUCTIONS` / :func:`instruction_for` - a decode task instruction per kind.
 * :func:`unique_prefix` - per-request prefix, different from the first character on.
 * :func:`build_prompt` -> :class:`Prompt` - prefix + body + instruction sized to a token target.
-* Token counters: :class:`HttpTokenizer` (server ``/tokenize``), :class:`CalibratedTokenizer`
-  (chars-per-token estimator), :class:`RegexTokenizer` (offline approximation).
+* Token counters live in :mod:`bench.server.tokenizer` (the server's ``/tokenize``, a calibrated estimator, an
+  offline approximation): prompts know no HTTP.
 
 See ``docs/prompts.md``.
 """
 
-from .build import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompt, tolerance, unique_prefix
-from .content import (
+from bench.prompts.build import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompt, tolerance, unique_prefix
+from bench.prompts.content import (
     CODE_MODULES,
     INSTRUCTIONS,
     KINDS,
@@ -23,14 +23,6 @@ from .content import (
     instruction_for,
     stream_text,
     text_stream,
-)
-from .tokenizer import (
-    CalibratedTokenizer,
-    HttpTokenizer,
-    RegexTokenizer,
-    Tokenizer,
-    TokenizerError,
-    TokenizerUnavailable,
 )
 
 __all__ = [
@@ -46,10 +38,4 @@ __all__ = [
     "Prompt",
     "build_prompt",
     "tolerance",
-    "Tokenizer",
-    "TokenizerError",
-    "TokenizerUnavailable",
-    "HttpTokenizer",
-    "CalibratedTokenizer",
-    "RegexTokenizer",
 ]

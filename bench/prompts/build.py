@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from .content import INSTRUCTIONS, TextStream, _check_kind
+from bench.prompts.content import INSTRUCTIONS, TextStream, _check_kind
 
 __all__ = ["Prompt", "build_prompt", "unique_prefix", "tolerance", "DEFAULT_CHARS_PER_TOKEN"]
 
@@ -137,7 +137,7 @@ async def build_prompt(
         seed: content stream seed; use a different seed per request of a wave.
         prefix: text that begins the prompt, normally :func:`unique_prefix` ``(run_id, i)``.
         instruction: ``True`` appends the kind's task instruction, ``False`` nothing, a ``str`` is used as it.
-        tokenizer: ``async count(text) -> int`` (:mod:`bench.prompts.tokenizer`); ``None`` sizes by the default
+        tokenizer: ``async count(text) -> int`` (:mod:`bench.server.tokenizer`); ``None`` sizes by the default
             characters-per-token ratio (``counted_tokens`` None).
         overhead_tokens: tokens the request path adds (chat template, BOS): ``usage.prompt_tokens - count(text)``.
         max_calls: cap on ``tokenizer.count`` calls (>= 2).

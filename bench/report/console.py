@@ -13,8 +13,8 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from ..redaction import RedactingStream
-from ..results import Results
+from bench.redaction import RedactingStream
+from bench.results import Results
 
 __all__ = ["stdout", "stderr", "request_table", "results_table", "results_text", "console_width"]
 
@@ -88,7 +88,7 @@ def results_table(results: Results, width: int | None = None) -> RenderableType:
     With ``width`` narrower than the table needs with every figure whole (:func:`bench.report.export.table_width`),
     a stacked layout instead: one block per cell, ``label value`` fields wrapped at ``width`` (figures never split).
     """
-    from .export import stacked_lines, table_rows, table_width
+    from bench.report.export import stacked_lines, table_rows, table_width
 
     head, rows = table_rows(results)
     title = f"bench: profile {results.profile.name} on {results.endpoint.model}"
@@ -109,7 +109,7 @@ def results_text(results: Results, width: int = 80) -> str:
     table (stacked when narrow) and the headline lines (README's sample is this, tested)."""
     import io
 
-    from .export import headline
+    from bench.report.export import headline
 
     con = Console(width=width, file=io.StringIO(), record=True, color_system=None)
     con.print(results_table(results, width=width))

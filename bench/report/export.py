@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from ..results import CellResult, Results, to_json, write_atomic
+from bench.results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
            "VIEWS", "table_width", "stacked_lines", "slo_field"]
@@ -284,7 +284,7 @@ EXPORTERS: dict[str, tuple[str, Callable[[Results], str]]] = {
     "json": ("results.json", to_json), "csv": ("results.csv", to_csv), "md": ("results.md", to_markdown),
 }
 VIEWS: dict[str, Callable[[Results], str]] = {"results.csv": to_csv, "results.md": to_markdown}
-"""The views written beside results.json at the end of a run (:class:`bench.runloop.RunOutput`)."""
+"""The views written beside results.json at the end of a run (:class:`bench.driver.RunOutput`)."""
 
 
 def write_results(results: Results, out_dir: str | os.PathLike[str],

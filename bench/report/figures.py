@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..metrics import RequestMetrics
-from ..records import RequestRecord
+from bench.measure.metrics import RequestMetrics
+from bench.records import RequestRecord
 
 __all__ = ["Source", "decode_vs_streams", "depth_figure", "cdf_figure", "timeline_figure", "capacity_figure",
            "server_metrics_figure", "gate_figure", "COLOURS"]

@@ -15,12 +15,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..metrics import request_metrics
-from ..records import read_records
-from ..results import results_from_dict, write_atomic
-from .export import headline
-from .figures import (
+from bench.errors import ConfigError
+from bench.measure.metrics import request_metrics
+from bench.records import read_records
+from bench.report.export import headline
+from bench.report.figures import (
     Source,
     capacity_figure,
     cdf_figure,
@@ -30,6 +29,7 @@ from .figures import (
     server_metrics_figure,
     timeline_figure,
 )
+from bench.results import results_from_dict, write_atomic
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
@@ -262,7 +262,7 @@ def write_images(paths: Sequence[str | os.PathLike[str]], out_dir: str | os.Path
     jobs = [(fig, d / f"{name}.{fmt}") for name, fig in figs.items() for fmt in formats]
     try:  # one browser for every image
         pio.write_images([f for f, _ in jobs], [p for _, p in jobs], width=1100, height=450)
-    except Exception as e:  # kaleido raises its own classes (no browser, browser crashed)
+    except Exception as e:  # noqa: BLE001 - kaleido raises its own classes (no browser, browser crashed)
         raise ConfigError(f"--images: kaleido could not draw the figures ({type(e).__name__}: {e}); "
                           "install chromium or set BROWSER_PATH") from None
     return [p for _, p in jobs]

@@ -13,8 +13,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
-from ..results import CellResult, Results
+from bench.errors import ConfigError
+from bench.results import CellResult, Results
 
 __all__ = ["plot_results"]
 

@@ -12,9 +12,9 @@ from typing import Any, TextIO
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from ..client import StreamTap
-from ..profile import Cell
-from ..results import CellResult
+from bench.client import StreamTap
+from bench.config.profile import Cell
+from bench.results import CellResult
 
 __all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S"]
 

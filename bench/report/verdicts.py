@@ -18,7 +18,7 @@ from typing import Any
 
 from rich.table import Table
 
-from ..gate import Verdict, overall_exit, verdict_counts
+from bench.gate import Verdict, overall_exit, verdict_counts
 
 __all__ = [
     "OUTCOME",

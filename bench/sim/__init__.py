@@ -14,11 +14,11 @@ Public API::
     tokenize(text) -> list[int]   the sim's tokenizer
 """
 
-from .config import SimConfig, load_config
-from .runner import running_sim, serve
-from .server import create_app
-from .text import count_tokens, tokenize
-from .truth import (
+from bench.sim.config import SimConfig, load_config
+from bench.sim.runner import running_sim, serve
+from bench.sim.server import create_app
+from bench.sim.text import count_tokens, tokenize
+from bench.sim.truth import (
     expected_cached_tokens,
     expected_decode_tok_s,
     expected_e2e_ms,

@@ -7,8 +7,8 @@ import dataclasses
 import sys
 from typing import Any, NoReturn
 
-from .config import ERROR_KINDS, FIELD_HELP, SimConfig, load_config
-from .runner import serve
+from bench.sim.config import ERROR_KINDS, FIELD_HELP, SimConfig, load_config
+from bench.sim.runner import serve
 
 __all__ = ["main", "build_parser", "config_from_args"]
 

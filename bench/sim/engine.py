@@ -15,8 +15,8 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any, Protocol
 
-from .config import SimConfig
-from .truth import jitter_factor, output_length, prefill_ns, step_ns
+from bench.sim.config import SimConfig
+from bench.sim.truth import jitter_factor, output_length, prefill_ns, step_ns
 
 __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 

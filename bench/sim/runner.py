@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
-from .config import SimConfig
-from .server import create_app
+from bench.sim.config import SimConfig
+from bench.sim.server import create_app
 
 __all__ = ["serve", "running_sim"]
 

@@ -11,10 +11,10 @@ from typing import Any
 
 from aiohttp import web
 
-from .config import SimConfig
-from .engine import Engine, Histogram, Seq
-from .text import chat_prompt_tokens, output_words, tokenize
-from .truth import fails
+from bench.sim.config import SimConfig
+from bench.sim.engine import Engine, Histogram, Seq
+from bench.sim.text import chat_prompt_tokens, output_words, tokenize
+from bench.sim.truth import fails
 
 __all__ = ["create_app", "ENGINE_KEY"]
 

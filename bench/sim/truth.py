@@ -13,7 +13,7 @@ import heapq
 import math
 import random
 
-from .config import SimConfig
+from bench.sim.config import SimConfig
 
 __all__ = [
     "drift_factor",

@@ -1,1 +1,1 @@
-"""Tools around the measurement: helpers that stand beside a server (the delay proxy, ...)."""
+"""Tools beside the measurement: check, record, replay, probe, the embedded engine, and the delay proxy."""

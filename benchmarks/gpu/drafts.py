@@ -1,6 +1,6 @@
 """Drafts on vs off, explained by the server: decode at 1..4 streams with the acceptance rate from /metrics.
 
-For each stream count N: scrape the server's /metrics (bench.server_metrics), run WAVES waves of N concurrent
+For each stream count N: scrape the server's /metrics (bench.server.metrics), run WAVES waves of N concurrent
 streaming requests of MAX_TOKENS tokens (ignore_eos, a unique prose prompt each), scrape again; then print one row:
 bench's per-stream and aggregate decode tok/s and tokens per event beside the server's acceptance rate and mean
 accepted length (from its counters) and the same rate from llama-server's per-response timings. Run it once per
@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, discover_model, make_http_client, stream_request
-from bench.metrics import request_metrics
-from bench.server_metrics import cross_checks, detect_metrics, spec_from_timings
-from bench.summary import wave_aggregate_decode
+from bench.measure.metrics import request_metrics
+from bench.measure.summary import wave_aggregate_decode
+from bench.server.metrics import cross_checks, detect_metrics, spec_from_timings
 
 PROSE = ("Write a long, detailed story about a lighthouse keeper on a remote island who, one stormy night, finds a "
          "message in a bottle, and tell what he does in the days after.")

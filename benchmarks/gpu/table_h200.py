@@ -11,13 +11,13 @@ order of the calls. The file written is ``benchmarks/results/gpu-<date>-tp.md`` 
 
 Where each % comes from: bench's figures and llama-server's use the limits in the cell's ``roofline`` key (bench
 run's ``--hardware h200 --devices 1 --model-params 8b --weight-bits 16``); llama-bench's are computed with
-bench.roofline from the same ``roofline_spec``, at llama-bench's own context: tg N @ d decodes at a mean context of
+bench.measure.roofline from the same ``roofline_spec``, at llama-bench's own context: tg N @ d decodes at a mean context of
 d + N/2, pp N @ d has the attention cost of a 2d + N prompt from scratch (equal when ``layers`` is unset).
 
 Try run_h200.sh and this script without a GPU, against the CPU llama-server and SmolLM2-135M of bench's tests:
 
-    B=$(python -c "from bench.engine import find_server_binary as f; print(f().parent)")
-    M=$(python -c "from bench.engine import find_model as f; print(f())")
+    B=$(python -c "from bench.tools.engine import find_server_binary as f; print(f().parent)")
+    M=$(python -c "from bench.tools.engine import find_model as f; print(f())")
     mkdir -p /tmp/h2w && touch /tmp/h2w/build.ok
     WORK=/tmp/h2w BIN=$B MODEL=$M SERVER_FLAGS="-c 8192 -np 4 --cache-ram 0" DEPTHS=0,512 STREAMS=1,2 \\
       BENCH_EXTRA="--max-tokens 16 --repeats 2" LB_P=128 LB_N=8 LB_DEPTHS=0,256 LB_PP=128,256 LB_R=1 NPL=1,2 \\
@@ -41,7 +41,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.roofline import RooflineSpec, decode_limit, prefill_limit  # noqa: E402
+from bench.measure.roofline import RooflineSpec, decode_limit, prefill_limit  # noqa: E402
 
 # ---- reading ---------------------------------------------------------------------------------------------------
 

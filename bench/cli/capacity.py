@@ -1,0 +1,244 @@
+"""``bench capacity`` and the open-loop options of ``bench run`` (``--rate``, ``--trace``, ``--slo``...; ``--slo``
+also scores the cells of a concurrency run).
+
+Options only: the work is in :mod:`bench.load` (plans, the executor, the search); this module builds its settings,
+runs it and prints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+
+from bench.cli.common import client_options, endpoint
+from bench.cli.common import settings_from_options as _settings
+from bench.errors import EXIT_INTERRUPTED, ConfigError, RunInterrupted
+
+__all__ = ["capacity", "load_options", "load_settings", "with_cell_slo", "run_open_loop", "LOAD_OPTION_NAMES"]
+
+LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "ramp", "max_concurrency",
+                     "input_tokens", "output_tokens", "dataset", "seed", "slo", "trace", "block_tokens", "speed",
+                     "drain", "warmup", "cooldown", "users", "turns", "think")
+
+
+def load_options(f: Any) -> Any:
+    """The open-loop options (shared by ``bench run`` and ``bench capacity``)."""
+    opts = [
+        click.option("--rate", type=float, help="Open loop: requests/s (mode rate)."),
+        click.option("--duration", type=float, help="Open loop: seconds of arrivals (or --requests)."),
+        click.option("--requests", type=click.IntRange(1), help="Open loop: this many requests (or --duration)."),
+        click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), help="Arrival process "
+                     "(default poisson)."),
+        click.option("--burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier."),
+        click.option("--ramp", type=float, help="Linear ramp-up from 0 to --rate over this many seconds."),
+        click.option("--max-concurrency", type=click.IntRange(1), help="Cap on requests in flight."),
+        click.option("--input-tokens",
+                     help="Prompt tokens: N, or uniform:LO,HI, normal:MEAN,SD, lognormal:MEDIAN,SIGMA."),
+        click.option("--output-tokens", help="Output tokens, same forms (default --max-tokens / the profile's)."),
+        click.option("--dataset", type=click.Path(dir_okay=False), help="JSONL prompts ({\"prompt\": ...})."),
+        click.option("--seed", type=int, help="Seed of the schedule and sizes (default 0)."),
+        click.option("--slo",
+                     help="SLOs: ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s or 'ttft_ms <= 2000 and tpot_ms <= 60'; "
+                     "goodput and each SLO per point, or per cell of a concurrency run."),
+        click.option("--trace", type=click.Path(dir_okay=False), help="Replay a Mooncake JSONL or Azure CSV trace."),
+        click.option("--block-tokens", type=click.IntRange(1), help="Tokens per trace hash block (default 512)."),
+        click.option("--speed", type=float, help="Trace speed factor (2 = twice as fast)."),
+        click.option("--drain", type=float, help="Seconds to wait for requests in flight after the last send "
+                     "before cutting them (default 60)."),
+        click.option("--warmup", type=float, help="Seconds at the start of a point left out of its statistics "
+                     "(default 20 %% of the span, at most 30)."),
+        click.option("--cooldown", type=float,
+                     help="Seconds at the end of a point left out (default 10 %%, at most 10)."),
+        click.option("--sessions", "users", type=click.IntRange(1), help="Multi-turn mode: this many conversations."),
+        click.option("--turns", type=click.IntRange(1), help="Turns per conversation (default 3)."),
+        click.option("--think", type=float, help="Seconds between an answer and the next turn (default 1)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+_FLAG_TO_FIELD = {"duration": "duration_s", "ramp": "ramp_s", "drain": "drain_s", "warmup": "warmup_s",
+                  "cooldown": "cooldown_s", "think": "think_s"}
+
+
+def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
+    """LoadSettings from the profile's ``mode``/``[load]`` and the flags given (flags win); None when neither asks
+    for an open-loop mode (``--slo`` alone is then for the concurrency cells: :func:`with_cell_slo`). ``kw`` holds
+    the options of :func:`load_options` (None = not given)."""
+    from bench.load.point import LoadSettings
+
+    given = {_FLAG_TO_FIELD.get(k, k): v for k, v in kw.items() if v is not None}
+    base = dict(profile.load)
+    mode = profile.mode
+    if "trace" in given:
+        mode = "trace"
+    elif "users" in given:
+        mode = "sessions"
+    elif "rate" in given:
+        mode = "rate"
+    if mode == "concurrency":
+        others = {k: v for k, v in given.items() if k != "slo"}
+        if others:
+            raise ConfigError(f"--{next(iter(kw_names(others)))} applies to open-loop runs: add --rate R (or "
+                              "--trace FILE)")
+        return None
+    names = {f.name for f in fields(LoadSettings)}
+    ls = LoadSettings(mode=mode, **{k: v for k, v in {**base, **given}.items() if k in names})
+    if ls.mode == "rate" and ls.duration_s is None and ls.requests is None:
+        raise ConfigError("open loop: give --duration S or --requests N with --rate")
+    ls.check()
+    return ls
+
+
+def with_cell_slo(profile: Any, slo: str | None) -> Any:
+    """The concurrency profile with ``--slo`` (it wins over the ``[load]`` key ``slo``), checked: every cell then
+    gets ``goodput``, ``slo`` and ``slo_met`` (docs/load.md). ``slo`` None: the profile as it is."""
+    from bench.measure.slo import parse_slo
+
+    if slo is None:
+        return profile
+    parse_slo(slo)
+    return replace(profile, load=tuple(sorted({**dict(profile.load), "slo": slo}.items())))
+
+
+def kw_names(given: dict[str, Any]) -> list[str]:
+    """Flag names (``max-concurrency``) of the given load settings."""
+    back = {v: k for k, v in _FLAG_TO_FIELD.items()} | {"users": "sessions"}
+    return [back.get(k, k).replace("_", "-") for k in given]
+
+
+def run_open_loop(url: str | None, prof: Any, ls: Any, settings: Any, out: Path, model: str | None,
+                  workers: int = 1, ray_address: str | None = None) -> Any:
+    """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
+    ``ray_address``), return the results document (files written to ``out``)."""
+    from bench.driver import run_load
+    from bench.load.point import describe_point
+    from bench.report.console import stderr
+
+    with endpoint(url, parallel=max(4, ls.max_concurrency or 16)) as base:
+        try:
+            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers,
+                                           ray_address=ray_address))
+        except (RunInterrupted, KeyboardInterrupt) as e:
+            _interrupted(e, f"finished records kept in {out}/records.jsonl (partial results in {out}/results.json)")
+    for cell in results.cells:
+        for line in describe_point(cell.to_dict()):
+            stderr.print(line, highlight=False, markup=False, soft_wrap=True)
+    return results
+
+
+@click.command()
+@click.argument("url", required=False)
+@click.option("--by", type=click.Choice(["rate", "concurrency"]), default="rate", show_default=True,
+              help="Search over the arrival rate (open loop) or the number of requests in flight.")
+@click.option("--max-tokens", type=click.IntRange(1), default=128, show_default=True, help="Output tokens.")
+@click.option("--start", type=float, default=1.0, show_default=True, help="First load (req/s or concurrency).")
+@click.option("--factor", type=float, default=2.0, show_default=True, help="Escalation factor between points.")
+@click.option("--max-load", type=float, default=10_000.0, show_default=True, help="Highest load tried.")
+@click.option("--resolution", type=float, default=0.02, show_default=True, help="Stop bisecting at hi/lo <= 1+this.")
+@click.option("--trials", type=click.IntRange(1), default=3, show_default=True, help="Trials at each end of the "
+              "final bracket.")
+@click.option("--max-points", type=click.IntRange(1), default=40, show_default=True, help="Budget of points.")
+@click.option("--endpoint", "endpoint_kind", type=click.Choice(["chat", "completions"]), default="chat",
+              show_default=True, help="API endpoint.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), required=True, help="Results folder.")
+@click.option("--json", "as_json", is_flag=True, help="Print capacity.json on stdout, nothing else.")
+@click.option("--overwrite", is_flag=True, help="Replace the search already in --out (capacity.json, points/).")
+@load_options
+@client_options
+def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: float, max_load: float,
+             resolution: float, trials: int, max_points: int, endpoint_kind: str, out_dir: str, as_json: bool,
+             overwrite: bool, model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
+             **load_kw: Any) -> None:
+    """Find the highest rate (or concurrency) at which the SLOs hold, with an interval (docs/load.md).
+
+    \b
+    Each point is an open-loop run of --duration seconds (default 20) measured in its steady-state window;
+    the search escalates by --factor until the SLO is missed or the server saturates, bisects to --resolution,
+    and confirms both ends with --trials repeated trials. Writes DIR/capacity.json and every point's records.
+
+    \b
+      bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms --input-tokens 512 --out cap/
+    """
+    from bench.config.profile import Profile
+    from bench.load.capacity import SearchSettings
+
+    if not load_kw.get("slo"):
+        raise ConfigError("--slo is needed (e.g. --slo ttft_p90=2s,tpot_p90=60ms)")
+    settings = _settings(api_key_env, connect_timeout, read_timeout)
+    prof = Profile(name="capacity", endpoint=endpoint_kind, max_tokens=max_tokens, warmup=0)
+    if load_kw.get("duration") is None and load_kw.get("requests") is None:
+        load_kw["duration"] = 20.0
+    ls = load_settings(replace(prof, mode="rate"), load_kw)
+    ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
+                        max_points=max_points)
+    ss.check()
+    _prepare_capacity_folder(Path(out_dir), overwrite)
+    doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
+    _print_capacity(doc, Path(out_dir), as_json)
+
+
+def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
+    """A search never adds its points to another search's folder: refused, or cleared with ``--overwrite``."""
+    import shutil
+
+    from bench.results import prepare_folder
+
+    held = [n for n in ("capacity.json", "points") if (out / n).exists()]
+    if held and not overwrite:
+        raise ConfigError(f"--out {out}: already holds a capacity search ({', '.join(held)}); --overwrite replaces "
+                          "it, or choose another folder")
+    for n in held:
+        shutil.rmtree(out / n) if (out / n).is_dir() else (out / n).unlink()
+    prepare_folder(out, overwrite=overwrite)
+
+
+def _capacity_run(url: str | None, prof: Any, ls: Any, ss: Any, settings: Any, out: Path, model: str | None,
+                  quiet: bool) -> Any:
+    from bench.config.slo import parse_slo
+    from bench.driver import run_capacity
+    from bench.load.capacity_run import Progress
+
+    prog = None if quiet else Progress(sys.stderr, parse_slo(ls.slo), tty=sys.stderr.isatty())
+    with endpoint(url, parallel=16) as base:
+        try:
+            return asyncio.run(run_capacity(base, prof, settings, ls, ss, out_dir=out, model=model, progress=prog))
+        except (RunInterrupted, KeyboardInterrupt) as e:
+            _interrupted(e, f"the points finished so far are in {out}/capacity.json and {out}/points/")
+
+
+def _interrupted(e: BaseException, kept: str) -> NoReturn:
+    """One line on stderr for a stopped run (SIGINT or SIGTERM), then exit 130."""
+    from bench.report.console import stderr
+
+    name = e.signal_name if isinstance(e, RunInterrupted) else "SIGINT"
+    stderr.print(f"interrupted ({name}): {kept}", highlight=False, soft_wrap=True)
+    raise SystemExit(EXIT_INTERRUPTED) from None
+
+
+def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
+    import json
+
+    from bench.load.capacity import curve_rows
+
+    if as_json:
+        click.echo(json.dumps(doc, indent=1))
+        return
+    head, rows = curve_rows(doc)
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
+    click.echo("  ".join(h.rjust(w) for h, w in zip(head, widths)))
+    for r in rows:
+        click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    lo, hi = doc["interval"]
+    unit = "req/s" if doc["by"] == "rate" else "in flight"
+    click.echo(f"capacity ({doc['slo']}): {doc['boundary']} {unit}, interval [{lo}, {hi}] "
+               f"(confidence {doc['method']['confidence']:.0%}); saturated at {doc['saturated_at']}")
+    if doc.get("note"):
+        click.echo(f"note: {doc['note']}", err=True)
+    click.echo(f"results: {out}/capacity.json, {out}/points/", err=True)

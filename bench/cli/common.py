@@ -1,0 +1,138 @@
+"""Pieces shared by the command modules (``cli.py``, ``cli_gate.py``): the endpoint context (a URL, or the
+embedded llama-server), the client options every endpoint command takes (timeouts, TLS: ``--ca-bundle``,
+``--insecure``), and the settings built from them."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+from bench.errors import ConfigError
+
+__all__ = ["endpoint", "client_options", "settings_from_options"]
+
+
+def engine_size(profile: Any) -> tuple[int, int]:
+    """Slots and context the embedded llama-server needs for ``profile``'s cells: ``(parallel, ctx_size)``."""
+    cells = profile.cells()
+    streams = max(c.streams for c in cells)
+    need = max(c.depth + c.max_tokens for c in cells) + 512
+    return max(4, streams), max(8192, max(4, streams) * need)
+
+
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models")
+
+
+def checked_url(base: str) -> str:
+    """The base URL with its port checked; a full endpoint URL pasted by mistake is cut back to its base with a note.
+
+    Raises:
+        ConfigError: the port is not a number or out of range.
+    """
+    from urllib.parse import urlsplit
+
+    from bench.report.console import stderr
+
+    try:
+        _ = urlsplit(base).port
+    except ValueError:
+        raise ConfigError(f"URL {base}: the port is not a number in 1-65535") from None
+    for tail in _ENDPOINT_PATHS:
+        if base.endswith(tail):
+            cut = base[: -len(tail)] or base
+            stderr.print(f"note: {base} is an endpoint URL; using its base URL {cut} (give the base, e.g. "
+                         "http://host:8000/v1)", highlight=False, soft_wrap=True)
+            return cut
+    return base
+
+
+@contextmanager
+def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_dir: Any = None) -> Iterator[str]:
+    """Yield the base URL: ``url`` normalized, or the embedded llama-server started for the duration (its log in
+    ``log_dir``, e.g. the results folder, else a temporary file removed when it stops)."""
+    from bench.client import normalize_url
+
+    if url:
+        yield checked_url(normalize_url(url))
+        return
+    from bench.report.console import stderr
+    from bench.tools.engine import LocalEngine
+
+    with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
+        eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir)
+        eng.start()
+    try:
+        stderr.print(f"embedded endpoint: {eng.url}", highlight=False)
+        yield eng.url
+    finally:
+        eng.stop()
+
+
+def client_options(f: Any) -> Any:
+    """Options shared by every command that talks to an endpoint."""
+    f = click.option("--model", default=None, help="Model name (default: first entry of GET {URL}/models).")(f)
+    f = click.option(
+        "--api-key-env", default="OPENAI_API_KEY", show_default=True,
+        help="Environment variable holding the API key (never printed or saved).",
+    )(f)
+    f = click.option(
+        "--connect-timeout", type=float, default=10.0, show_default=True, help="Connect timeout, seconds."
+    )(f)
+    f = click.option(
+        "--read-timeout", type=float, default=None,
+        help="Longest silence allowed mid-response, seconds (default: none; long prefills send nothing for minutes).",
+    )(f)
+    # the options below reach settings_from_options through the click context (the commands' signatures stay)
+    f = click.option(
+        "--setup-timeout", type=float, default=30.0, show_default=True, expose_value=False, callback=_keep,
+        help="Longest wait for set-up calls (/models, /tokenize, /props), seconds; the generation stream is "
+        "bounded by --read-timeout only.",
+    )(f)
+    f = click.option(
+        "--ca-bundle", type=click.Path(dir_okay=False), default=None, expose_value=False, callback=_keep,
+        help="PEM file of CA certificates to trust for https:// (a private CA); like SSL_CERT_FILE.",
+    )(f)
+    f = click.option(
+        "--insecure", is_flag=True, default=False, expose_value=False, callback=_keep,
+        help="Do not verify the server's TLS certificate (warns; prefer --ca-bundle).",
+    )(f)
+    return f
+
+
+def _keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    ctx.meta[f"bench.{param.name}"] = value
+    return value
+
+
+INSECURE_WARNING = ("--insecure: the server's TLS certificate is not verified, so anyone on the network path can "
+                    "read the API key and the answers; give --ca-bundle FILE to trust a private CA instead")
+
+
+def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout: float | None) -> Any:
+    """``ClientSettings`` from the client options (``--setup-timeout``, ``--ca-bundle`` and ``--insecure`` come
+    through the click context) and the root ``--io`` flag. Raises ConfigError on a bad value; warns on
+    ``--insecure``."""
+    from bench.client import ClientSettings
+
+    if connect_timeout <= 0:
+        raise ConfigError("--connect-timeout must be > 0")
+    if read_timeout is not None and read_timeout <= 0:
+        raise ConfigError("--read-timeout must be > 0")
+    ctx = click.get_current_context(silent=True)
+    io = ctx.find_root().params.get("io", "fast") if ctx is not None else "fast"
+    meta = ctx.meta if ctx is not None else {}
+    setup = meta.get("bench.setup_timeout", 30.0)
+    if setup is not None and setup <= 0:
+        raise ConfigError("--setup-timeout must be > 0")
+    settings = ClientSettings(api_key_env=api_key_env, connect_timeout_s=connect_timeout, read_timeout_s=read_timeout,
+                              setup_timeout_s=setup, fast_io=io == "fast", ca_bundle=meta.get("bench.ca_bundle"),
+                              insecure=bool(meta.get("bench.insecure", False)))
+    settings.ssl_context()  # a bad --ca-bundle is one line now, not a failure later
+    if settings.insecure:
+        from bench.report.console import stderr
+
+        stderr.print(f"[yellow]warning[/yellow] {INSECURE_WARNING}", highlight=False, soft_wrap=True)
+    return settings

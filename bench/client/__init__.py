@@ -1,0 +1,35 @@
+"""One OpenAI request -> one :class:`bench.records.RequestRecord`: the streaming client.
+
+Modules: :mod:`bench.client.endpoint` (URLs, settings, the httpx client, model discovery, error text),
+:mod:`bench.client.request` (send, read the stream with arrival stamps, record failures as data),
+:mod:`bench.client.events` (chunk parsing after the stream ends), :mod:`bench.client.turns` (bursts of work spread
+over event-loop iterations).
+"""
+
+from bench.client.endpoint import (
+                                   ClientSettings,
+                                   RequestSpec,
+                                   StreamTap,
+                                   discover_model,
+                                   error_from_body,
+                                   exc_line,
+                                   make_http_client,
+                                   normalize_url,
+                                   root_url,
+)
+from bench.client.request import DONE_GRACE_S, require_ok, stream_request
+
+__all__ = [
+    "DONE_GRACE_S",
+    "ClientSettings",
+    "RequestSpec",
+    "StreamTap",
+    "discover_model",
+    "error_from_body",
+    "exc_line",
+    "make_http_client",
+    "normalize_url",
+    "require_ok",
+    "root_url",
+    "stream_request",
+]

@@ -1,0 +1,364 @@
+"""The streaming client: one request to an OpenAI-compatible endpoint -> one :class:`RequestRecord`.
+
+Timing rule: each network read is stamped with ``time.perf_counter_ns()`` the moment it arrives, before SSE
+decoding or JSON parsing; every event gets the stamp of the read that completed it. Streams are read by
+:mod:`bench.transport.http` (``ClientSettings.fast_io``, the default), which stamps in ``asyncio.Protocol.data_received``,
+so a burst of reads on many streams is stamped before any of them is parsed; with ``fast_io=False`` (``--io
+httpx``) they go through httpx and are stamped when httpx returns the read. JSON is parsed after the
+stream ends, by one worker task per event loop that yields to the loop after each :data:`PARSE_BUDGET_S` (1 ms)
+of work, so the end-of-stream work of requests that finish together never holds up the reads (and stamps) of
+the others on the same loop for longer than that. The send time is taken
+just before the request goes out, after any client-side queueing (recorded separately as ``queued_ns``).
+
+A response is complete at ``data: [DONE]``: reading stops there, ``end_ns`` is the arrival of that read, and the
+connection is given back (or closed when the server keeps the body open past :data:`DONE_GRACE_S`), whether the
+body is chunked, sized or close-delimited. A body the server compressed anyway (``Content-Encoding: gzip`` or
+``deflate``) is decoded; any other encoding is refused with a message naming it.
+
+Only ``message`` events carry chunks: other event types (``event: ping``) are ignored, ``event: error`` is a
+failure. Failures are data: HTTP errors, error objects inside a 200 stream or a 200 JSON body, ``event: error``,
+streams cut without a ``finish_reason`` or ``[DONE]``, and streams with no generated token end as records with
+``error`` set; nothing is raised except ``asyncio.CancelledError`` (after recording the request as cancelled).
+Every record is redacted of the API key before it is returned (:mod:`bench.redaction`).
+
+Timeouts: the generation stream waits without limit by default (``read_timeout_s``); every other call made with
+the client (``/models``, ``/tokenize``, ``/props``...) is bounded by ``setup_timeout_s`` (30 s).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import zlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+
+from bench.client.endpoint import _ERR_BODY_LIMIT, RequestSpec, StreamTap, _http_kind, error_from_body, exc_line, log
+from bench.client.events import _parse_sliced, _parse_whole
+from bench.client.turns import take_turn
+from bench.errors import EndpointUnreachable, ServerError, UnreadableResponse
+from bench.records import RequestRecord
+from bench.redaction import add_secret
+from bench.transport.http import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
+from bench.transport.sse import SSEDecoder, SSEEvent
+
+__all__ = ["stream_request", "require_ok", "DONE_GRACE_S"]
+
+DONE_GRACE_S = 0.02  # after [DONE]: how long the rest of the body (chunked terminator) may take to be reusable
+
+
+async def stream_request(
+    client: httpx.AsyncClient,
+    base: str,
+    spec: RequestSpec,
+    *,
+    model: str,
+    secret: str | None = None,
+    queued_ns: int | None = None,
+    tap: StreamTap | None = None,
+) -> RequestRecord:
+    """Send one streaming request and record it.
+
+    Args:
+        client: from :func:`make_http_client`.
+        base: normalized base URL (``http://host:port/v1``).
+        spec: the request; ``spec.body`` is sent with ``model``, ``stream: true`` and
+            ``stream_options: {include_usage: true}`` filled in where absent.
+        model: model name.
+        secret: the API key, to scrub it from the record (registered for redaction everywhere).
+        queued_ns: when the caller queued the request (defaults to now).
+        tap: optional live counters for a progress display.
+
+    Returns:
+        The :class:`RequestRecord`; ``record.error`` is set for every failure. Never raises for server or network
+        faults; re-raises ``asyncio.CancelledError`` (the record is then discarded by the caller).
+    """
+    add_secret(secret)
+    now = time.perf_counter_ns()
+    rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=queued_ns or now, meta=dict(spec.meta))
+    raw: list[SSEEvent] = []
+    try:
+        await _exchange(client, base, spec, model, rec, raw, tap)
+    except asyncio.CancelledError:
+        rec.error, rec.error_kind = "cancelled", "cancelled"
+        raise
+    except (httpx.HTTPError, FastIOError, UnreadableResponse) as e:
+        _record_failure(rec, e, base)
+    finally:
+        if tap is not None:
+            tap.finished = True
+        if rec.end_ns is None and rec.sent_ns:
+            rec.end_ns = time.perf_counter_ns() - rec.sent_ns
+    await _parse_sliced(rec, raw)
+    if rec.error is not None:
+        log.debug("%s failed: %s", spec.request_id, rec.error)
+    return rec
+
+
+def _payload(spec: RequestSpec, model: str) -> bytes:
+    body = dict(spec.body)
+    body.setdefault("model", model)
+    body.setdefault("stream", True)
+    if body.get("stream"):
+        body.setdefault("stream_options", {"include_usage": True})
+    return json.dumps(body).encode()
+
+
+def _stream_timeout(client: httpx.AsyncClient) -> httpx.Timeout:
+    t = getattr(client, "bench_stream_timeout", None)
+    return t if isinstance(t, httpx.Timeout) else client.timeout
+
+
+async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, model: str, rec: RequestRecord,
+                    raw: list[SSEEvent], tap: StreamTap | None) -> None:
+    """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events). A wave of
+    requests takes turns (bench.client.turns) to build and send theirs, sharing the loop with the streams already
+    running."""
+    await take_turn()
+    path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
+    payload = _payload(spec, model)
+    timeout = _stream_timeout(client)
+    request = client.build_request("POST", base + path, content=payload,
+                                   headers={"Content-Type": "application/json"}, timeout=timeout)
+    fast: FastPool | None = getattr(client, "bench_fast_pool", None)
+    response: Any = None  # httpx.Response or fastio.FastResponse
+    src: Any = None  # where the reads' stamps come from (bench.transport.http.stamp_tracker)
+    if tap is not None:
+        tap.started = True
+    try:
+        if fast is not None:
+            rec.stamp_source = fast.stamp_source
+        rec.sent_ns = time.perf_counter_ns()
+        if fast is not None:
+            response = await fast.stream("POST", str(request.url), request.headers.multi_items(), payload,
+                                         connect_timeout=timeout.connect, read_timeout=timeout.read)
+            src = stamp_tracker(response)  # read again after the body: a read without a kernel stamp shows
+        else:
+            response = await client.send(request, stream=True)
+        rec.status = response.status_code
+        _log_response(spec, request, len(payload), response)
+        await _read_response(response, fast is not None, rec, raw, tap)
+    finally:
+        if src is not None:
+            rec.stamp_source = src.stamp_source
+        if response is not None:
+            await response.aclose()
+
+
+def _log_response(spec: RequestSpec, request: httpx.Request, size: int, response: Any) -> None:
+    if log.isEnabledFor(logging.DEBUG):
+        hdrs = {k: ("Bearer ***" if k.lower() == "authorization" else v) for k, v in request.headers.items()}
+        log.debug("%s POST %s (%d bytes, headers %s) -> HTTP %d %s", spec.request_id, request.url, size, hdrs,
+                  response.status_code, response.headers.get("content-type", ""))
+
+
+async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: list[SSEEvent],
+                         tap: StreamTap | None) -> None:
+    ctype = response.headers.get("content-type", "")
+    inflate = _content_decoder(response.headers.get("content-encoding", ""), refuse=response.status_code < 300)
+    stamped = response.aiter_stamped() if fast else _stamp_reads(response)
+    if response.status_code >= 300:
+        err_body = await _read_body(stamped, inflate, _ERR_BODY_LIMIT)
+        rec.end_ns = time.perf_counter_ns() - rec.sent_ns
+        rec.error = error_from_body(response.status_code, ctype, err_body)
+        rec.error_kind = _http_kind(response.status_code)
+        return
+    if "text/event-stream" not in ctype and "json" in ctype:
+        whole = await _read_body(stamped, inflate, None)
+        t = time.perf_counter_ns()
+        rec.end_ns = t - rec.sent_ns
+        _parse_whole(rec, whole, t)
+        return
+    sink = _SSESink(inflate, raw, tap)
+    t_done: int | None = None
+    try:
+        if fast and response.can_pump:  # decoded in the read callback (kernel stamps: bench.transport.http.BodyPump)
+            t_done = await response.pump(sink.feed)
+            if t_done is None:
+                sink.flush()
+        else:
+            t_done = await _read_sse(stamped, sink)
+    finally:
+        t_end = time.perf_counter_ns()
+        if t_done is None:
+            raw.extend(sink.dec.close(t_end))
+        rec.end_ns = (t_done if t_done is not None else t_end) - rec.sent_ns
+    await _after_done(response, stamped, fast)
+
+
+class _SSESink:
+    """Body bytes -> SSE events in ``raw`` (decoded when compressed), counted on ``tap``; :meth:`feed` says when
+    ``[DONE]`` arrived. The same code whether the reading task feeds it or the read callback does."""
+
+    __slots__ = ("inflate", "dec", "raw", "tap")
+
+    def __init__(self, inflate: Any, raw: list[SSEEvent], tap: StreamTap | None) -> None:
+        self.inflate = inflate
+        self.dec = SSEDecoder()
+        self.raw = raw
+        self.tap = tap
+
+    def feed(self, t: int, chunk: bytes) -> bool:
+        """One body piece stamped ``t``; True once it completed the ``[DONE]`` event."""
+        if self.inflate is not None:
+            chunk = _inflate(self.inflate, chunk)
+        evs = self.dec.feed(chunk, t)
+        if evs:
+            self.raw.extend(evs)
+            if self.tap is not None:
+                self.tap.events += len(evs)
+            for ev in evs:
+                if len(ev.data) < 16 and _is_done(ev):  # a chunk's JSON is longer: one len() per event
+                    return True
+        return False
+
+    def flush(self) -> None:
+        """The body ended: what the compressed stream still held."""
+        if self.inflate is not None:
+            self.raw.extend(self.dec.feed(_inflate(self.inflate, b"", final=True), time.perf_counter_ns()))
+
+
+async def _read_sse(stamped: Any, sink: _SSESink) -> int | None:
+    """Feed the stamped reads to ``sink`` until the body ends (None) or ``[DONE]`` arrives (its stamp)."""
+    async for t, chunk in stamped:
+        if sink.feed(t, chunk):
+            return t
+    sink.flush()
+    return None
+
+
+def _is_done(ev: SSEEvent) -> bool:
+    d = ev.data
+    return len(d) < 16 and ev.event == "message" and d.strip() == "[DONE]"
+
+
+async def _after_done(response: Any, stamped: Any, fast: bool) -> None:
+    """After ``[DONE]`` (or the end of the body): let the connection go back to the pool if the rest of the body
+    arrives within :data:`DONE_GRACE_S`, else close it. Never waits longer, never raises for the server's sake.
+    Responses that end together take turns (bench.client.turns), so the other streams' reads go on meanwhile."""
+    try:
+        await take_turn()
+        if fast:
+            await response.close_after_done(DONE_GRACE_S)
+        else:
+            await _drain_httpx(stamped, DONE_GRACE_S)
+    except (httpx.HTTPError, FastIOError, TimeoutError):
+        pass
+    finally:
+        await stamped.aclose()
+
+
+async def _drain_httpx(stamped: Any, grace: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + grace
+    while (left := deadline - loop.time()) > 0:
+        try:
+            await asyncio.wait_for(stamped.__anext__(), left)
+        except StopAsyncIteration:
+            return
+
+
+async def _stamp_reads(response: httpx.Response) -> AsyncIterator[tuple[int, bytes]]:
+    """``(perf_counter_ns, bytes)`` for each read of an httpx streaming response, stamped as it is returned."""
+    perf = time.perf_counter_ns
+    async for chunk in response.aiter_raw():
+        yield perf(), chunk
+
+
+async def _read_body(stamped: Any, inflate: Any, limit: int | None) -> bytes:
+    """The body (decoded when compressed), up to ``limit`` bytes (None: all)."""
+    buf = bytearray()
+    async for _t, chunk in stamped:
+        buf += _inflate(inflate, chunk) if inflate is not None else chunk
+        if limit is not None and len(buf) >= limit:
+            break
+    if inflate is not None and (limit is None or len(buf) < limit):
+        buf += _inflate(inflate, b"", final=True)
+    await stamped.aclose()
+    return bytes(buf)
+
+
+class _Inflater:
+    """Incremental ``deflate`` decoding: zlib-wrapped (RFC 9110) or raw (what some servers send), told apart by
+    the first two bytes."""
+
+    def __init__(self) -> None:
+        self._z: Any = None
+        self._head = b""
+
+    def decompress(self, data: bytes) -> bytes:
+        if self._z is None:
+            self._head += data
+            if len(self._head) < 2:
+                return b""
+            b0, b1 = self._head[0], self._head[1]
+            wrapped = (b0 & 0x0F) == 8 and (b0 << 8 | b1) % 31 == 0
+            self._z = zlib.decompressobj(zlib.MAX_WBITS if wrapped else -zlib.MAX_WBITS)
+            data, self._head = self._head, b""
+        return bytes(self._z.decompress(data))
+
+    def flush(self) -> bytes:
+        return bytes(self._z.flush()) if self._z is not None else b""
+
+
+def _content_decoder(encoding: str, *, refuse: bool) -> Any:
+    """A decoder for a ``Content-Encoding`` bench asked not to get (it sends ``Accept-Encoding: identity``): gzip
+    and deflate are decoded; anything else raises :class:`UnreadableResponse` naming it (an error body is then read raw)."""
+    enc = encoding.strip().lower()
+    if not enc or enc == "identity":
+        return None
+    if enc in ("gzip", "x-gzip"):
+        return zlib.decompressobj(16 + zlib.MAX_WBITS)
+    if enc == "deflate":
+        return _Inflater()
+    if not refuse:
+        return None
+    raise UnreadableResponse(f"the server sent the stream with Content-Encoding: {encoding.strip()[:40]}, which bench does "
+                   "not decode (it decodes gzip and deflate and asks for identity): turn compression off for "
+                   "text/event-stream on the server or proxy")
+
+
+def _inflate(z: Any, data: bytes, final: bool = False) -> bytes:
+    try:
+        return bytes(z.flush() if final else z.decompress(data))
+    except zlib.error as e:
+        raise UnreadableResponse(f"cannot decode the compressed body (Content-Encoding): {e}") from None
+
+
+_TIMEOUTS = (FastTimeout, httpx.TimeoutException)
+_CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, FastConnectError)
+_BROKEN = (FastIOError, httpx.RemoteProtocolError, httpx.ReadError)
+
+
+def _record_failure(rec: RequestRecord, e: BaseException, base: str) -> None:
+    """The record's error for a network or protocol failure (order matters: connect errors are timeouts too)."""
+    if isinstance(e, UnreadableResponse):
+        rec.error, rec.error_kind = str(e), e.kind
+    elif isinstance(e, _CONNECT):
+        rec.error, rec.error_kind = f"cannot connect to {base}: {exc_line(e)}", "connect"
+    elif isinstance(e, FastTimeout):
+        rec.error, rec.error_kind = f"timed out waiting for the server ({exc_line(e)})", "timeout"
+    elif isinstance(e, httpx.TimeoutException):
+        rec.error, rec.error_kind = f"timed out waiting for the server ({type(e).__name__})", "timeout"
+    elif isinstance(e, _BROKEN):
+        rec.error, rec.error_kind = f"stream broken: {exc_line(e)}", "incomplete"
+    else:
+        rec.error, rec.error_kind = f"{type(e).__name__}: {exc_line(e)}", "protocol"
+
+
+def require_ok(rec: RequestRecord) -> None:
+    """Raise the error matching a failed record (used by ``bench probe``).
+
+    Raises:
+        EndpointUnreachable: connection failure.
+        ServerError: any other failure.
+    """
+    if rec.ok:
+        return
+    if rec.error_kind == "connect":
+        raise EndpointUnreachable(rec.error or "cannot connect")
+    raise ServerError(f"request failed: {rec.error}")

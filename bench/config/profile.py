@@ -1,0 +1,371 @@
+"""Profiles: validated, frozen run settings read from TOML (``profiles/*.toml``, documented in docs/profiles.md).
+
+A profile is a set of defaults plus one or more ``[[sweep]]`` tables; each sweep expands into cells
+depth x streams x prompt. Every key is checked once, here: an unknown key, a wrong type or a bad value raises
+:class:`ConfigError` whose one-line message names the key (``profile quick: sweep[1].streams: ...``).
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from bench.errors import ConfigError
+from bench.prompts.content import KINDS as PROMPT_KINDS
+
+if TYPE_CHECKING:
+    from bench.gate import Rule
+
+__all__ = ["Profile", "Sweep", "Cell", "load_profile", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
+
+def _profiles_dir() -> Path:
+    """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
+    installed inside the package (``bench.shipped_profiles``)."""
+    package = Path(__file__).resolve().parents[1]
+    repo = package.parent / "profiles"
+    if repo.is_dir():
+        return repo
+    return package / "shipped_profiles"
+
+
+PROFILES_DIR = _profiles_dir()
+_DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+
+
+def parse_depth(s: str | int) -> int:
+    """``"32k"`` -> 32768 (k = 1024 tokens), ``"1m"`` -> 1048576, ``"500"`` -> 500. Raises ConfigError."""
+    if isinstance(s, int) and not isinstance(s, bool):
+        if s < 0:
+            raise ConfigError(f"depth {s} is negative")
+        return s
+    m = _DEPTH.match(str(s))
+    if not m:
+        raise ConfigError(f"depth {s!r} is not a token count like 0, 4096, 4k, 128k or 1m")
+    mult = {"": 1, "k": 1024, "m": 1024 * 1024}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def parse_depths(s: str) -> list[int]:
+    """Comma list of depths: ``"0,4k,32k"`` -> [0, 4096, 32768]. Raises ConfigError when it names none."""
+    out = [parse_depth(x) for x in s.split(",") if x.strip()]
+    if not out:
+        raise ConfigError(f"--depths: {s!r} names no depth (give a comma list such as 0,4k,32k)")
+    return out
+
+
+def parse_kinds(s: str) -> list[str]:
+    """Comma list of prompt types (``--prompt prose,code``). Raises ConfigError for none or an unknown one."""
+    out = [p.strip() for p in s.split(",") if p.strip()]
+    if not out:
+        raise ConfigError(f"--prompt: {s!r} names no prompt type (choose from {', '.join(PROMPT_KINDS)})")
+    bad = [p for p in out if p not in PROMPT_KINDS]
+    if bad:
+        raise ConfigError(f"--prompt: unknown prompt type {bad[0]!r} (choose from {', '.join(PROMPT_KINDS)})")
+    return out
+
+
+def parse_ints(s: str, what: str) -> list[int]:
+    """Comma list of positive ints (``--streams 1,2,4``). Raises ConfigError naming ``what``."""
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what}: {s!r} is not a comma list of integers") from None
+    if not out or any(v < 1 for v in out):
+        raise ConfigError(f"{what}: every value must be >= 1, got {s!r}")
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class Sweep:
+    """One group of cells: every depth x every stream count x every prompt kind."""
+
+    name: str = "main"
+    depths: tuple[int, ...] = (0,)
+    streams: tuple[int, ...] = (1,)
+    prompts: tuple[str, ...] = ("prose",)
+    max_tokens: int | None = None  # None: the profile's
+    requests: int | None = None  # None: the profile's
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """One measured cell of a run (depth in prompt tokens; streams = concurrent requests per wave)."""
+
+    sweep: str
+    depth: int
+    streams: int
+    prompt: str
+    max_tokens: int
+    requests: int
+
+    @property
+    def id(self) -> str:
+        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``."""
+        return f"d{self.depth}-s{self.streams}-{self.prompt}"
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Validated run settings. Field meanings and units: docs/profiles.md.
+
+    Attributes (the main ones):
+        requests: measured requests per cell at least (whole waves: rounded up to a multiple of streams).
+        min_waves / max_waves: waves per cell, at least / at most.
+        target_ci: stop adding waves once the 95 % CI half-width of the median per-stream decode tok/s is below
+            this fraction of the median (0 = off; ``max_waves`` bounds it).
+        requests_by_depth: override of ``requests`` for large depths: ``{"32k": 4, "128k": 2}`` (the largest key
+            <= the cell's depth applies).
+        warmup: warm-up waves per cell (short prompts, short outputs, not measured).
+        overhead_probes: tiny requests at the start whose median TTFT is the fixed overhead of a request.
+        gate: the ``[[gate]]`` rules, parsed and checked against the cells when the profile is read
+            (:func:`bench.gate.parse_rules`); empty: the gate's default rules.
+        mode: ``"concurrency"`` (waves of N streams: the sweeps) or an open-loop mode, ``"rate"`` / ``"trace"``
+            (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs). In concurrency
+            mode only its ``slo`` is read: each cell's goodput and SLOs (:attr:`slo`).
+    """
+
+    name: str = "custom"
+    description: str = ""
+    endpoint: str = "chat"
+    max_tokens: int = 256
+    requests: int = 4
+    min_waves: int = 1
+    max_waves: int = 20
+    target_ci: float = 0.0
+    requests_by_depth: tuple[tuple[int, int], ...] = ()
+    warmup: int = 1
+    overhead_probes: int = 3
+    temperature: float = 0.0
+    thinking: bool = False
+    prefix_cache: bool = False
+    force_length: bool = True
+    sweeps: tuple[Sweep, ...] = (Sweep(),)
+    gate: tuple[Rule, ...] = ()
+    gate_budget_waves: int = 0
+    mode: str = "concurrency"
+    load: tuple[tuple[str, Any], ...] = ()
+    source: str = ""
+
+    def cells(self) -> list[Cell]:
+        """All cells in run order (sweep by sweep; depth, then streams, then prompt); duplicates dropped."""
+        seen: set[str] = set()
+        out: list[Cell] = []
+        for sw in self.sweeps:
+            for d in sw.depths:
+                for s in sw.streams:
+                    for p in sw.prompts:
+                        req = sw.requests if sw.requests is not None else self.requests_for_depth(d)
+                        c = Cell(sw.name, d, s, p, sw.max_tokens or self.max_tokens, req)
+                        if c.id not in seen:
+                            seen.add(c.id)
+                            out.append(c)
+        return out
+
+    @property
+    def slo(self) -> str | None:
+        """The ``[load]`` key ``slo`` (an SLO string, docs/load.md), or None."""
+        v = dict(self.load).get("slo")
+        return str(v) if v else None
+
+    def requests_for_depth(self, depth: int) -> int:
+        """``requests``, or the ``requests_by_depth`` entry with the largest depth <= ``depth``."""
+        n = self.requests
+        for d, r in sorted(self.requests_by_depth):
+            if depth >= d:
+                n = r
+        return n
+
+    def with_overrides(self, **kw: Any) -> Profile:
+        """A copy with command-line overrides; ``depths``/``streams``/``prompts``/``max_tokens`` apply to every
+        sweep. Raises ConfigError on a bad value."""
+        sweeps = self.sweeps
+        sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts") if kw.get(k) is not None}
+        for k in list(kw):
+            if kw[k] is None:
+                del kw[k]
+        if sweep_kw:
+            sweep_kw = {k: tuple(v) for k, v in sweep_kw.items()}
+            if "prompts" in sweep_kw:
+                _check_prompts(list(sweep_kw["prompts"]), "--prompt")
+            sweeps = tuple(replace(sw, **sweep_kw) for sw in sweeps)
+        if "max_tokens" in kw:
+            sweeps = tuple(replace(sw, max_tokens=None) for sw in sweeps)
+        p = replace(self, sweeps=sweeps, **kw)
+        _validate_numbers(p, "override")
+        return p
+
+
+_TOP = {f.name: f for f in fields(Profile)} | {"sweep": None}
+_TOP.pop("sweeps")
+_TOP.pop("source")
+_SWEEP = {f.name for f in fields(Sweep)}
+
+
+def _type_check(where: str, key: str, v: Any, typ: type | tuple[type, ...]) -> None:
+    if isinstance(v, bool) and typ in (int, float, (int, float)):
+        raise ConfigError(f"{where}: {key} must be a number, not {v!r}")
+    if not isinstance(v, typ):
+        name = typ.__name__ if isinstance(typ, type) else " or ".join(t.__name__ for t in typ)
+        raise ConfigError(f"{where}: {key} must be {name}, not {type(v).__name__} {v!r}")
+
+
+def _check_prompts(v: list[str], where: str) -> None:
+    for p in v:
+        if p not in PROMPT_KINDS:
+            raise ConfigError(f"{where}: unknown prompt type {p!r} (choose from {', '.join(PROMPT_KINDS)})")
+
+
+def _parse_sweep(d: dict[str, Any], where: str) -> Sweep:
+    for k in d:
+        if k not in _SWEEP:
+            raise ConfigError(f"{where}: unknown key {k!r} (known: {', '.join(sorted(_SWEEP))})")
+    kw: dict[str, Any] = {}
+    if "name" in d:
+        _type_check(where, "name", d["name"], str)
+        kw["name"] = d["name"]
+    if "depths" in d:
+        _type_check(where, "depths", d["depths"], list)
+        try:
+            kw["depths"] = tuple(parse_depth(x) for x in d["depths"])
+        except ConfigError as e:
+            raise ConfigError(f"{where}: depths: {e}") from None
+    if "streams" in d:
+        _type_check(where, "streams", d["streams"], list)
+        for s in d["streams"]:
+            _type_check(where, "streams", s, int)
+            if s < 1:
+                raise ConfigError(f"{where}: streams must be >= 1, got {s}")
+        kw["streams"] = tuple(d["streams"])
+    if "prompts" in d:
+        _type_check(where, "prompts", d["prompts"], list)
+        _check_prompts(d["prompts"], f"{where}: prompts")
+        kw["prompts"] = tuple(d["prompts"])
+    for k in ("max_tokens", "requests"):
+        if k in d:
+            _type_check(where, k, d[k], int)
+            if d[k] < 1:
+                raise ConfigError(f"{where}: {k} must be >= 1, got {d[k]}")
+            kw[k] = d[k]
+    for k in ("depths", "streams", "prompts"):
+        if k in kw and not kw[k]:
+            raise ConfigError(f"{where}: {k} is empty")
+    return Sweep(**kw)
+
+
+def _validate_numbers(p: Profile, where: str) -> None:
+    checks = [
+        ("max_tokens", p.max_tokens >= 1, ">= 1"),
+        ("requests", p.requests >= 1, ">= 1"),
+        ("min_waves", p.min_waves >= 1, ">= 1"),
+        ("max_waves", p.max_waves >= p.min_waves, ">= min_waves"),
+        ("target_ci", 0 <= p.target_ci < 1, "in [0, 1)"),
+        ("warmup", p.warmup >= 0, ">= 0"),
+        ("overhead_probes", p.overhead_probes >= 0, ">= 0"),
+        ("temperature", p.temperature >= 0, ">= 0"),
+        ("gate_budget_waves", p.gate_budget_waves >= 0, ">= 0"),
+        ("endpoint", p.endpoint in ("chat", "completions"), "'chat' or 'completions'"),
+        ("mode", p.mode in ("concurrency", "rate", "trace", "sessions"),
+         "'concurrency', 'rate', 'trace' or 'sessions'"),
+    ]
+    for key, ok, want in checks:
+        if not ok:
+            raise ConfigError(f"{where}: {key} must be {want}, got {getattr(p, key)!r}")
+
+
+def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:
+    """Validate a profile dict (parsed TOML). Raises ConfigError naming the bad key."""
+    where = f"profile {name}"
+    kw: dict[str, Any] = {"name": data.get("name", name), "source": source}
+    for k, v in data.items():
+        if k not in _TOP:
+            raise ConfigError(f"{where}: unknown key {k!r} (see docs/profiles.md)")
+        if k in ("sweep", "gate", "requests_by_depth", "name", "load"):
+            continue
+        f = _TOP[k]
+        assert f is not None
+        want: Any = {"int": int, "float": (int, float), "bool": bool, "str": str}[str(f.type).split(" ")[0]]
+        _type_check(where, k, v, want)
+        kw[k] = float(v) if want == (int, float) else v
+    if "name" in data:
+        _type_check(where, "name", data["name"], str)
+    if "requests_by_depth" in data:
+        rbd = data["requests_by_depth"]
+        _type_check(where, "requests_by_depth", rbd, dict)
+        pairs = []
+        for dk, rv in rbd.items():
+            try:
+                dd = parse_depth(dk)
+            except ConfigError as e:
+                raise ConfigError(f"{where}: requests_by_depth: {e}") from None
+            _type_check(where, f"requests_by_depth.{dk}", rv, int)
+            if rv < 1:
+                raise ConfigError(f"{where}: requests_by_depth.{dk} must be >= 1, got {rv}")
+            pairs.append((dd, rv))
+        kw["requests_by_depth"] = tuple(sorted(pairs))
+    sweeps = data.get("sweep", [{}])
+    if isinstance(sweeps, dict):
+        sweeps = [sweeps]
+    _type_check(where, "sweep", sweeps, list)
+    kw["sweeps"] = tuple(_parse_sweep(s, f"{where}: sweep[{i}]") for i, s in enumerate(sweeps))
+    gate = data.get("gate", [])
+    _type_check(where, "gate", gate, list)
+    for i, g in enumerate(gate):
+        _type_check(where, f"gate[{i}]", g, dict)
+    from bench.gate import check_rule_cells, parse_rules
+
+    rules = parse_rules(gate, where)  # a bad gate rule fails when the profile is read, not after the run
+    kw["gate"] = tuple(rules)
+    kw["load"] = _parse_load(data.get("load", {}), kw.get("mode", "concurrency"), where)
+    p = Profile(**kw)
+    _validate_numbers(p, where)
+    if not p.cells():
+        raise ConfigError(f"{where}: the sweep has no cells (every sweep needs depths, streams and prompts)")
+    check_rule_cells(rules, [c.id for c in p.cells()], where)
+    return p
+
+
+def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
+    """The ``[load]`` table: keys of :class:`bench.load.point.LoadSettings` (docs/profiles.md), checked."""
+    from dataclasses import fields as dc_fields
+
+    from bench.config.load import MODES, LoadSettings
+
+    _type_check(where, "load", d, dict)
+    if mode not in MODES:
+        raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
+    known = {f.name for f in dc_fields(LoadSettings)} - {"mode"}
+    for k in d:
+        if k not in known:
+            raise ConfigError(f"{where}: load: unknown key {k!r} (known: {', '.join(sorted(known))})")
+    try:
+        if mode != "concurrency":
+            LoadSettings(mode=mode, **d).check()
+        elif "slo" in d:  # the one key concurrency cells read
+            from bench.config.slo import parse_slo
+
+            parse_slo(d["slo"], "slo")
+    except (ConfigError, TypeError) as e:
+        raise ConfigError(f"{where}: load: {e}") from None
+    return tuple(sorted(d.items()))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """Load a shipped profile by name (``quick``) or a TOML file by path. Raises ConfigError."""
+    path = Path(name_or_path)
+    if not path.suffix and not path.exists():
+        path = PROFILES_DIR / f"{name_or_path}.toml"
+    if not path.is_file():
+        shipped = sorted(p.stem for p in PROFILES_DIR.glob("*.toml") if not p.stem.startswith("sim"))
+        raise ConfigError(f"profile {name_or_path!r} not found (shipped: {', '.join(shipped)}; or give a .toml path)")
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"profile {path}: not valid TOML: {e}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"profile {path}: not UTF-8 text (save it as UTF-8)") from None
+    except OSError as e:
+        raise ConfigError(f"profile {path}: cannot read it ({e.strerror or e})") from None
+    return parse_profile(data, path.stem, str(path))

@@ -1,0 +1,174 @@
+"""``bench run --workers auto``: bench measures its own lag and picks how many processes read the streams.
+
+Why: with kernel receive stamps (:mod:`bench.transport.kernel_stamps`) a busy event loop no longer makes the stamps late, but a
+process that cannot keep up with the events still distorts the run: when it falls behind one stream by more than
+the gap between two of its events, those events are read together (one stamp for both), and when it falls behind
+for good the socket buffers fill and the server's writes are slowed by bench (TCP back-pressure). Both show up as
+bench's *lag*, measured here two ways:
+
+* **read lag** (kernel stamps): user-space stamp minus kernel stamp of every read (``bench.transport.kernel_stamps.READ_LAG_NS``):
+  how long each read waited for Python;
+* **event-loop lag** (any stamp source; :class:`LoopLag`): how late a 1 ms ticker task wakes up.
+
+(The warm-up's event-loop lag is sampled every 1 ms here, finer than :class:`bench.session.loop_lag.LagMonitor`'s 10 ms.)
+
+Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
+reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
+read waits for the reads ahead of it), so ``workers = ceil(lag_p99 / budget)``, at most the streams and the cores
+left beside the main process. The runner measures during each cell's warm-up waves (always read by the main
+process, which sends the cell's stream count at once like its measured waves) and only ever grows the pool,
+between warm-up and measured waves. With a fixed ``--workers N`` the same measurement gives the warning
+(:func:`advice`) that names the count to use.
+
+After the measured waves (:func:`recheck`) the lag of the loops that actually read them (with a pool the worst
+worker's, from the :class:`bench.session.loop_lag.LagMonitor` each worker runs; :func:`bench.session.loop_lag.workers_lag`) is held against
+the same budget: the cell's ``sizing`` says whether its readers kept up and how many the rule asks for from what
+they measured, and with ``--workers auto`` the next cell starts from at least that many (:func:`carry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from bench.records import RequestRecord
+
+__all__ = ["LoopLag", "choose_workers", "assess", "advice", "recheck", "carry", "lag_budget_ms", "lag_summary",
+           "read_lag_mark", "read_lag_since", "WorkerChoice"]
+
+LAG_BUDGET_MIN_MS = 1.0
+LAG_BUDGET_MAX_MS = 20.0
+TICK_S = 0.001
+
+
+class LoopLag:
+    """A task that sleeps ``TICK_S`` in a loop and records how late it woke (ms). ``async with LoopLag() as lag:``
+    ... then ``lag.samples``."""
+
+    def __init__(self, tick_s: float = TICK_S) -> None:
+        self.tick_s = tick_s
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+
+    async def _run(self) -> None:
+        perf = time.perf_counter
+        while True:
+            t0 = perf()
+            await asyncio.sleep(self.tick_s)
+            self.samples.append(max(0.0, (perf() - t0 - self.tick_s) * 1e3))
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.create_task(self._run())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+
+def read_lag_mark() -> int:
+    """A mark in this process's read-lag samples (pass it to :func:`read_lag_since`)."""
+    from bench.transport.kernel_stamps import READ_LAG_NS
+
+    READ_LAG_NS.clear()
+    return 0
+
+
+def read_lag_since(_mark: int = 0) -> list[float]:
+    """Read lags (ms) of the kernel-stamped reads since :func:`read_lag_mark` (empty with user stamps)."""
+    from bench.transport.kernel_stamps import READ_LAG_NS
+
+    return [x / 1e6 for x in READ_LAG_NS]
+
+
+def lag_summary(samples: Sequence[float]) -> dict[str, Any]:
+    """``{"n", "p50_ms", "p99_ms", "max_ms"}`` of lag samples in ms (None values when there are none)."""
+    if not samples:
+        return {"n": 0, "p50_ms": None, "p99_ms": None, "max_ms": None}
+    x = sorted(samples)
+    n = len(x)
+    return {"n": n, "p50_ms": round(x[n // 2], 3), "p99_ms": round(x[min(n - 1, math.ceil(0.99 * n) - 1)], 3),
+            "max_ms": round(x[-1], 3)}
+
+
+def lag_budget_ms(records: Sequence[RequestRecord]) -> float:
+    """Half the median gap between consecutive token events of a stream, clipped to 1-20 ms (20 ms when the
+    records have no such gap)."""
+    gaps: list[int] = []
+    for r in records:
+        ts = [e.t_ns for e in r.events if e.has_text]
+        gaps.extend(b - a for a, b in zip(ts, ts[1:]) if b > a)
+    if not gaps:
+        return LAG_BUDGET_MAX_MS
+    gaps.sort()
+    return min(LAG_BUDGET_MAX_MS, max(LAG_BUDGET_MIN_MS, gaps[len(gaps) // 2] / 2e6))
+
+
+class WorkerChoice(dict[str, Any]):
+    """What :func:`choose_workers` decided and from what (JSON-able): ``workers``, ``lag_p99_ms``,
+    ``budget_ms``, ``lag_source`` (``"read"`` or ``"loop"``), ``capped`` (the cores or streams limited it)."""
+
+
+def choose_workers(lag_p99_ms: float | None, budget_ms: float, streams: int, cores: int | None = None,
+                   lag_source: str = "read") -> WorkerChoice:
+    """The worker count for a cell from the lag of ONE reading process (module docstring's rule)."""
+    cores = cores or os.cpu_count() or 1
+    limit = max(1, min(streams, cores - 1 if cores > 2 else cores))
+    want = 1
+    if lag_p99_ms is not None and budget_ms > 0 and lag_p99_ms > budget_ms:
+        want = math.ceil(lag_p99_ms / budget_ms)
+    n = min(want, limit)
+    return WorkerChoice(workers=n, lag_p99_ms=lag_p99_ms, budget_ms=round(budget_ms, 3), lag_source=lag_source,
+                        capped=want > n)
+
+
+def assess(records: Sequence[RequestRecord], read_lag_ms: Sequence[float], loop_lag_ms: Sequence[float],
+           streams: int, cores: int | None = None) -> WorkerChoice:
+    """:func:`choose_workers` from one wave read by one process: its records (for the event gap), the read lags
+    of its kernel-stamped reads and the event-loop lags measured meanwhile (used when there are no read lags)."""
+    src, samples = ("read", read_lag_ms) if read_lag_ms else ("loop", loop_lag_ms)
+    summ = lag_summary(samples)
+    choice = choose_workers(summ["p99_ms"], lag_budget_ms(records), streams, cores, src)
+    choice["lag"] = summ
+    return choice
+
+
+def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
+    """The warning when a cell needs more readers than it has (``--workers`` fixed), else None."""
+    if choice["workers"] <= workers:
+        return None
+    return (f"{cell_id}: bench's reads lagged {choice['lag_p99_ms']:.1f} ms (p99) behind arrival with 1 reading "
+            f"process, over the {choice['budget_ms']:.1f} ms budget (half the gap between events): events may be "
+            f"read together and slow the server; rerun with --workers {choice['workers']} (or --workers auto)")
+
+
+def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,
+            cores: int | None = None) -> WorkerChoice:
+    """After a cell's measured waves, add ``choice["measured"]``: ``workers`` (the readers), ``lag_p99_ms`` (the
+    p99 event-loop lag of the loops that read them, ``lag``: the worst worker's with a pool), ``kept_up`` (within
+    ``budget_ms``) and ``workers_needed``: the module's linear rule from those readers (one process would have
+    lagged ``workers x p99``; :func:`choose_workers`, so capped alike), never fewer than ``workers``."""
+    p99, budget = lag.get("p99_ms"), choice["budget_ms"]
+    kept, need = True, workers
+    if p99 is not None and p99 > budget:
+        kept, need = False, max(workers, choose_workers(workers * p99, budget, streams, cores)["workers"])
+    choice["measured"] = {"workers": workers, "lag_p99_ms": p99, "kept_up": kept, "workers_needed": need}
+    return choice
+
+
+def carry(choice: WorkerChoice, earlier: Iterable[WorkerChoice], streams: int) -> WorkerChoice:
+    """``--workers auto``: raise a cell's choice to what the measured waves of earlier cells needed
+    (:func:`recheck`), at most one reader per stream; ``carried`` says it was raised."""
+    need = max((c.get("measured", {}).get("workers_needed", 1) for c in earlier), default=1)
+    if min(need, streams) > choice["workers"]:
+        choice["workers"], choice["carried"] = min(need, streams), True
+    return choice

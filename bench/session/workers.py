@@ -1,0 +1,391 @@
+"""Spreading one wave's streams over several worker processes, for event rates one Python process cannot read
+on time.
+
+One bench process reads every stream of a wave on one event loop; past some tens of thousands of events per
+second (``benchmarks/results/fidelity.md`` has the figure for this machine) it cannot take each read the moment
+the data arrives, and the arrival stamps, hence TTFT and ITL, come out late. :class:`WorkerPool` runs N worker
+processes, each with its own event loop and its own ``httpx`` client (:func:`bench.client.make_http_client`), and
+gives each a share of the wave's requests. The workers call :func:`bench.client.stream_request` exactly as the
+single-process runner does, so a record from a worker is the same record, field for field.
+
+Clock: records hold ``time.perf_counter_ns()`` values. On Linux that is ``CLOCK_MONOTONIC``, one clock for the
+whole system, so stamps taken in different processes compare directly and the records of all workers merge into
+one wave (aggregate decode windows, ITL, everything). On systems where ``perf_counter`` is not system-wide the
+pool refuses to start (:func:`shared_clock`).
+
+Start: the parent picks a start time a little ahead (``start_delay_s``) on that shared clock and every worker
+sends its requests at that time, so the streams of all workers start together, as the streams of a
+single-process wave do. With ``offsets`` (an open-loop schedule, :func:`bench.load.openloop.run_plan_pool`) each
+worker sends each request of its share at its own due time on that clock instead. One worker's share is
+:func:`share_records`, which :mod:`bench.session.ray_actors`'s actors run too.
+
+Lag: the loops that stamp the reads are the workers'. Each worker samples its own event loop's lag
+(:class:`bench.session.loop_lag.LagMonitor`) while it runs its share and sends the samples back with the records
+(:attr:`WorkerPool.last_lag_ns`); the cell's lag is the worst worker's (:func:`bench.session.loop_lag.workers_lag`).
+
+Records cross the process boundary as dicts (:meth:`RequestRecord.to_dict` / :meth:`RequestRecord.from_dict`;
+event times keep whole-ns precision). They come back in the order of the specs given. Failed requests come back
+as records with ``error`` set, like in a single process; a worker that dies is an error (``RuntimeError``), not a
+record.
+
+While a wave runs a worker keeps Python's garbage collector off (``gc_quiet``, on by default) and collects once
+the wave is over: a full collection over a wave's records stalls the process for tens of milliseconds, which
+would show as late reads. Memory use grows by one wave's records at most.
+
+Not in the workers: :class:`bench.client.StreamTap` progress counters (live counts stay in each worker) and the
+runner's retry without ``min_tokens``/``ignore_eos`` (send specs whose body the server accepts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.records import RequestRecord
+from bench.session.loop_lag import LagMonitor
+
+__all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "split_specs", "shared_clock",
+           "share_records", "sleep_until", "SPIN_S"]
+
+DEFAULT_START_DELAY_S = 0.05
+SPIN_S = 0.001  # the last stretch before a due time is spent yielding to the loop instead of in one sleep
+
+
+def shared_clock() -> bool:
+    """True when ``time.perf_counter_ns()`` reads a clock shared by all processes (CLOCK_MONOTONIC on Linux)."""
+    try:
+        info = time.get_clock_info("perf_counter")
+    except ValueError:
+        return False
+    return sys.platform.startswith("linux") and "CLOCK_MONOTONIC" in info.implementation
+
+
+def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
+    """Indexes of ``specs`` per worker, round-robin (worker i gets i, i + n, i + 2n, ...); never an empty share
+    (fewer shares than workers when there are fewer specs)."""
+    n = max(1, min(int(workers), len(specs)))
+    return [list(range(i, len(specs), n)) for i in range(n)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# one worker's share (worker processes and bench.session.ray_actors's actors)
+# ---------------------------------------------------------------------------------------------------------------
+async def sleep_until(t_ns: int, spin_s: float = SPIN_S) -> int:
+    """Wait until ``perf_counter_ns()`` passes ``t_ns``: sleep to ``spin_s`` before it, then yield to the event
+    loop until it passes (so reads keep flowing meanwhile). Returns how late it woke (ns, >= 0 up to the clock's
+    resolution)."""
+    perf = time.perf_counter_ns
+    wait = (t_ns - perf()) / 1e9
+    if wait > spin_s:
+        await asyncio.sleep(wait - spin_s)
+    while perf() < t_ns:
+        await asyncio.sleep(0)
+    return perf() - t_ns
+
+
+async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *, model: str, secret: str | None,
+                        start_ns: int, offsets: Sequence[int] | None = None,
+                        monitor: LagMonitor | None = None) -> AsyncIterator[tuple[int, RequestRecord]]:
+    """Send one worker's share and yield ``(i, record of specs[i])`` as each request ends.
+
+    A wave (``offsets`` None): every spec goes at ``start_ns``. Open loop: spec i goes at ``start_ns + offsets[i]``
+    (sorted), as :mod:`bench.load.openloop` sends (:func:`sleep_until`); its record gets ``scheduled_ns`` (= its
+    ``queued_ns``) and ``meta["dispatch_lag_ns"]``. ``monitor`` samples this event loop's lag from ``start_ns`` to
+    the last record. Closing the generator early cancels the requests still in flight."""
+    done: asyncio.Queue[tuple[int, RequestRecord | Exception]] = asyncio.Queue()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(i: int, spec: RequestSpec, sched: int | None) -> None:
+        try:
+            rec = await stream_request(client, base, spec, model=model, secret=secret, queued_ns=sched)
+        except Exception as e:  # noqa: BLE001 - stream_request records failures; anything else goes to the reader
+            done.put_nowait((i, e))
+            return
+        rec.scheduled_ns = sched
+        done.put_nowait((i, rec))
+
+    async def dispatch() -> None:
+        try:
+            await sleep_until(start_ns)
+            if monitor is not None:
+                monitor.start()
+            for i, spec in enumerate(specs):
+                sched = None if offsets is None else start_ns + int(offsets[i])
+                if sched is not None:
+                    spec.meta["dispatch_lag_ns"] = await sleep_until(sched)
+                tasks.append(asyncio.create_task(one(i, spec, sched)))
+        except Exception as e:  # noqa: BLE001 - never leave the reader waiting
+            done.put_nowait((-1, e))
+
+    sender = asyncio.create_task(dispatch())
+    try:
+        for _ in range(len(specs)):
+            i, got = await done.get()
+            if isinstance(got, Exception):
+                raise got
+            yield i, got
+    finally:
+        sender.cancel()
+        for t in tasks:
+            t.cancel()
+        if monitor is not None:
+            monitor.stop()
+
+
+async def _share(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None, start_ns: int,
+                 offsets: list[int] | None, monitor: LagMonitor) -> list[RequestRecord]:
+    """:func:`share_records` collected in the order of ``specs``."""
+    out: list[Any] = [None] * len(specs)
+    async for i, rec in share_records(client, base, specs, model=model, secret=secret, start_ns=start_ns,
+                                      offsets=offsets, monitor=monitor):
+        out[i] = rec
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the worker process
+# ---------------------------------------------------------------------------------------------------------------
+def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
+                 gc_quiet: bool) -> None:
+    """Entry point of a worker: serve wave jobs from ``conn`` until told to stop (``None``) or the pipe closes.
+
+    Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns, offsets)`` (offsets:
+    None for a wave, else each spec's send time in ns after ``start_ns``) is answered by ``("done", job_id, [record
+    dict], cpu_s, lag_ns)`` (``lag_ns``: this loop's lag samples during the job, :class:`bench.session.loop_lag.LagMonitor`) or
+    ``("error", job_id, text)``.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the pool stops
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+
+    async def make() -> Any:
+        return make_http_client(settings, concurrency)
+
+    client = loop.run_until_complete(make())
+    secret = settings.api_key
+    try:
+        conn.send(("ready", os.getpid()))
+        while True:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                break
+            if msg is None:
+                break
+            job_id, specs, start_ns, offsets = msg
+            cpu0 = time.process_time()
+            mon = LagMonitor()
+            try:
+                if gc_quiet:
+                    gc.disable()
+                recs = loop.run_until_complete(_share(client, base, specs, model, secret, start_ns, offsets, mon))
+                cpu = time.process_time() - cpu0
+                out = [r.to_dict() for r in recs]
+                del recs
+            except Exception as e:  # noqa: BLE001 - reported to the parent, which raises
+                conn.send(("error", job_id, f"{type(e).__name__}: {e}"))
+                continue
+            finally:
+                if gc_quiet:
+                    gc.enable()
+            conn.send(("done", job_id, out, cpu, mon.samples_ns))
+            del out
+            if gc_quiet:
+                gc.collect()
+    finally:
+        try:
+            loop.run_until_complete(client.aclose())
+        finally:
+            loop.close()
+            conn.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the pool
+# ---------------------------------------------------------------------------------------------------------------
+class WorkerPool:
+    """N worker processes, each with one event loop and one HTTP client, kept alive between waves (so their
+    connections are reused like the single-process runner's).
+
+    Usage::
+
+        with WorkerPool(base, model=model, settings=settings, workers=2, concurrency=1024) as pool:
+            records = pool.run(specs)            # one wave; blocking
+            records = await pool.arun(specs)     # the same from async code (the loop stays free)
+            pool.last_cpu_s                       # CPU seconds each worker spent on the last wave
+            pool.last_lag_ns                      # each worker's event-loop lag samples (ns) during it
+
+    Args:
+        base: normalized base URL.
+        model: model name sent with every request.
+        settings: client settings (the API key is read from the environment in each worker).
+        workers: processes (>= 1).
+        concurrency: the most streams one wave may have (sizes each worker's connection pool); default 1024.
+        start_method: ``"spawn"`` (default) or ``"forkserver"``; ``"fork"`` is refused (a forked copy of a
+            process with a running event loop or threads is unsafe).
+        gc_quiet: keep the garbage collector off in a worker while its wave runs (module docstring).
+
+    Raises:
+        RuntimeError: the clock is not shared between processes, or a worker failed to start.
+    """
+
+    def __init__(self, base: str, *, model: str, settings: ClientSettings, workers: int,
+                 concurrency: int = 1024, start_method: str = "spawn", gc_quiet: bool = True) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver', got {start_method!r}")
+        self.base = base
+        self.model = model
+        self.settings = settings
+        self.workers = workers
+        self.concurrency = max(1, concurrency)
+        self.start_method = start_method
+        self.gc_quiet = gc_quiet
+        self.last_cpu_s: list[float] = []
+        self.last_lag_ns: list[list[int]] = []
+        self._procs: list[Any] = []
+        self._conns: list[Any] = []
+        self._jobs = 0
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------------------
+    def start(self) -> WorkerPool:
+        """Start the workers and wait until each is ready (its imports and HTTP client done)."""
+        if self._procs:
+            return self
+        if not shared_clock():
+            raise RuntimeError("worker processes need a system-wide perf_counter clock (Linux CLOCK_MONOTONIC); "
+                               f"this system has {time.get_clock_info('perf_counter').implementation}")
+        ctx: Any = mp.get_context(self.start_method)  # typeshed's BaseContext lacks Process
+        per_worker = -(-self.concurrency // self.workers) + 4
+        try:
+            for _ in range(self.workers):
+                parent, child = ctx.Pipe(duplex=True)
+                p = ctx.Process(target=_worker_main, name="bench-worker", daemon=True,
+                                args=(child, self.base, self.model, self.settings, per_worker, self.gc_quiet))
+                p.start()
+                child.close()
+                self._procs.append(p)
+                self._conns.append(parent)
+            for p, c in zip(self._procs, self._conns):
+                if not c.poll(60):
+                    raise RuntimeError(f"bench worker {p.pid} did not start within 60 s")
+                msg = c.recv()
+                if not (isinstance(msg, tuple) and msg[0] == "ready"):
+                    raise RuntimeError(f"bench worker {p.pid} sent {msg!r} instead of ready")
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def close(self) -> None:
+        """Stop the workers (idempotent): ask each to finish, then terminate any that does not within 5 s."""
+        for c in self._conns:
+            try:
+                c.send(None)
+            except (OSError, ValueError):
+                pass
+        deadline = time.monotonic() + 5.0
+        for p in self._procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.terminate()
+                p.join(1.0)
+        for c in self._conns:
+            try:
+                c.close()
+            except OSError:
+                pass
+        self._procs, self._conns = [], []
+
+    def __enter__(self) -> WorkerPool:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- waves -------------------------------------------------------------------------------------------------
+    def run(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
+            offsets: Sequence[int] | None = None) -> list[RequestRecord]:
+        """Run one wave: every spec as one concurrent streaming request, spread round-robin over the workers, all
+        sent at one start time ``start_delay_s`` from now. Returns the records in the order of ``specs``.
+
+        ``offsets`` (ns, sorted, one per spec) makes it an open-loop schedule instead: spec i is sent at the start
+        time + ``offsets[i]`` by the worker it is dealt to (records carry ``scheduled_ns``).
+
+        Raises:
+            RuntimeError: the pool is not started, or a worker died or failed.
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        if not self._procs:
+            raise RuntimeError("WorkerPool.run before start()")
+        with self._lock:
+            self._jobs += 1
+            job = self._jobs
+            shares = split_specs(specs, self.workers)
+            start_ns = time.perf_counter_ns() + int(start_delay_s * 1e9)
+            used = list(zip(self._conns, self._procs, shares))
+            for c, p, idx in used:
+                try:
+                    c.send((job, [specs[i] for i in idx], start_ns,
+                            None if offsets is None else [int(offsets[i]) for i in idx]))
+                except (OSError, ValueError) as e:
+                    raise RuntimeError(f"bench worker {p.pid} is gone: {e}") from None
+            out: list[RequestRecord | None] = [None] * len(specs)
+            cpu: list[float] = []
+            lags: list[list[int]] = [[] for _ in range(self.workers)]
+            problems: list[str] = []
+            for w, (c, p, idx) in enumerate(used):  # every worker's answer is read before raising: none left in a pipe
+                try:
+                    msg = c.recv()
+                except (EOFError, OSError):
+                    problems.append(f"bench worker {p.pid} died during a wave (exit code {p.exitcode})")
+                    continue
+                if msg[0] != "done" or msg[1] != job:
+                    problems.append(f"bench worker {p.pid} failed: {msg[2] if msg[0] == 'error' else msg!r}")
+                    continue
+                for i, d in zip(idx, msg[2]):
+                    out[i] = RequestRecord.from_dict(d)
+                cpu.append(msg[3])
+                lags[w] = msg[4]
+            self.last_cpu_s, self.last_lag_ns = cpu, lags
+            if problems:
+                raise RuntimeError("; ".join(problems))
+        assert all(r is not None for r in out)
+        return out  # type: ignore[return-value]
+
+    async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
+                   offsets: Sequence[int] | None = None) -> list[RequestRecord]:
+        """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free."""
+        return await asyncio.get_running_loop().run_in_executor(
+            None, lambda: self.run(specs, start_delay_s=start_delay_s, offsets=offsets))
+
+
+def run_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,
+                           workers: int) -> list[RequestRecord]:
+    """One wave of ``specs`` spread over ``workers`` fresh worker processes (started and stopped here; keep a
+    :class:`WorkerPool` open instead to run several waves). Returns the records in the order of ``specs``."""
+    if not specs:
+        return []
+    n = max(1, min(workers, len(specs)))
+    with WorkerPool(base, model=model, settings=settings, workers=n, concurrency=len(specs)) as pool:
+        return pool.run(specs)
+
+
+async def arun_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,
+                                  workers: int) -> list[RequestRecord]:
+    """:func:`run_requests_multiproc` from async code (runs in a thread; the caller's loop stays free)."""
+    return await asyncio.get_running_loop().run_in_executor(
+        None, lambda: run_requests_multiproc(base, specs, model=model, settings=settings, workers=workers))

@@ -1,0 +1,73 @@
+"""``bench probe``: the body of one probe request and the honest reading of its prefill figure.
+
+Every probe starts with a unique prefix (:func:`bench.prompts.unique_prefix` of a fresh id), as ``bench run``'s
+requests do, so a second probe is not served from the server's prefix cache and its prefill figure measures prompt
+processing. A unique prefix cannot keep a chat template's fixed header (the first ~20 tokens of every chat prompt
+on llama.cpp) out of the cache, so on llama.cpp a unique probe also sends ``"cache_prompt": false`` and the whole
+prompt is processed (``cached_tokens`` 0). With ``same_prompt`` the prompt is sent as given; the server may then serve it from its cache, so the
+probe reports the cached tokens and marks prefill as not measured (``prefill_measured: false``, and
+``prefill_tok_s`` is withheld). Pure; the CLI sends the request and prints.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from bench.config.plan import BodyOptions, request_body
+from bench.prompts import unique_prefix
+
+__all__ = ["PROBE_PROMPT", "PROBE_COMPLETION_PROMPT", "probe_body", "probe_report"]
+
+PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
+
+
+def probe_body(endpoint_kind: str, prompt_text: str | None, max_tokens: int, *, same_prompt: bool = False,
+               probe_id: str | None = None, backend: str | None = None) -> dict[str, Any]:
+    """The JSON body of a probe (without ``model``/``stream``, which the client adds).
+
+    ``endpoint_kind`` is ``chat`` (one user message) or ``completions``; ``prompt_text`` defaults to
+    :data:`PROBE_PROMPT` / :data:`PROBE_COMPLETION_PROMPT`. Unless ``same_prompt``, the text starts with
+    ``unique_prefix(probe_id, 0)`` (``probe_id`` defaults to a fresh random id) and, for ``backend``
+    ``"llama.cpp"`` (``bench.server.info.discover_server``), ``cache_prompt`` is false.
+    """
+    default = PROBE_PROMPT if endpoint_kind == "chat" else PROBE_COMPLETION_PROMPT
+    text = prompt_text or default
+    if not same_prompt:
+        text = unique_prefix(probe_id or uuid.uuid4().hex[:8], 0) + text
+    body = request_body(BodyOptions(endpoint_kind, force_length=False, template_kwargs=False), text, max_tokens)
+    if not same_prompt and backend == "llama.cpp":
+        body["cache_prompt"] = False  # llama.cpp's own field: not even the template header from the cache
+    return body
+
+
+def probe_report(metrics: dict[str, Any], *, same_prompt: bool) -> tuple[dict[str, Any], list[str]]:
+    """The probe's metrics (``RequestMetrics.to_dict()``) with the prefill verdict, and warnings to print.
+
+    Adds ``same_prompt``, ``unique_prefix`` and ``prefill_measured``. Prefill is not measured when the prompt was
+    the same as before (``same_prompt``: any earlier probe may have filled the cache) or when the server reports
+    more than half of the prompt as cached; then ``prefill_tok_s`` is set to None, ``prefill_not_measured`` says
+    why and a warning names the cached tokens. ``cached_tokens`` is always present (0 when the server says none).
+    """
+    d = dict(metrics)
+    cached = int(d.get("cached_tokens") or 0)
+    prompt = d.get("prompt_tokens") or 0
+    d["cached_tokens"] = cached
+    d["same_prompt"] = same_prompt
+    d["unique_prefix"] = not same_prompt
+    reason = fix = None
+    if same_prompt:
+        reason = (f"--same-prompt: the prompt may be served from the server's prefix cache "
+                  f"({cached} of {prompt} prompt tokens reported cached)")
+        fix = "drop --same-prompt to give the probe a unique prefix"
+    elif prompt and cached * 2 > prompt:
+        reason = f"{cached} of {prompt} prompt tokens were served from the server's prefix cache"
+        fix = "a longer --prompt puts more uncached tokens behind the unique prefix"
+    d["prefill_measured"] = reason is None
+    warnings = []
+    if reason is not None:
+        d["prefill_not_measured"] = reason
+        d["prefill_tok_s"] = None
+        warnings.append(f"prefill not measured: {reason}; {fix}")
+    return d, warnings

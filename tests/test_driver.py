@@ -1,0 +1,83 @@
+"""The one driver: every measuring mode stops the same way on SIGINT and SIGTERM (exit 130, every finished record
+kept, results.json / capacity.json marked interrupted, no traceback), and ``--resume`` never appends a second run."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from bench.errors import EXIT_BAD_INPUT, EXIT_INTERRUPTED
+from bench.sim import SimConfig
+
+SIM_CONFIG = SimConfig(decode_step_ms=10.0, prefill_tok_s=1e6)  # the shared `sim` fixture
+
+
+def _start(args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-m", "bench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+
+
+def _measuring(records: Path) -> bool:
+    return records.exists() and '"phase":"measure"' in records.read_text()
+
+
+def _stop_when(p: subprocess.Popen[str], ready: Callable[[], bool], sig: signal.Signals, timeout_s: float = 60) -> str:
+    """Send ``sig`` once ``ready()`` (the run is measuring), then wait; returns stderr."""
+    t0 = time.monotonic()
+    while not ready():
+        assert p.poll() is None, p.communicate()
+        assert time.monotonic() - t0 < timeout_s, "the run never started measuring"
+        time.sleep(0.1)
+    p.send_signal(sig)
+    _, err = p.communicate(timeout=60)
+    return err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_open_loop_interrupt_keeps_a_typed_partial_result(sim: str, tmp_path: Path, sig: signal.Signals) -> None:
+    out = tmp_path / "ol"
+    p = _start(["run", sim, "--rate", "5", "--duration", "60", "--max-tokens", "64", "--out", str(out)])
+    err = _stop_when(p, lambda: _measuring(out / "records.jsonl"), sig)
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err and f"interrupted ({sig.name})" in err
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["run"]["interrupted"] is True and doc["run"]["complete"] is False
+    (cell,) = doc["cells"]
+    recs = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
+    measured = [r for r in recs if r["meta"].get("phase") == "measure"]
+    assert cell["counts"]["finished"] + cell["counts"]["failed"] + cell["counts"]["cut"] == len(measured) >= 1
+    assert cell["counts"]["planned"] > len(measured)
+    assert any("interrupted" in w for w in cell["warnings"])
+    assert (out / "results.csv").exists() and (out / "results.md").exists()
+    from bench.results import load_results
+
+    assert load_results(out / "results.json").run.interrupted  # the partial document loads back
+
+    r = subprocess.run([sys.executable, "-m", "bench", "run", sim, "--rate", "5", "--duration", "60", "--out",
+                        str(out), "--resume"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_BAD_INPUT and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "--resume" in r.stderr and (out / "records.jsonl").read_text().splitlines() == \
+        [json.dumps(x, ensure_ascii=False, separators=(",", ":")) for x in recs]
+
+
+def test_capacity_interrupt_writes_the_points_so_far(sim: str, tmp_path: Path) -> None:
+    out = tmp_path / "cap"
+    p = _start(["capacity", sim, "--slo", "ttft_p90=300ms", "--input-tokens", "64", "--max-tokens", "8",
+                "--duration", "3", "--start", "2", "--out", str(out)])
+    err = _stop_when(p, lambda: any(_measuring(f) for f in (out / "points").glob("*/records.jsonl")), signal.SIGTERM)
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    doc = json.loads((out / "capacity.json").read_text())
+    assert doc["interrupted"] is True and doc["boundary"] is None
+    done = sorted((out / "points").glob("*/point.json"))
+    assert len(doc["points"]) == len(done)
+    r = subprocess.run([sys.executable, "-m", "bench", "capacity", sim, "--slo", "ttft_p90=300ms", "--out", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_BAD_INPUT and "--overwrite" in r.stderr, r.stderr
