@@ -1,7 +1,7 @@
 """The one driver of every command that measures: ``bench run`` in waves (:func:`run_profile`), ``bench run
 --rate/--trace/--sessions`` (:func:`run_load`), ``bench capacity`` (:func:`run_capacity`), ``bench gate``
 (:func:`run_gate`, with its re-measurements) and ``bench ab`` (:func:`run_ab`), over one
-:class:`bench.session.runner.Session` each.
+:class:`bench.session.endpoint.Session` each.
 
 All of them share one incremental writer (:class:`RunOutput`: records as each request finishes, results.json after
 each cell, marked incomplete until the end, the other views at the end) and one signal handling
@@ -25,23 +25,20 @@ from typing import TYPE_CHECKING, Any
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile
-from bench.config.slo import parse_slo
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import (
-    Look,
     Rule,
     Verdict,
     check_comparable,
     inconclusive_cells,
-    look_schedule,
     overall_exit,
-    plan_gate,
-    sequential_compare,
     uncovered_cells,
 )
 from bench.records import RequestRecord, read_records
 from bench.results import CellResult, Results, cell_from_dict, save_results, write_atomic
-from bench.session.runner import CellAnnotator, CellRun, Observer, Session
+from bench.sequential import Look, look_schedule, plan_gate, sequential_compare
+from bench.session.endpoint import CellAnnotator, Observer, ReaderPool, Session
+from bench.session.sweep import CellRun, Sweep
 
 if TYPE_CHECKING:
     from bench.load.capacity import SearchSettings
@@ -139,22 +136,23 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
                       model: str | None = None, observer: Observer | None = None, workers: int | str = 1,
-                      views: Views | None = None, pool: Any = None,
+                      views: Views | None = None, pool: ReaderPool | None = None,
                       annotators: list[CellAnnotator] | None = None, resume: Results | None = None,
-                      ray_address: str | None = None) -> Results:
+                      ray_address: str | None = None, gpu: Any = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.session.workers`); ``pool``: an
     already made pool with the same interface (Ray actors). ``resume``: an interrupted run of the same profile,
     endpoint and model whose finished cells are kept (the unfinished one is measured again). At the end the
     overhead probes run again and ``run.drift`` says how far the server moved. Raises :class:`RunInterrupted` on
-    SIGINT/SIGTERM, after writing what finished.
+    SIGINT/SIGTERM, after writing what finished. ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    cell's measured waves.
     """
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await _open(got, out, lambda: out.final(_not_started(base, profile, model)), base, settings,
                               profile, model=model, out_dir=out_dir, observer=observer, workers=workers, pool=pool,
-                              annotators=annotators, ray_address=ray_address)
+                              annotators=annotators, ray_address=ray_address, gpu=gpu)
         cells: list[CellResult] = []
         try:
             done = _resumable(resume, session)
@@ -162,7 +160,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                 if cell.id in done:
                     cells.append(done[cell.id])
                     continue
-                run = await session.run_cell(cell)
+                run = await Sweep(session).run_cell(cell)
                 assert run.summary is not None
                 cells.append(run.summary)
                 out.progress(session.results(cells))
@@ -210,8 +208,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             out.final(results)
             return results
         except (asyncio.CancelledError, KeyboardInterrupt):
-            slo = parse_slo(ls.slo) if ls.slo else None
-            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), slo)
+            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], interrupted=True)
             results.load = load_dict(ls)
             out.final(results)
@@ -345,7 +342,7 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                    *, model: str | None = None, out_dir: Path | None = None, force: bool = False,
                    budget_waves: int | None = None, max_waves: int | None = None, deadline: float | None = None,
                    observer: Observer | None = None, log: Callable[[str], None] | None = None, seed: int = 0,
-                   views: Views | None = None, instance_spread_pct: float = 0.0) -> GateOutcome:
+                   views: Views | None = None, instance_spread_pct: float = 0.0, gpu: Any = None) -> GateOutcome:
     """Run ``profile`` against ``base`` and decide every rule against ``baseline`` sequentially.
 
     Before measuring: one warm-up and one measured wave per cell give its seconds per wave; with the baseline's
@@ -357,7 +354,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     up to its next look and judged by :func:`bench.gate.sequential_compare` (alpha spending, so the looks keep the
     stated false-alarm rate) until every rule is decided, a regression decides the exit code, or the budget ends.
     ``instance_spread_pct``: the spread between server instances, folded into every look (a stored baseline from
-    another instance; :class:`bench.gate.Look`).
+    another instance; :class:`bench.gate.Look`). ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    cell's measured waves.
 
     Raises:
         ConfigError: the runs are not comparable (profile, model, backend; unless ``force``).
@@ -369,7 +367,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                           f"this run uses {profile.name!r} (--force compares anyway)")
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
-        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                     gpu=gpu)
         st = _GateState(session, baseline, rules, seed, deadline, instance_spread_pct)
         try:
             return await _gate(st, out, force, (budget_waves, max_waves), log or (lambda s: None))
@@ -388,7 +387,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int |
     cells = {c.id: c for c in profile.cells()}
     for cell in cells.values():  # the plan's wave: a warm-up and one measured wave per cell, timed
         t0 = time.monotonic()
-        st.runs[cell.id] = run = await session.run_cell(cell, waves=1)
+        st.runs[cell.id] = run = await Sweep(session).run_cell(cell, waves=1)
         st.wave_s[cell.id] = max(run.wall_s, 1e-3)
         st.warm_s[cell.id] = max(time.monotonic() - t0 - run.wall_s, 0.0)
         out.progress(st.results())
@@ -424,7 +423,7 @@ def _make_plan(st: _GateState, budget: tuple[int | None, int | None], say: Calla
     budget_waves, max_waves = budget
     if budget_waves is None and st.deadline is None and max_waves is None:
         budget_waves = profile.gate_budget_waves  # no budget given: the profile's extra waves
-    first = {cid: st.session.planned_waves(run.cell) for cid, run in st.runs.items()}
+    first = {cid: Sweep(st.session).planned_waves(run.cell) for cid, run in st.runs.items()}
     gated = _gated_cells(st)
     costs = {cid: (st.wave_s[cid], st.warm_s[cid]) for cid in first}
     reserve = 1.0 + 2.0 * max(st.warm_s.values(), default=0.0)  # the drift probes at the end
@@ -544,9 +543,9 @@ async def _next_look(st: _GateState, cid: str, cell: Any, say: Callable[[str], N
         if cost * 1.1 > st.left():
             say(f"{cid}: the budget ends before look {len(st.looks[cid]) + 1} ({k} more waves, ~{cost:.0f} s)")
             return False
-        run.extend(await st.session.run_cell(cell, waves=k, first_wave=len(run.waves)))
-        st.session.summarize(run)
-        planned = st.session.planned_waves(cell)
+        run.extend(await Sweep(st.session).run_cell(cell, waves=k, first_wave=len(run.waves)))
+        Sweep(st.session).summarize(run)
+        planned = Sweep(st.session).planned_waves(cell)
         st.extra[cid] = max(0, len(run.waves) - planned)
         if not st.extra[cid]:
             del st.extra[cid]
@@ -592,18 +591,18 @@ async def _ab_pairs(sa: Session, sb: Session, ra: CellRun, rb: CellRun, start: i
     """Waves ``start .. stop - 1`` of a cell, A then B each (each side warms up before its wave 0)."""
     for w in range(start, stop):
         for sess, acc in ((sa, ra), (sb, rb)):
-            acc.extend(await sess.run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
+            acc.extend(await Sweep(sess).run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
 
 
 async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None, cells_left: int
                    ) -> tuple[CellResult, CellResult]:
     ra, rb = CellRun(cell), CellRun(cell)
-    first = sa.planned_waves(cell)
+    first = Sweep(sa).planned_waves(cell)
     await _ab_pairs(sa, sb, ra, rb, 0, 1)
     t0 = time.monotonic()
     await _ab_pairs(sa, sb, ra, rb, 1, first)
     if rounds is None:
-        return sa.summarize(ra), sb.summarize(rb)
+        return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
     pair_s = (time.monotonic() - t0) / (first - 1) if first > 1 else max(ra.wall_s + rb.wall_s, 1e-3)
     sched = rounds.schedules[cell.id] = rounds.schedule(first, pair_s, cells_left)
     looks = rounds.looks[cell.id] = []
@@ -614,11 +613,11 @@ async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None,
             break
         await _ab_pairs(sa, sb, ra, rb, len(ra.waves), target)
         looks.append(len(ra.waves))
-        a, b = sa.results([sa.summarize(ra)]), sb.results([sb.summarize(rb)])
+        a, b = sa.results([Sweep(sa).summarize(ra)]), sb.results([Sweep(sb).summarize(rb)])
         vs = sequential_compare(a, b, rounds.rules, rounds.look_map(), seed=rounds.seed)
         if overall_exit(vs) == EXIT_CHECK_FAILED or cell.id not in inconclusive_cells(vs):
             break
-    return sa.summarize(ra), sb.summarize(rb)
+    return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
 
 
 async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSettings, *, model_a: str | None = None,

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any
@@ -55,7 +55,6 @@ import numpy as np
 
 from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigError
 from bench.results import CellResult, Results
-from bench.sequential import boundaries, expand_z, fractions, look_schedule, se_df
 from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
@@ -85,17 +84,10 @@ __all__ = [
     "inconclusive_cells",
     "verdict_counts",
     "uncovered_cells",
-    "ALPHA",
-    "Look",
-    "sequential_samples",
-    "sequential_compare",
-    "plan_rule",
-    "plan_gate",
-    "look_schedule",
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate")
+                 "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate", "tokens_per_joule")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).
@@ -645,214 +637,3 @@ def planned_resolution(baseline: Results, rules: Sequence[Rule], *, level: float
     vs = compare(baseline, baseline, rules, level=level, seed=seed, resamples=resamples)
     keys = ("name", "cell", "max_change_pct", "min_detectable_pct", "resolution_ok", "waves", "waves_needed", "note")
     return [{k: v.to_dict()[k] for k in keys} for v in vs]
-
-
-# --- sequential decisions (bench gate) ---------------------------------------------------------------------------
-
-ALPHA = 0.025
-"""The stated error of each sequential rule, one-sided: the chance of a false regression when the true ratio is
-exactly at the limit, over all looks together (and, the same, of a false pass there); smaller at any better
-ratio. It equals the one-sided tail of the fixed 95 % interval, so one look decides as before."""
-
-
-@dataclass(frozen=True, slots=True)
-class Look:
-    """Where a cell's sequential test stands.
-
-    Attributes:
-        waves: the candidate's measured waves at every look so far, this one last (increasing).
-        waves_max: the planned last look (the budget); information fractions are taken against it.
-        baseline_waves: the baseline's waves, fixed (a stored baseline); None when both sides grow alike (A/B).
-        alpha: the one-sided error spent over all looks (:data:`ALPHA`).
-        spread_pct: the instance-to-instance spread (standard deviation of the log ratio between two server
-            processes of one build, in %) folded into every look's standard error: a stored baseline made on
-            another instance differs by that much before any change. 0: the same instance.
-    """
-
-    waves: tuple[int, ...]
-    waves_max: int
-    baseline_waves: int | None
-    alpha: float = ALPHA
-    spread_pct: float = 0.0
-
-    def critical(self) -> float:
-        """This look's one-sided critical value on the normal scale (:func:`bench.sequential.boundaries`)."""
-        return boundaries(fractions(self.waves, self.waves_max, self.baseline_waves), self.alpha)[-1]
-
-
-def _log_se(base: Sequence[float], cand: Sequence[float], stat: str, *, resamples: int,
-            seed: int | Sequence[int]) -> tuple[float, float, float]:
-    """``(stat(base), stat(cand), SE of ln ratio)``, the SE read off the two-sample bootstrap distribution of the
-    log-ratio as half its central 68.3 % range (robust to lumpy tails). Raises ValueError like
-    :func:`bench.stats.bootstrap_ratio_ci`."""
-    a, b = np.asarray(base, dtype=float), np.asarray(cand, dtype=float)
-    if a.size < 2 or b.size < 2:
-        raise ValueError(f"need at least 2 samples per side (baseline {a.size}, candidate {b.size})")
-    est = make_estimator(stat)
-    bv, cv = float(est(a[None, :])[0]), float(est(b[None, :])[0])
-    if not bv > 0 or not cv > 0:
-        raise ValueError(f"{stat} is not positive (baseline {bv}, candidate {cv}); a ratio needs positive values")
-    rng = np.random.default_rng(seed)
-    ra = est(a[rng.integers(0, a.size, size=(resamples, a.size))])
-    rb = est(b[rng.integers(0, b.size, size=(resamples, b.size))])
-    with np.errstate(divide="ignore", invalid="ignore"):
-        logs = np.log(rb) - np.log(ra)
-    logs = logs[np.isfinite(logs)]
-    lo, hi = np.quantile(logs, [NormalDist().cdf(-1.0), NormalDist().cdf(1.0)])
-    return bv, cv, float(hi - lo) / 2.0
-
-
-def _pct_of_log(x: float, higher_better: bool) -> float:
-    """A change of ``x`` on the log scale in percent, in the rule's worse direction (:func:`min_detectable_pct`)."""
-    return (1.0 - math.exp(-x) if higher_better else math.exp(x) - 1.0) * 100.0
-
-
-def sequential_samples(
-    rule: Rule, cell: str, base: Sequence[float], cand: Sequence[float], look: Look, *, seed: int = 0,
-    resamples: int = 2000, waves_baseline: int | None = None, planned_mde_pct: float | None = None,
-) -> Verdict:
-    """The verdict of ``rule`` for one cell at one sequential look.
-
-    ``ratio = stat(cand) / stat(base)`` with ``SE`` its bootstrap standard error on the log scale; the look's
-    critical value ``c`` (alpha spending, :class:`Look`) is widened for small samples (:func:`bench.sequential.
-    expand_z`) to ``k``, and the interval ``ratio * exp(-+ k SE)`` is classified by :func:`classify` as the fixed
-    one is. Its ``level`` is the look's nominal two-sided level ``1 - 2 Phi(-c)``; its MDE is
-    ``(k + z_power) SE``. Inconclusive here means "not decided yet" unless this is the last look.
-    """
-    nb, nc = len(base), len(cand)
-    if nb < MIN_SAMPLES or nc < MIN_SAMPLES:
-        v = compare_samples(rule, cell, base, cand, seed=seed, resamples=resamples)
-        return _with_look(v, look, waves_baseline, planned_mde_pct)
-    try:
-        bv, cv, se = _log_se(base, cand, rule.stat, resamples=resamples, seed=_seed(seed, rule, cell))
-    except ValueError as e:
-        return _with_look(Verdict(rule, cell, "inconclusive", None, None, None, None, None, 0.95, nb, nc, str(e)),
-                          look, waves_baseline, planned_mde_pct)
-    if look.spread_pct > 0:  # the instances' own difference adds to the noise of every look alike
-        se = math.hypot(se, math.log1p(look.spread_pct / 100.0))
-    c = look.critical()
-    k = expand_z(c, nb, nc, se_df(rule.stat, nb, nc))
-    ratio = cv / bv
-    if not math.isfinite(k):
-        v = Verdict(rule, cell, "inconclusive", bv, cv, ratio, None, None, 1.0, nb, nc,
-                    f"look {len(look.waves)} adds no information (no error left to spend)")
-        return _with_look(v, look, waves_baseline, planned_mde_pct)
-    lo, hi = ratio * math.exp(-k * se), ratio * math.exp(k * se)
-    mde = _pct_of_log((k + NormalDist().inv_cdf(POWER)) * se, rule.higher_better)
-    level = 1.0 - 2.0 * NormalDist().cdf(-c)
-    v = Verdict(rule, cell, classify(rule, lo, hi, mde), bv, cv, ratio, lo, hi, level, nb, nc, "", mde)
-    return _with_look(v, look, waves_baseline, planned_mde_pct)
-
-
-def _with_look(v: Verdict, look: Look, waves_baseline: int | None, planned: float | None) -> Verdict:
-    from dataclasses import replace
-
-    return replace(v, waves=look.waves[-1], waves_baseline=waves_baseline, look=len(look.waves),
-                   planned_mde_pct=planned)
-
-
-def sequential_compare(baseline: Results, candidate: Results, rules: Sequence[Rule], looks: Mapping[str, Look], *,
-                       planned: Mapping[str, float | None] | None = None, seed: int = 0,
-                       resamples: int = 2000) -> list[Verdict]:
-    """:func:`compare`, but every cell in ``looks`` is judged at its sequential look (:func:`sequential_samples`);
-    ``planned``: ``{verdict name: planned MDE %}`` (:func:`plan_gate`). Server-counted rates and cells without a
-    look get the fixed-sample verdict."""
-    fixed = compare(baseline, candidate, rules, seed=seed, resamples=resamples)
-    bcells = {c.id: c for c in baseline.cells}
-    ccells = {c.id: c for c in candidate.cells}
-    out = []
-    for v in fixed:
-        look = looks.get(v.cell)
-        if look is None or v.rule.metric in COUNT_METRICS or v.cell not in bcells or v.cell not in ccells:
-            out.append(v)
-            continue
-        bs, cs = cell_samples(bcells[v.cell], v.rule.metric), cell_samples(ccells[v.cell], v.rule.metric)
-        out.append(sequential_samples(v.rule, v.cell, bs, cs, look, seed=seed, resamples=resamples,
-                                      waves_baseline=_waves(bcells[v.cell]),
-                                      planned_mde_pct=(planned or {}).get(v.name)))
-    return out
-
-
-def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int, schedule: Sequence[int], *,
-              alpha: float = ALPHA, seed: int = 0, resamples: int = 2000, both_grow: bool = False,
-              spread_pct: float = 0.0) -> dict[str, Any]:
-    """Before measuring: what a sequential rule will resolve with the looks ``schedule`` (candidate waves).
-
-    The per-wave spread ``s`` of the log statistic comes from the baseline alone: the baseline compared with
-    itself by two independent bootstrap resamples gives ``SE_self = s sqrt(2/m)`` (``m`` = baseline waves). A
-    candidate as noisy with ``n`` waves then has ``SE(n) = s sqrt(1/m + 1/n)`` (``s sqrt(2/n)`` when
-    ``both_grow``), plus ``d^2`` for an instance spread of ``spread_pct`` (``d = ln(1 + spread_pct/100)``), and the
-    planned MDE is ``(k + z_power) SE(n_max)`` with ``k`` the last look's critical value (small-sample widened). Returns a dict: ``name``, ``cell``, ``max_change_pct``, ``planned_mde_pct``,
-    ``waves_max``, ``looks``, ``baseline_waves``, ``waves_needed`` (candidate waves for an MDE within the allowance
-    against this baseline; None when the baseline's own noise forbids it), ``waves_needed_both`` (waves per side if
-    both sides were measured that long), ``se_per_wave_pct`` and ``note``.
-    """
-    name = f"{rule.metric}.{rule.stat}@{cell}"
-    out: dict[str, Any] = {"name": name, "cell": cell, "max_change_pct": rule.max_change_pct,
-                           "planned_mde_pct": None, "waves_max": schedule[-1] if schedule else 0,
-                           "looks": len(schedule), "baseline_waves": baseline_waves, "waves_needed": None,
-                           "waves_needed_both": None, "se_per_wave_pct": None, "note": ""}
-    m, nb = max(baseline_waves, 1), len(base)
-    if nb < MIN_SAMPLES or not schedule:
-        out["note"] = f"too few baseline samples ({nb}) to plan"
-        return out
-    try:
-        _, _, se_self = _log_se(base, base, rule.stat, resamples=resamples, seed=_seed(seed + 7, rule, cell))
-    except ValueError as e:
-        out["note"] = str(e)
-        return out
-    s = se_self * math.sqrt(m / 2.0)
-    n_max = schedule[-1]
-    c = boundaries(fractions(schedule, n_max, None if both_grow else m), alpha)[-1]
-    zp = NormalDist().inv_cdf(POWER)
-    d = math.log1p(spread_pct / 100.0)
-
-    def mde_log(n: int, base_n: int | None) -> float:
-        """(k + z_power) SE on the log scale with ``n`` candidate waves (and ``base_n`` baseline waves; None:
-        the baseline as it is)."""
-        mb = m if base_n is None else base_n
-        nbs, ncs = max(2, round(mb * nb / m)), max(2, round(n * nb / m))
-        k = expand_z(c, nbs, ncs, se_df(rule.stat, nbs, ncs)) + zp
-        return k * math.sqrt(s * s * (2.0 / n if both_grow else 1.0 / mb + 1.0 / n) + d * d)
-
-    out["planned_mde_pct"] = _pct_of_log(mde_log(n_max, None), rule.higher_better)
-    out["se_per_wave_pct"] = s * 100.0
-    a = _log_change(rule.max_change_pct, rule.higher_better) if 0 < rule.max_change_pct < 100 else 0.0
-    if a > 0:
-        out["waves_needed"] = _least_waves(lambda n: mde_log(n, None) <= a)
-        out["waves_needed_both"] = _least_waves(lambda n: mde_log(n, n) <= a)
-    return out
-
-
-def _least_waves(ok: Callable[[int], bool], limit: int = 100_000) -> int | None:
-    """The least ``n`` in 2..limit with ``ok(n)`` (``ok`` monotone), or None: doubling, then bisection."""
-    hi = 2
-    while not ok(hi):
-        hi *= 2
-        if hi > limit:
-            return None
-    lo = hi // 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if ok(mid) else (mid, hi)
-    return hi if hi > 2 or not ok(1) else 1
-
-
-def plan_gate(baseline: Results, rules: Sequence[Rule], schedules: Mapping[str, Sequence[int]], *,
-              alpha: float = ALPHA, seed: int = 0, both_grow: bool = False,
-              spread_pct: float = 0.0) -> list[dict[str, Any]]:
-    """:func:`plan_rule` for every rule and baseline cell it covers that has a look schedule (``{cell id: candidate
-    waves at each look}``), in rule order; server-counted rates are not planned."""
-    out = []
-    for rule in rules:
-        if rule.metric in COUNT_METRICS:
-            continue
-        for cell in baseline.cells:
-            if cell.id not in schedules or (rule.cell not in ("*", cell.id)):
-                continue
-            bs = cell_samples(cell, rule.metric)
-            if not bs and rule.cell == "*":
-                continue
-            out.append(plan_rule(rule, cell.id, bs, _waves(cell) or len(bs), schedules[cell.id], alpha=alpha,
-                                 seed=seed, both_grow=both_grow, spread_pct=spread_pct))
-    return out

@@ -654,7 +654,7 @@ def test_obf_boundaries_match_published_values_and_spend_alpha():
 
 def _sequential_gate(rng, ratio, cv, base_waves, sched, rule, resamples=600):
     """One simulated sequential gate on lognormal per-wave samples; returns (verdict, looks taken)."""
-    from bench.gate import Look, sequential_samples
+    from bench.sequential import Look, sequential_samples
 
     base = list(100.0 * np.exp(rng.normal(0.0, cv, base_waves)))
     cand = list(100.0 * ratio * np.exp(rng.normal(0.0, cv, sched[-1])))
@@ -674,8 +674,7 @@ def test_sequential_gate_keeps_its_false_alarm_rate_and_has_power():
     """Many simulated gates, each looking after every round (6 looks): at a true ratio exactly at the limit the
     share of regressions stays within alpha (plus 3 binomial standard errors of this simulation); an unchanged
     candidate passes; 2 points beyond the allowance is a regression >= 95 % of the time (the plan says so)."""
-    from bench.gate import ALPHA, plan_rule
-    from bench.sequential import look_schedule
+    from bench.sequential import ALPHA, look_schedule, plan_rule
 
     rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
     sched = look_schedule(16, 96)
@@ -704,7 +703,7 @@ VERDICT_KINDS = ("regression", "inconclusive", "improved", "unchanged")
 
 
 def test_sequential_verdict_fields_and_plan():
-    from bench.gate import Look, plan_rule, sequential_samples
+    from bench.sequential import Look, plan_rule, sequential_samples
 
     rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
     rng = np.random.default_rng(1)
@@ -794,7 +793,7 @@ def test_ab_sequential_rounds(sims, sim_profile, tmp_path, bench_main, capsys):
 def test_instance_spread_turns_drift_into_an_honest_verdict():
     """A stored baseline from another instance that decoded 6.5 % faster (drift, not a change): without the
     spread the quiet data call it a regression; with a measured instance spread of 3 % it is not one."""
-    from bench.gate import Look, plan_rule, sequential_samples
+    from bench.sequential import Look, plan_rule, sequential_samples
 
     rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
     base, cand = spread(100.0, 24, 0.005), spread(93.5, 24, 0.005)

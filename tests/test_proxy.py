@@ -19,7 +19,7 @@ MS = 1_000_000
 @pytest.fixture(scope="module")
 def bench_main():
     """bench.cli.main, with ``bench proxy`` registered as the CLI ships it."""
-    from bench.cli import cli, main
+    from bench.cli.app import cli, main
 
     assert "proxy" in cli.commands
     return main

@@ -24,10 +24,10 @@ import click
 
 from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
+from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
 from bench.config.profile import Profile
 from bench.errors import EXIT_OK, BenchError, GateCouldNotRun
 from bench.gate import (
-    ALPHA,
     Rule,
     Verdict,
     check_comparable,
@@ -40,7 +40,9 @@ from bench.gate import (
 from bench.gate import (
     compare as compare_results,
 )
+from bench.measure.gpu import comparison_notes
 from bench.results import Results, load_results
+from bench.sequential import ALPHA
 
 __all__ = ["gate", "compare", "ab"]
 
@@ -156,6 +158,7 @@ def _load_profile(name: str) -> Profile:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results folder (default bench-results/<time>-<profile>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the gate result (gate.json) on stdout, nothing else.")
+@gpu_options
 @client_options
 @_could_not_run
 def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
@@ -190,6 +193,15 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
 SUMMARY_RESERVE_S = 1.0  # of --max-time, kept for the verdicts, reports and closing the session
 
 
+def _sequential_doc(outcome: Any, budget: dict[str, Any], t0: float) -> dict[str, Any]:
+    """gate.json's budget, plan and looks (the sequential gate's own keys)."""
+    return {"extra_waves": outcome.extra_waves, "max_time_s": budget["max_time"],
+            "elapsed_s": round(time.monotonic() - t0, 2), "budget_ran_out": outcome.budget_ran_out,
+            "alpha": ALPHA, "instance_spread_pct": budget["instance_spread_pct"], "plan": outcome.plan,
+            "schedules": outcome.schedules, "looks": outcome.looks,
+            "seconds_per_wave": {k: round(v, 4) for k, v in outcome.wave_s.items()}}
+
+
 def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
           force: bool, update_baseline: bool, budget: dict[str, Any], out_dir: str | None, as_json: bool,
           client: dict[str, Any]) -> None:
@@ -197,7 +209,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.results import to_json, write_atomic
-    from bench.session.runner import default_out_dir
+    from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
     baseline = load_results(baseline_file)
@@ -207,24 +219,24 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         stderr.print("note: the profile has no [[gate]] tables; using the default rules "
                      "(decode_tok_s median drop <= 5 %, ttft_ms p90 rise <= 10 %, every cell)", highlight=False)
     model = client.pop("model")
+    gpu_kw = pop_gpu_options(client)
     settings = _settings(**client)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
     parallel, ctx = engine_size(prof)
-    max_time = budget["max_time"]
-    deadline = t0 + max_time - SUMMARY_RESERVE_S if max_time else None
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
+    deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
+    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
                                        force=force, budget_waves=budget["budget_waves"],
                                        max_waves=budget["max_waves"], deadline=deadline, observer=observer,
-                                       log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"]))
+                                       log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"],
+                                       gpu=gpu))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
-    doc = _gate_json(outcome.verdicts, rules, {
-        "baseline": baseline_file, "extra_waves": outcome.extra_waves, "max_time_s": max_time,
-        "elapsed_s": round(time.monotonic() - t0, 2), "budget_ran_out": outcome.budget_ran_out,
-        "alpha": ALPHA, "instance_spread_pct": budget["instance_spread_pct"], "plan": outcome.plan, "schedules": outcome.schedules, "looks": outcome.looks,
-        "seconds_per_wave": {k: round(v, 4) for k, v in outcome.wave_s.items()}})
+    gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
+    _warn(gpu_notes)
+    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
+                                               **({"gpu_notes": gpu_notes} if gpu_notes else {})})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
@@ -234,7 +246,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
         "re-measured": ", ".join(f"{k} (+{v} waves)" for k, v in outcome.remeasured.items()) or None,
-        "results": str(out / "results.json"),
+        "results": str(out / "results.json"), "GPUs": "; ".join(gpu_notes) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0)
@@ -271,6 +283,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     _warn([f"--force: {d}" for d in check_comparable(a, b, force)])
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
     _warn([f"cell {cid} is only in B; no rule can check it" for cid in uncovered_cells(a, b)])
+    _warn(comparison_notes(a.cells, b.cells))  # GPU clocks or throttling that moved between A and B
     main = main_verdicts(a, b)
     stdout.print(side_by_side_table(main, f"bench compare: A = {file_a}, B = {file_b}"))
     verdicts = compare_results(a, b, rules)
@@ -373,9 +386,9 @@ def _side_rows(a: Results, b: Results) -> Any:
 
 def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base_b: str,
               rounds: Any = None) -> list[Verdict]:
-    from bench.gate import sequential_compare
     from bench.report.console import stdout
     from bench.report.verdicts import side_by_side_table
+    from bench.sequential import sequential_compare
 
     stdout.print(side_by_side_table(main_verdicts(ra, rb), f"bench ab: A = {base_a}, B = {base_b} (waves "
                                                           "alternated)"))
