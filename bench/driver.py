@@ -278,7 +278,7 @@ class GateOutcome:
         extra_waves: waves measured beyond the profile's planned ones, in all.
         remeasured: ``{cell id: extra waves}``.
         differences: comparability differences accepted with ``force``.
-        plan: :func:`bench.gate.plan_gate` of the baseline for the look schedules (before measuring).
+        plan: :func:`bench.sequential.plan_gate` of the baseline for the look schedules (before measuring).
         schedules: ``{cell id: candidate waves at each planned look}``.
         looks: ``{cell id: candidate waves at each look taken}``.
         wave_s: ``{cell id: seconds per measured wave}`` (from the first wave), ``warm_s``: of a round's warm-up.
@@ -350,11 +350,11 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     round, up to what ``deadline`` (``time.monotonic()`` value), ``budget_waves`` (extra waves in all; default
     ``profile.gate_budget_waves`` when neither a deadline nor ``max_waves`` is given) and ``max_waves`` (per
     cell) allow) and the planned MDE
-    of each rule (:func:`bench.gate.plan_gate`), which ``log`` prints. Then rounds: every undecided cell is measured
-    up to its next look and judged by :func:`bench.gate.sequential_compare` (alpha spending, so the looks keep the
+    of each rule (:func:`bench.sequential.plan_gate`), which ``log`` prints. Then rounds: every undecided cell is measured
+    up to its next look and judged by :func:`bench.sequential.sequential_compare` (alpha spending, so the looks keep the
     stated false-alarm rate) until every rule is decided, a regression decides the exit code, or the budget ends.
     ``instance_spread_pct``: the spread between server instances, folded into every look (a stored baseline from
-    another instance; :class:`bench.gate.Look`). ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    another instance; :class:`bench.sequential.Look`). ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
     cell's measured waves.
 
     Raises:
@@ -629,7 +629,7 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
 
     Each side runs the cell's planned waves (``target_ci`` is not used), and with ``rounds`` more pairs of waves
     until the cell's rules are decided or the budget ends (:class:`ABRounds`; its looks are filled in for
-    :func:`bench.gate.sequential_compare`). Each side is summarized by the same step as ``bench run``. Writes each
+    :func:`bench.sequential.sequential_compare`). Each side is summarized by the same step as ``bench run``. Writes each
     side's folder (``out_a``/``out_b``) incrementally. Returns ``(a, b)``.
     """
     oa, ob = RunOutput(out_a, views or {}), RunOutput(out_b, views or {})
