@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import signal
+import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,9 +26,17 @@ from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
-from bench.gate import Rule, Verdict, check_comparable, compare, inconclusive_cells, overall_exit, uncovered_cells
+from bench.gate import (
+    Rule,
+    Verdict,
+    check_comparable,
+    inconclusive_cells,
+    overall_exit,
+    uncovered_cells,
+)
 from bench.records import RequestRecord, read_records
 from bench.results import CellResult, Results, cell_from_dict, save_results, write_atomic
+from bench.sequential import Look, look_schedule, plan_gate, sequential_compare
 from bench.session.endpoint import CellAnnotator, Observer, ReaderPool, Session
 from bench.session.sweep import CellRun, Sweep
 
@@ -35,7 +45,7 @@ if TYPE_CHECKING:
     from bench.load.capacity_run import Progress
 
 __all__ = ["RunOutput", "GateOutcome", "run_profile", "run_load", "run_capacity", "run_gate", "run_ab", "stoppable",
-           "Views"]
+           "Views", "gate_schedules", "ABRounds", "plan_lines"]
 
 Views = Mapping[str, Callable[[Results], str]]
 """Extra files written beside results.json at the end (and on interrupt): ``{file name: results -> text}``."""
@@ -251,17 +261,28 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
     return {c.id: c for c in resume.cells}
 
 
+MAX_GROWTH = 8
+"""The last look has at most this many times a cell's planned waves: against a stored baseline of as many waves the
+information is then 8/9 of its limit, and a longer schedule would only make the early looks (whose thresholds
+depend on their share of the last one's information) stricter."""
+
+
 @dataclass
 class GateOutcome:
     """What :func:`run_gate` produced.
 
     Attributes:
-        results: the candidate results document (re-measured cells merged in).
-        verdicts: the final verdicts.
+        results: the candidate results document (every round's waves merged in).
+        verdicts: the final verdicts (each made at its cell's last sequential look).
         code: :func:`bench.gate.overall_exit` of them (0/1/2).
-        extra_waves: re-measure waves spent (<= the budget).
+        extra_waves: waves measured beyond the profile's planned ones, in all.
         remeasured: ``{cell id: extra waves}``.
         differences: comparability differences accepted with ``force``.
+        plan: :func:`bench.sequential.plan_gate` of the baseline for the look schedules (before measuring).
+        schedules: ``{cell id: candidate waves at each planned look}``.
+        looks: ``{cell id: candidate waves at each look taken}``.
+        wave_s: ``{cell id: seconds per measured wave}`` (from the first wave), ``warm_s``: of a round's warm-up.
+        budget_ran_out: True when some undecided cell could not take its next look within the budget.
     """
 
     results: Results
@@ -270,6 +291,12 @@ class GateOutcome:
     extra_waves: int = 0
     remeasured: dict[str, int] = field(default_factory=dict)
     differences: list[str] = field(default_factory=list)
+    plan: list[dict[str, Any]] = field(default_factory=list)
+    schedules: dict[str, list[int]] = field(default_factory=dict)
+    looks: dict[str, list[int]] = field(default_factory=dict)
+    wave_s: dict[str, float] = field(default_factory=dict)
+    warm_s: dict[str, float] = field(default_factory=dict)
+    budget_ran_out: bool = False
 
 
 @dataclass
@@ -277,10 +304,16 @@ class _GateState:
     session: Session
     baseline: Results
     rules: Sequence[Rule]
-    level: float
     seed: int
+    deadline: float | None = None
+    spread_pct: float = 0.0
     runs: dict[str, CellRun] = field(default_factory=dict)
     extra: dict[str, int] = field(default_factory=dict)
+    wave_s: dict[str, float] = field(default_factory=dict)
+    warm_s: dict[str, float] = field(default_factory=dict)
+    schedules: dict[str, list[int]] = field(default_factory=dict)
+    looks: dict[str, list[int]] = field(default_factory=dict)
+    planned: dict[str, float | None] = field(default_factory=dict)
 
     def cells(self) -> list[CellResult]:
         return [r.summary for r in self.runs.values() if r.summary is not None]
@@ -291,22 +324,38 @@ class _GateState:
             res.run.gate_extra_waves = dict(self.extra)
         return res
 
+    def baseline_waves(self, cid: str) -> int:
+        cell = next((c for c in self.baseline.cells if c.id == cid), None)
+        return cell.waves if cell is not None and cell.waves > 0 else self.schedules[cid][0]
+
     def verdicts(self) -> list[Verdict]:
-        return compare(self.baseline, self.results(), self.rules, level=self.level, seed=self.seed)
+        looks = {cid: Look(tuple(ws), self.schedules[cid][-1], self.baseline_waves(cid), spread_pct=self.spread_pct)
+                 for cid, ws in self.looks.items() if ws}
+        return sequential_compare(self.baseline, self.results(), self.rules, looks, planned=self.planned,
+                                  seed=self.seed)
+
+    def left(self) -> float:
+        return math.inf if self.deadline is None else self.deadline - time.monotonic()
 
 
 async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseline: Results, rules: Sequence[Rule],
                    *, model: str | None = None, out_dir: Path | None = None, force: bool = False,
-                   budget_waves: int | None = None, observer: Observer | None = None,
-                   log: Callable[[str], None] | None = None, level: float = 0.95, seed: int = 0,
-                   views: Views | None = None, gpu: Any = None) -> GateOutcome:
-    """Run ``profile`` against ``base``, compare with ``baseline`` under ``rules``, re-measure inconclusive cells.
+                   budget_waves: int | None = None, max_waves: int | None = None, deadline: float | None = None,
+                   observer: Observer | None = None, log: Callable[[str], None] | None = None, seed: int = 0,
+                   views: Views | None = None, instance_spread_pct: float = 0.0, gpu: Any = None) -> GateOutcome:
+    """Run ``profile`` against ``base`` and decide every rule against ``baseline`` sequentially.
 
-    Re-measuring: while some cell has an inconclusive verdict, no verdict is a regression (which already decides
-    the exit code) and budget is left (``budget_waves``, default ``profile.gate_budget_waves``), each such cell gets
-    ``min(its current waves, budget left / cells)`` (at least 1) more measured waves (after its warm-up), merged
-    with its earlier ones through the same cell-summary step, and every verdict is recomputed. ``gpu``: a GPU
-    sampler (:mod:`bench.server.gpu`) around each cell's measured waves.
+    Before measuring: one warm-up and one measured wave per cell give its seconds per wave; with the baseline's
+    noise they fix each cell's looks (:func:`gate_schedules`: the profile's planned waves first, then 1.5x more per
+    round, up to what ``deadline`` (``time.monotonic()`` value), ``budget_waves`` (extra waves in all; default
+    ``profile.gate_budget_waves`` when neither a deadline nor ``max_waves`` is given) and ``max_waves`` (per
+    cell) allow) and the planned MDE
+    of each rule (:func:`bench.sequential.plan_gate`), which ``log`` prints. Then rounds: every undecided cell is measured
+    up to its next look and judged by :func:`bench.sequential.sequential_compare` (alpha spending, so the looks keep the
+    stated false-alarm rate) until every rule is decided, a regression decides the exit code, or the budget ends.
+    ``instance_spread_pct``: the spread between server instances, folded into every look (a stored baseline from
+    another instance; :class:`bench.sequential.Look`). ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    cell's measured waves.
 
     Raises:
         ConfigError: the runs are not comparable (profile, model, backend; unless ``force``).
@@ -320,9 +369,9 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
     async with stoppable() as got:
         session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
                                      gpu=gpu)
-        st = _GateState(session, baseline, rules, level, seed)
+        st = _GateState(session, baseline, rules, seed, deadline, instance_spread_pct)
         try:
-            return await _gate(st, out, force, budget_waves, log or (lambda s: None))
+            return await _gate(st, out, force, (budget_waves, max_waves), log or (lambda s: None))
         except (asyncio.CancelledError, KeyboardInterrupt):
             await _interrupted(session, st.cells(), out, got)
             raise
@@ -330,14 +379,17 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
             await session.close()
 
 
-async def _gate(st: _GateState, out: RunOutput, force: bool, budget_waves: int | None,
+async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int | None, int | None],
                 say: Callable[[str], None]) -> GateOutcome:
     session, profile = st.session, st.session.profile
     # fail fast, before measuring anything, when the model or the backend differ
-    probe = session.results([])
-    check_comparable(st.baseline, probe, force, ignore_interrupted=True)
-    for cell in profile.cells():
-        st.runs[cell.id] = await Sweep(session).run_cell(cell)
+    check_comparable(st.baseline, session.results([]), force, ignore_interrupted=True)
+    cells = {c.id: c for c in profile.cells()}
+    for cell in cells.values():  # the plan's wave: a warm-up and one measured wave per cell, timed
+        t0 = time.monotonic()
+        st.runs[cell.id] = run = await Sweep(session).run_cell(cell, waves=1)
+        st.wave_s[cell.id] = max(run.wall_s, 1e-3)
+        st.warm_s[cell.id] = max(time.monotonic() - t0 - run.wall_s, 0.0)
         out.progress(st.results())
     failed = [c.id for c in st.cells() if c.requests_ok == 0 and c.requests_failed > 0]
     if failed:
@@ -347,46 +399,238 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget_waves: int |
     diffs = check_comparable(st.baseline, st.results(complete=True), force)
     for cid in uncovered_cells(st.baseline, st.results()):
         say(f"warning: cell {cid} is not in the baseline; no rule can check it")
-    spent = await _remeasure(st, profile.gate_budget_waves if budget_waves is None else budget_waves, say)
-    await session.measure_drift()
+    plan = _make_plan(st, budget, say)
+    ran_out = await _rounds(st, cells, say)
+    if st.left() > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(session.measure_drift(), timeout=min(st.left(), 60.0))
     results = st.results(complete=True)
-    verdicts = compare(st.baseline, results, st.rules, level=st.level, seed=st.seed)
-    out.final(results)
-    return GateOutcome(results, verdicts, overall_exit(verdicts), spent, dict(st.extra), diffs)
-
-
-async def _remeasure(st: _GateState, budget: int, say: Callable[[str], None]) -> int:
-    """Extra waves for inconclusive cells within ``budget``; returns the waves spent."""
-    spent = 0
-    cells = {c.id: c for c in st.session.profile.cells()}
     verdicts = st.verdicts()
-    while spent < budget:
-        todo = [cid for cid in inconclusive_cells(verdicts) if cid in cells]
-        if not todo or overall_exit(verdicts) == EXIT_CHECK_FAILED:
-            break  # nothing to settle, or a regression already decides the exit code
-        share = max(1, (budget - spent) // len(todo))
-        for cid in todo:
-            if spent >= budget:
-                break
-            run = st.runs[cid]
-            k = min(share, len(run.waves) or 1, budget - spent)
-            say(f"re-measuring {cid}: {k} more wave(s) (inconclusive; budget {budget - spent} of {budget} left)")
-            run.extend(await Sweep(st.session).run_cell(cells[cid], waves=k, first_wave=len(run.waves)))
-            Sweep(st.session).summarize(run)
-            spent += k
-            st.extra[cid] = st.extra.get(cid, 0) + k
+    out.final(results)
+    return GateOutcome(results, verdicts, overall_exit(verdicts), sum(st.extra.values()), dict(st.extra), diffs,
+                       plan, st.schedules, st.looks, st.wave_s, st.warm_s, ran_out)
+
+
+def _gated_cells(st: _GateState) -> set[str]:
+    """Cells some rule can judge (in both runs and covered by a rule's cell)."""
+    base = {c.id for c in st.baseline.cells}
+    return {cid for cid in st.runs if cid in base and any(r.cell in ("*", cid) for r in st.rules)}
+
+
+def _make_plan(st: _GateState, budget: tuple[int | None, int | None], say: Callable[[str], None]
+               ) -> list[dict[str, Any]]:
+    profile = st.session.profile
+    budget_waves, max_waves = budget
+    if budget_waves is None and st.deadline is None and max_waves is None:
+        budget_waves = profile.gate_budget_waves  # no budget given: the profile's extra waves
+    first = {cid: Sweep(st.session).planned_waves(run.cell) for cid, run in st.runs.items()}
+    gated = _gated_cells(st)
+    costs = {cid: (st.wave_s[cid], st.warm_s[cid]) for cid in first}
+    reserve = 1.0 + 2.0 * max(st.warm_s.values(), default=0.0)  # the drift probes at the end
+    st.schedules = gate_schedules(first, costs, gated, time_left=st.left() - reserve, waves_left=budget_waves,
+                                  max_waves=max_waves)
+    st.looks = {cid: [] for cid in st.schedules}
+    plan = plan_gate(st.baseline, st.rules, {cid: s for cid, s in st.schedules.items() if cid in gated},
+                     seed=st.seed, spread_pct=st.spread_pct)
+    st.planned = {p["name"]: p["planned_mde_pct"] for p in plan}
+    for line in plan_lines(plan, st.schedules, costs, st.left() if st.deadline is not None else None):
+        say(line)
+    return plan
+
+
+def _schedule_cost(sched: Sequence[int], wave_s: float, warm_s: float) -> float:
+    """Seconds to take every look of ``sched`` after the plan's wave: a warm-up per round plus the new waves."""
+    return len(sched) * warm_s + max(sched[-1] - 1, 0) * wave_s
+
+
+def gate_schedules(first: Mapping[str, int], costs: Mapping[str, tuple[float, float]], gated: set[str], *,
+                   time_left: float | None, waves_left: int | None, max_waves: int | None = None,
+                   growth: float = 1.5) -> dict[str, list[int]]:
+    """Each cell's planned looks (candidate waves at each), fixed before measuring.
+
+    A gated cell's first look is at its planned waves ``first[cid]``; its last at ``round(first * g)`` for the
+    largest common factor ``g`` (1 to :data:`MAX_GROWTH`) whose rounds fit: in ``time_left`` seconds (``costs[cid] = (seconds per
+    wave, seconds of a round's warm-up)``), within ``waves_left`` extra waves in all, and ``max_waves`` per cell;
+    looks in between grow by ``growth``. When not even the planned waves fit the time, every cell is cut to what
+    does (at least the plan's one wave). Cells no rule judges get one look at their planned waves.
+    """
+    def build(g: float) -> dict[str, list[int]]:
+        out = {}
+        for cid, w0 in first.items():
+            top = max(1, round(w0 * g)) if cid in gated else min(w0, max(1, round(w0 * g)))
+            if max_waves is not None:
+                top = min(top, max(max_waves, 1))
+            out[cid] = look_schedule(min(w0, top), top, growth)
+        return out
+
+    def fits(s: Mapping[str, list[int]]) -> bool:
+        t = sum(_schedule_cost(v, *costs[cid]) for cid, v in s.items())
+        extra = sum(max(0, v[-1] - first[cid]) for cid, v in s.items())
+        return (time_left is None or t <= time_left) and (waves_left is None or extra <= waves_left)
+
+    best = build(1.0)
+    if not fits(best):
+        g = 1.0
+        while g > 1.0 / max(max(first.values(), default=1), 1) and not fits(best):
+            g *= 0.9
+            best = build(g)
+        return best
+    g = 1.0
+    while g < MAX_GROWTH:
+        cand = build(g * 1.05)
+        if not fits(cand):
+            break
+        g *= 1.05
+        best = cand
+    return best
+
+
+def plan_lines(plan: Sequence[Mapping[str, Any]], schedules: Mapping[str, Sequence[int]],
+               costs: Mapping[str, tuple[float, float]], time_left: float | None) -> list[str]:
+    """The plan as printed before the gate measures: the budget, then one line per rule and cell."""
+    need_s = sum(_schedule_cost(s, *costs[c]) for c, s in schedules.items())
+    spw = ", ".join(f"{c} {costs[c][0]:.2f} s" for c in schedules)
+    budget = f" of the {time_left:.0f} s left" if time_left is not None else ""
+    lines = [f"plan: seconds per wave {spw}; looks at {_looks_text(schedules)} waves; at most "
+             f"{need_s:.0f} s{budget}"]
+    for p in plan:
+        lines.append("plan: " + _plan_text(p, costs.get(p["cell"], (0.0, 0.0))))
+    return lines
+
+
+def _looks_text(schedules: Mapping[str, Sequence[int]]) -> str:
+    return "; ".join(f"{c} {'/'.join(str(w) for w in s)}" for c, s in schedules.items())
+
+
+def _plan_text(p: Mapping[str, Any], cost: tuple[float, float]) -> str:
+    if p["planned_mde_pct"] is None:
+        return f"{p['name']}: cannot plan ({p['note']})"
+    head = (f"{p['name']}: expected MDE {p['planned_mde_pct']:.1f} % at {p['waves_max']} waves in {p['looks']} "
+            f"look(s) (allowance {p['max_change_pct']:g} %, baseline {p['baseline_waves']} waves)")
+    need = p["waves_needed"]
+    if need is None:
+        both = p["waves_needed_both"]
+        fix = f"record the baseline with about {both} waves" if both else "raise the allowance"
+        return f"{head}; the baseline's own noise keeps it above the allowance however long this runs ({fix})"
+    return f"{head}; within the allowance from {need} waves (~{need * cost[0] + cost[1]:.0f} s)"
+
+
+async def _rounds(st: _GateState, cells: Mapping[str, Any], say: Callable[[str], None]) -> bool:
+    """Measure every undecided cell up to its next look and judge, until all are decided, a regression decides
+    the exit code, or the budget ends; returns True when the budget stopped an undecided cell."""
+    open_cells = list(st.schedules)
+    ran_out = False
+    while open_cells:
+        for cid in list(open_cells):
+            if not await _next_look(st, cid, cells[cid], say):
+                ran_out = True
+                open_cells.remove(cid)
         verdicts = st.verdicts()
-    return spent
+        if overall_exit(verdicts) == EXIT_CHECK_FAILED:
+            break  # a regression already decides the exit code
+        todo = set(inconclusive_cells(verdicts))
+        open_cells = [c for c in open_cells if c in todo and len(st.looks[c]) < len(st.schedules[c])]
+    return ran_out
+
+
+async def _next_look(st: _GateState, cid: str, cell: Any, say: Callable[[str], None]) -> bool:
+    """Bring ``cid`` to its next look's waves; False (nothing measured) when that does not fit the budget."""
+    run = st.runs[cid]
+    target = st.schedules[cid][len(st.looks[cid])]
+    k = target - len(run.waves)
+    if k > 0:
+        cost = st.warm_s[cid] + k * st.wave_s[cid]
+        if cost * 1.1 > st.left():
+            say(f"{cid}: the budget ends before look {len(st.looks[cid]) + 1} ({k} more waves, ~{cost:.0f} s)")
+            return False
+        run.extend(await Sweep(st.session).run_cell(cell, waves=k, first_wave=len(run.waves)))
+        Sweep(st.session).summarize(run)
+        planned = Sweep(st.session).planned_waves(cell)
+        st.extra[cid] = max(0, len(run.waves) - planned)
+        if not st.extra[cid]:
+            del st.extra[cid]
+    st.looks[cid].append(len(run.waves))
+    return True
+
+
+@dataclass
+class ABRounds:
+    """Sequential rounds for :func:`run_ab`: the rules to decide and the budget; :func:`run_ab` fills in the looks.
+
+    Without ``deadline`` (``time.monotonic()`` value) and ``max_waves`` each cell gets its planned waves and one
+    look (the fixed comparison). With them, a cell's looks are its planned waves and then 1.5x more per round up
+    to what its share of the time left (and ``max_waves``) allows; it stops at the first look that decides every
+    rule on it (both sides grow together, so the information grows like the waves).
+    """
+
+    rules: Sequence[Rule]
+    deadline: float | None = None
+    max_waves: int | None = None
+    seed: int = 0
+    schedules: dict[str, list[int]] = field(default_factory=dict)
+    looks: dict[str, list[int]] = field(default_factory=dict)
+    budget_ran_out: bool = False
+
+    def look_map(self) -> dict[str, Look]:
+        """``{cell id: Look}`` of the last look taken in each cell."""
+        return {cid: Look(tuple(ws), self.schedules[cid][-1], None) for cid, ws in self.looks.items() if ws}
+
+    def schedule(self, first: int, pair_s: float, cells_left: int) -> list[int]:
+        """A cell's looks from its planned waves, one A+B pair's seconds and the cells still to measure."""
+        top = first
+        if self.deadline is not None:
+            share = max(self.deadline - time.monotonic() - 1.0, 0.0) / max(cells_left, 1)
+            top = min(first + int(share / max(pair_s, 1e-3)), MAX_GROWTH * first)
+            top = min(top, self.max_waves) if self.max_waves is not None else top
+        elif self.max_waves is not None:
+            top = self.max_waves
+        return look_schedule(first, max(top, first))
+
+
+async def _ab_pairs(sa: Session, sb: Session, ra: CellRun, rb: CellRun, start: int, stop: int) -> None:
+    """Waves ``start .. stop - 1`` of a cell, A then B each (each side warms up before its wave 0)."""
+    for w in range(start, stop):
+        for sess, acc in ((sa, ra), (sb, rb)):
+            acc.extend(await Sweep(sess).run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
+
+
+async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None, cells_left: int
+                   ) -> tuple[CellResult, CellResult]:
+    ra, rb = CellRun(cell), CellRun(cell)
+    first = Sweep(sa).planned_waves(cell)
+    await _ab_pairs(sa, sb, ra, rb, 0, 1)
+    t0 = time.monotonic()
+    await _ab_pairs(sa, sb, ra, rb, 1, first)
+    if rounds is None:
+        return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
+    pair_s = (time.monotonic() - t0) / (first - 1) if first > 1 else max(ra.wall_s + rb.wall_s, 1e-3)
+    sched = rounds.schedules[cell.id] = rounds.schedule(first, pair_s, cells_left)
+    looks = rounds.looks[cell.id] = []
+    for target in sched:
+        k = target - len(ra.waves)
+        if k > 0 and rounds.deadline is not None and k * pair_s * 1.1 > rounds.deadline - time.monotonic():
+            rounds.budget_ran_out = True
+            break
+        await _ab_pairs(sa, sb, ra, rb, len(ra.waves), target)
+        looks.append(len(ra.waves))
+        a, b = sa.results([Sweep(sa).summarize(ra)]), sb.results([Sweep(sb).summarize(rb)])
+        vs = sequential_compare(a, b, rounds.rules, rounds.look_map(), seed=rounds.seed)
+        if overall_exit(vs) == EXIT_CHECK_FAILED or cell.id not in inconclusive_cells(vs):
+            break
+    return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
 
 
 async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSettings, *, model_a: str | None = None,
                  model_b: str | None = None, observer: Observer | None = None, out_a: Path | None = None,
-                 out_b: Path | None = None, views: Views | None = None) -> tuple[Results, Results]:
+                 out_b: Path | None = None, views: Views | None = None,
+                 rounds: ABRounds | None = None) -> tuple[Results, Results]:
     """Measure two endpoints with interleaved waves: per cell, waves go A, B, A, B, ... (each side warms up before
     its first wave of a cell), so slow drift of the machine or the network falls on both alike.
 
-    Each side runs the cell's planned waves (``target_ci`` is not used) and is summarized by the same step as
-    ``bench run``. Writes each side's folder (``out_a``/``out_b``) incrementally. Returns ``(a, b)``.
+    Each side runs the cell's planned waves (``target_ci`` is not used), and with ``rounds`` more pairs of waves
+    until the cell's rules are decided or the budget ends (:class:`ABRounds`; its looks are filled in for
+    :func:`bench.sequential.sequential_compare`). Each side is summarized by the same step as ``bench run``. Writes each
+    side's folder (``out_a``/``out_b``) incrementally. Returns ``(a, b)``.
     """
     oa, ob = RunOutput(out_a, views or {}), RunOutput(out_b, views or {})
     async with stoppable() as got:
@@ -399,13 +643,11 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
         ca: list[CellResult] = []
         cb: list[CellResult] = []
         try:
-            for cell in profile.cells():
-                ra, rb = CellRun(cell), CellRun(cell)
-                for w in range(Sweep(sa).planned_waves(cell)):
-                    for sess, acc in ((sa, ra), (sb, rb)):
-                        acc.extend(await Sweep(sess).run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
-                ca.append(Sweep(sa).summarize(ra))
-                cb.append(Sweep(sb).summarize(rb))
+            cells = profile.cells()
+            for i, cell in enumerate(cells):
+                sum_a, sum_b = await _ab_cell(sa, sb, cell, rounds, len(cells) - i)
+                ca.append(sum_a)
+                cb.append(sum_b)
                 oa.progress(sa.results(ca))
                 ob.progress(sb.results(cb))
             await sa.measure_drift()

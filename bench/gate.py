@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s", "spec_acceptance_rate", "tokens_per_joule")
+                 "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate", "tokens_per_joule")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).
@@ -164,6 +164,10 @@ class Verdict:
         note: why a verdict is inconclusive without an interval (missing cell, too few samples...), else "".
         mde_pct: the minimum detectable effect in percent (:func:`min_detectable_pct`; None without an interval).
         waves: the candidate's measured waves behind ``n_candidate`` (None when unknown: one sample per wave).
+        planned_mde_pct: the MDE the gate planned to reach at its last look (:func:`plan_rule`; None outside
+            the sequential gate).
+        waves_baseline: the baseline's measured waves (None when unknown).
+        look: the sequential look this verdict was made at (1, 2, ...; None for a fixed-sample comparison).
     """
 
     rule: Rule
@@ -180,6 +184,9 @@ class Verdict:
     note: str = ""
     mde_pct: float | None = None
     waves: int | None = None
+    planned_mde_pct: float | None = None
+    waves_baseline: int | None = None
+    look: int | None = None
 
     @property
     def name(self) -> str:
@@ -232,7 +239,7 @@ class Verdict:
             return f"regression: the whole {ci} is {side} the limit {r.limit:.3f} ({r.key} = {r.max_change_pct:g})"
         if self.verdict == "inconclusive":
             return (f"inconclusive: the {ci} straddles the limit {r.limit:.3f}; more samples "
-                    f"(requests, or gate_budget_waves) can settle it")
+                    f"(requests, or a larger budget: --max-time, --budget-waves) can settle it")
         if self.verdict == "improved":
             t = max(r.max_change_pct, self.mde_pct or 0.0)
             return f"improved: the whole {ci} is more than {t:.1f} % (allowance or MDE) on the better side of 1"
@@ -246,8 +253,9 @@ class Verdict:
             "limit": self.rule.limit, "higher_better": self.rule.higher_better, "verdict": self.verdict,
             "baseline": self.baseline, "candidate": self.candidate, "ratio": self.ratio, "lo": self.lo,
             "hi": self.hi, "level": self.level, "n_baseline": self.n_baseline, "n_candidate": self.n_candidate,
-            "note": self.note, "min_detectable_pct": self.mde_pct, "resolution_ok": self.resolution_ok,
-            "waves": self.waves, "waves_needed": self.waves_needed,
+            "note": self.note, "min_detectable_pct": self.mde_pct, "planned_mde_pct": self.planned_mde_pct,
+            "resolution_ok": self.resolution_ok, "waves": {"baseline": self.waves_baseline, "candidate": self.waves},
+            "waves_needed": self.waves_needed, "look": self.look,
         }
 
 
@@ -492,7 +500,7 @@ def _seed(seed: int, rule: Rule, cell: str) -> list[int]:
 
 def compare_samples(
     rule: Rule, cell: str, base: Sequence[float], cand: Sequence[float], *, level: float = 0.95, seed: int = 0,
-    resamples: int = 4000, waves: int | None = None,
+    resamples: int = 4000, waves: int | None = None, waves_baseline: int | None = None,
 ) -> Verdict:
     """The verdict of ``rule`` for one cell from the two sides' raw samples.
 
@@ -516,7 +524,7 @@ def compare_samples(
         return Verdict(rule, cell, "inconclusive", point(base), point(cand), None, None, None, level, nb, nc, str(e))
     mde = min_detectable_pct(lo, hi, nb, nc, level, higher_better=rule.higher_better)
     return Verdict(rule, cell, classify(rule, lo, hi, mde), bv, cv, ratio, lo, hi, level, nb, nc, "", mde,
-                   waves if waves else nc)
+                   waves if waves else nc, waves_baseline=waves_baseline or nb)
 
 
 def compare(
@@ -550,7 +558,7 @@ def compare(
                 if not bs and not cs:
                     continue
                 out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
-                                           waves=_waves(ccells[cid])))
+                                           waves=_waves(ccells[cid]), waves_baseline=_waves(bcells[cid])))
             continue
         cid = rule.cell
         missing = [side for side, cells in (("baseline", bcells), ("candidate", ccells)) if cid not in cells]
@@ -560,7 +568,7 @@ def compare(
             continue
         bs, cs = cell_samples(bcells[cid], rule.metric), cell_samples(ccells[cid], rule.metric)
         out.append(compare_samples(rule, cid, bs, cs, level=level, seed=seed, resamples=resamples,
-                                   waves=_waves(ccells[cid])))
+                                   waves=_waves(ccells[cid]), waves_baseline=_waves(bcells[cid])))
     return out
 
 
@@ -600,7 +608,8 @@ def inconclusive_cells(verdicts: Sequence[Verdict]) -> list[str]:
     """Ids of the cells with an inconclusive verdict that has an interval (more samples can settle it), in order."""
     out: list[str] = []
     for v in verdicts:
-        settle = v.lo is not None or (v.n_candidate < MIN_SAMPLES <= v.n_baseline)
+        settle = (v.lo is not None or (v.n_candidate < MIN_SAMPLES <= v.n_baseline)
+                  or (v.look is not None and v.ratio is not None))  # a sequential look that could not decide yet
         if v.verdict == "inconclusive" and settle and v.cell not in out:
             out.append(v.cell)
     return out

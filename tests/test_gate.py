@@ -624,3 +624,194 @@ def test_mde_is_relative_so_a_large_change_is_called_what_it_is():
     rise = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=False)
     drop = min_detectable_pct(0.9, 1.1, 8, 8, higher_better=True)
     assert drop < rise  # a drop and a rise of the same log size
+
+
+# --- sequential decisions (pure) ------------------------------------------------------------------------------------
+
+
+def test_obf_boundaries_match_published_values_and_spend_alpha():
+    from bench.sequential import boundaries, fractions, look_schedule, obf_spent
+
+    assert boundaries([1.0], 0.025)[0] == pytest.approx(1.95996, abs=1e-4)  # one look: the fixed test
+    # Lan-DeMets O'Brien-Fleming-type, 5 equally spaced looks, one-sided 0.025 (Jennison & Turnbull 2000, ch. 7)
+    want = (4.877, 3.357, 2.680, 2.290, 2.031)
+    assert boundaries([0.2, 0.4, 0.6, 0.8, 1.0], 0.025) == pytest.approx(want, abs=2e-3)
+    assert obf_spent(0.0, 0.025) == 0 and obf_spent(1.0, 0.025) == 0.025 and obf_spent(0.5, 0.025) < 0.002
+    # a stored baseline of 16 waves, candidate looks at 8 .. 40 waves: the crossing probability over all looks
+    # under the null (Monte Carlo of the canonical joint distribution) is alpha
+    sched = look_schedule(8, 40)
+    assert sched == [8, 12, 18, 27, 40]
+    ts = fractions(sched, 40, 16)
+    assert ts[-1] == 1.0 and all(a < b for a, b in zip(ts, ts[1:]))
+    c = np.array(boundaries(ts, 0.025))
+    rng = np.random.default_rng(3)
+    n = 200_000
+    z = np.cumsum(rng.standard_normal((n, len(ts))) * np.sqrt(np.diff([0.0, *ts])), axis=1) / np.sqrt(ts)
+    rate = float(np.mean((z > c).any(axis=1)))
+    assert abs(rate - 0.025) < 4 * np.sqrt(0.025 * 0.975 / n), rate
+    assert boundaries([0.5, 0.5], 0.025)[1] == float("inf")  # no new information: that look cannot decide
+
+
+def _sequential_gate(rng, ratio, cv, base_waves, sched, rule, resamples=600):
+    """One simulated sequential gate on lognormal per-wave samples; returns (verdict, looks taken)."""
+    from bench.sequential import Look, sequential_samples
+
+    base = list(100.0 * np.exp(rng.normal(0.0, cv, base_waves)))
+    cand = list(100.0 * ratio * np.exp(rng.normal(0.0, cv, sched[-1])))
+    for k, n in enumerate(sched):
+        v = sequential_samples(rule, "c", base, cand[:n], Look(tuple(sched[:k + 1]), sched[-1], base_waves),
+                               resamples=resamples, seed=int(rng.integers(1 << 30)))
+        if v.verdict != "inconclusive":
+            return v.verdict, k + 1
+    return "inconclusive", len(sched)
+
+
+def _binomial_margin(p: float, n: int) -> float:
+    return 3.0 * float(np.sqrt(p * (1.0 - p) / n))
+
+
+def test_sequential_gate_keeps_its_false_alarm_rate_and_has_power():
+    """Many simulated gates, each looking after every round (6 looks): at a true ratio exactly at the limit the
+    share of regressions stays within alpha (plus 3 binomial standard errors of this simulation); an unchanged
+    candidate passes; 2 points beyond the allowance is a regression >= 95 % of the time (the plan says so)."""
+    from bench.sequential import ALPHA, look_schedule, plan_rule
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    sched = look_schedule(16, 96)
+    rng = np.random.default_rng(25)
+    cv = 0.02  # lognormal scatter per sample
+    counts = {0.95: 600, 1.0: 200, 0.93: 200}  # the edge gets the most trials: its rate is the one asserted
+    runs = {r: [_sequential_gate(rng, r, cv, 48, sched, rule, resamples=400) for _ in range(n)]
+            for r, n in counts.items()}
+    share = {r: {k: sum(v == k for v, _ in out) / len(out) for k in VERDICT_KINDS} for r, out in runs.items()}
+    edge = ALPHA + _binomial_margin(ALPHA, counts[0.95])
+    assert share[0.95]["regression"] <= edge, share[0.95]
+    assert share[0.95]["unchanged"] + share[0.95]["improved"] <= edge, share[0.95]
+    assert share[1.0]["regression"] == 0 and share[1.0]["unchanged"] >= 0.95, share[1.0]
+    assert share[0.93]["regression"] >= 0.95 - _binomial_margin(0.95, counts[0.93]), share[0.93]
+    assert share[0.93]["unchanged"] == 0, share[0.93]
+    # clear cases stop early: a 10 % slowdown needs fewer looks than the budget
+    early = [k for v, k in (_sequential_gate(rng, 0.90, cv, 48, sched, rule) for _ in range(40))]
+    assert max(early) < len(sched)
+    # the plan made from a baseline of this noise promises that power: its MDE is within 2 points
+    base = list(100.0 * np.exp(rng.normal(0.0, cv, 48)))
+    plan = plan_rule(rule, "c", base, 48, sched)
+    assert plan["planned_mde_pct"] < 2.0 and plan["waves_needed"] is not None and plan["waves_needed"] <= 96
+
+
+VERDICT_KINDS = ("regression", "inconclusive", "improved", "unchanged")
+
+
+def test_sequential_verdict_fields_and_plan():
+    from bench.sequential import Look, plan_rule, sequential_samples
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    rng = np.random.default_rng(1)
+    base = list(100 * np.exp(rng.normal(0, 0.02, 16)))
+    cand = list(90 * np.exp(rng.normal(0, 0.02, 8)))
+    v = sequential_samples(rule, "c", base, cand, Look((8,), 24, 16), waves_baseline=16, planned_mde_pct=3.0)
+    assert v.verdict == "regression" and v.look == 1 and v.level > 0.99  # a first look needs strong evidence
+    d = v.to_dict()
+    assert d["waves"] == {"baseline": 16, "candidate": 8} and d["planned_mde_pct"] == 3.0
+    assert d["min_detectable_pct"] > 0 and d["verdict"] == "regression"
+    # the plan: a noisier baseline needs more waves; a baseline too noisy for the allowance says so (None)
+    quiet = plan_rule(rule, "c", base, 16, [8, 12, 18, 24])
+    noisy = plan_rule(rule, "c", list(100 * np.exp(rng.normal(0, 0.10, 16))), 16, [8, 12, 18, 24])
+    assert quiet["planned_mde_pct"] < noisy["planned_mde_pct"]
+    assert noisy["waves_needed"] is None and noisy["waves_needed_both"] > 24
+    assert quiet["waves_needed"] is not None
+
+
+def test_gate_schedules_fit_the_budget():
+    from bench.driver import gate_schedules
+
+    first = {"a": 8, "b": 4, "free": 6}
+    costs = {"a": (0.5, 0.2), "b": (1.0, 0.2), "free": (0.5, 0.2)}
+    gated = {"a", "b"}
+    one = gate_schedules(first, costs, gated, time_left=None, waves_left=0)
+    assert one == {"a": [8], "b": [4], "free": [6]}  # no budget: one look at the planned waves (the fixed gate)
+    s = gate_schedules(first, costs, gated, time_left=60.0, waves_left=None)
+    assert s["free"] == [6] and s["a"][0] == 8 and s["b"][0] == 4 and len(s["a"]) > 2
+
+    def cost(sched, wave, warm):
+        return len(sched) * warm + (sched[-1] - 1) * wave
+
+    assert sum(cost(v, *costs[k]) for k, v in s.items()) <= 60.0
+    bigger = gate_schedules(first, costs, gated, time_left=60.0 * 1.3, waves_left=None)
+    assert bigger["a"][-1] > s["a"][-1]  # the budget was used, not just met
+    capped = gate_schedules(first, costs, gated, time_left=600.0, waves_left=12, max_waves=14)
+    assert capped["a"][-1] <= 14 and sum(v[-1] - first[k] for k, v in capped.items()) <= 12
+    tiny = gate_schedules(first, costs, gated, time_left=2.0, waves_left=None)
+    assert all(v[-1] <= first[k] for k, v in tiny.items()) and tiny["a"][-1] < 8  # cut to what fits
+
+
+def test_gate_command_max_time_json(sims, sim_profile, tmp_path, bench_main, capsys):
+    base_dir = tmp_path / "base"
+    assert bench_main(["run", sims["same"], "-p", str(sim_profile), "--out", str(base_dir), "--json",
+                       "--repeats", "12"]) == 0
+    capsys.readouterr()
+    baseline = str(base_dir / "results.json")
+    code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", baseline, "--max-time", "40",
+                       "--json", "--out", str(tmp_path / "c1")])
+    cap = capsys.readouterr()
+    doc = json.loads(cap.out)
+    assert code == 0 and doc["exit"] == 0, cap.err
+    v = doc["verdicts"][0]
+    assert v["verdict"] in ("unchanged", "improved") and v["waves"]["baseline"] == 12 and v["waves"]["candidate"] >= 8
+    assert v["min_detectable_pct"] > 0 and v["planned_mde_pct"] > 0 and v["look"] >= 1
+    assert doc["plan"][0]["name"] == v["name"] and doc["elapsed_s"] <= 40.0 and doc["max_time_s"] == 40.0
+    assert "plan: decode_tok_s.median@d0-s1-prose: expected MDE" in cap.err  # printed before measuring
+    # a budget that allows one wave cannot decide: exit 2, and it says so
+    code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", baseline, "--max-waves", "1",
+                       "--json", "--out", str(tmp_path / "c2")])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 2 and doc["verdicts"][0]["verdict"] == "inconclusive" and doc["looks"]["d0-s1-prose"] == [1]
+    # the 10 % slower sim is a regression within the budget
+    code = bench_main(["gate", sims["slow10"], "-p", str(sim_profile), "--baseline", baseline, "--max-time", "40",
+                       "--json", "--out", str(tmp_path / "c3")])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 1 and doc["verdicts"][0]["verdict"] == "regression"
+
+
+def test_ab_sequential_rounds(sims, sim_profile, tmp_path, bench_main, capsys):
+    out = tmp_path / "ab"
+    code = bench_main(["ab", sims["same"], sims["slow10"], "-p", str(sim_profile), "--out", str(out),
+                       "--max-waves", "24"])
+    capsys.readouterr()
+    doc = json.loads((out / "ab.json").read_text())
+    assert code == 1 and doc["exit"] == 1 and doc["schedules"]["d0-s1-prose"] == [8, 12, 18, 24]
+    looks = doc["looks"]["d0-s1-prose"]
+    assert looks and looks[-1] <= 24 and doc["verdicts"][0]["look"] == len(looks)
+    a = load_results(out / "a" / "results.json")
+    assert a.cells[0].waves == looks[-1] == doc["verdicts"][0]["waves"]["candidate"]
+    code = bench_main(["ab", sims["same"], sims["same"], "-p", str(sim_profile), "--out", str(tmp_path / "ab2"),
+                       "--max-time", "60"])
+    capsys.readouterr()
+    assert code == 0
+
+
+def test_instance_spread_turns_drift_into_an_honest_verdict():
+    """A stored baseline from another instance that decoded 6.5 % faster (drift, not a change): without the
+    spread the quiet data call it a regression; with a measured instance spread of 3 % it is not one."""
+    from bench.sequential import Look, plan_rule, sequential_samples
+
+    rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    base, cand = spread(100.0, 24, 0.005), spread(93.5, 24, 0.005)
+    look = Look((24,), 24, 24)
+    assert sequential_samples(rule, "c", base, cand, look).verdict == "regression"
+    folded = sequential_samples(rule, "c", base, cand, Look((24,), 24, 24, spread_pct=3.0))
+    assert folded.verdict == "inconclusive" and folded.lo < 0.95 < folded.hi
+    # the plan says what the spread costs: the MDE cannot fall under (k + z) * 3 %
+    p0 = plan_rule(rule, "c", base, 24, [24, 36, 48])
+    p3 = plan_rule(rule, "c", base, 24, [24, 36, 48], spread_pct=3.0)
+    assert p3["planned_mde_pct"] > 2.0 * 3.0 > p0["planned_mde_pct"] and p3["waves_needed"] is None
+
+
+def test_server_decode_rate_is_a_gate_metric():
+    rules = parse_rules([{"metric": "server_decode_tok_s", "max_drop_pct": 5}])
+    a = results({"c": {"server_decode_tok_s": spread(200.0, 12)}})
+    b = results({"c": {"server_decode_tok_s": spread(180.0, 12)}})
+    (v,) = compare(a, b, rules)
+    assert v.rule.higher_better and v.verdict == "regression"
+    plain = results({"c": {"decode_tok_s": spread(180.0, 12)}})
+    assert compare(plain, plain, rules) == []  # a backend that never reports it: skipped quietly

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import math
 import os
+import random
 import signal
 import statistics
 import subprocess
@@ -420,3 +422,58 @@ def test_cli_port_0() -> None:
     finally:
         p.send_signal(signal.SIGINT)
         assert p.wait(timeout=10) == 0
+
+
+# ------------------------------------------------------------------------------------------------
+# seeded noise: --step-jitter-pct, --drift-pct
+# ------------------------------------------------------------------------------------------------
+def test_noise_off_is_exact_and_drift_factor_is_seeded() -> None:
+    from bench.sim.truth import drift_factor, jitter_factor
+
+    cfg = SimConfig(decode_step_ms=10, prefill_tok_s=1000)
+    assert drift_factor(cfg) == 1.0 and step_ms(cfg, 1) == 10 and expected_prefill_ms(cfg, 500) == 500
+    d = cfg.replace(drift_pct=2.0, seed=5)
+    f = drift_factor(d)
+    assert f == drift_factor(cfg.replace(drift_pct=2.0, seed=5)) != drift_factor(cfg.replace(drift_pct=2.0, seed=6))
+    assert step_ms(d, 1) == pytest.approx(10 * f) and expected_prefill_ms(d, 500) == pytest.approx(500 * f)
+    # the spread of ln F over instances is drift_pct / 100
+    logs = [math.log(drift_factor(cfg.replace(drift_pct=2.0, seed=s))) for s in range(2000)]
+    assert abs(statistics.mean(logs)) < 0.002 and statistics.stdev(logs) == pytest.approx(0.02, rel=0.06)
+    j = cfg.replace(step_jitter_pct=10)
+    assert jitter_factor(j, 0.0) == pytest.approx(math.exp(-0.005))
+    zs = [random.Random(s).gauss(0, 1) for s in range(4000)]
+    assert statistics.mean(jitter_factor(j, z) for z in zs) == pytest.approx(1.0, abs=0.006)
+    with pytest.raises(ValueError, match="step_jitter_pct"):
+        SimConfig(step_jitter_pct=-1)
+    with pytest.raises(ValueError, match="drift_pct"):
+        SimConfig(drift_pct=80)
+
+
+def _gaps_ms(cfg: SimConfig, n_tokens: int) -> list[float]:
+    with running_sim(cfg) as url, httpx.Client(base_url=url, timeout=10) as c:
+        _, chunks = stream(c, "/chat/completions", chat_body("x", n_tokens))
+    sched = [o["sim"]["sched_ns"] for _, o in token_chunks(chunks)]
+    return [(b - a) / MS for a, b in zip(sched, sched[1:])]
+
+
+def test_step_jitter_and_drift_on_the_schedule() -> None:
+    from bench.sim.truth import drift_factor, jitter_factor
+
+    base = SimConfig(decode_step_ms=2, seed=9)
+    assert all(abs(g - 2.0) <= EXACT_NS / MS for g in _gaps_ms(base, 12))  # both 0: exactly t(1)
+    drifted = base.replace(drift_pct=5.0)
+    f = drift_factor(drifted)
+    assert f != 1.0 and all(abs(g - 2.0 * f) <= EXACT_NS / MS for g in _gaps_ms(drifted, 12))
+    jit = base.replace(step_jitter_pct=20.0)
+    gaps = _gaps_ms(jit, 40)
+    rng = random.Random("jitter/9")  # the engine's stream: one draw per step, the first step included
+    want = [2.0 * jitter_factor(jit, rng.gauss(0.0, 1.0)) for _ in range(40)]
+    assert gaps == pytest.approx(want[1:], abs=EXACT_NS / MS)
+    assert statistics.stdev(gaps) > 0.2  # 20 % jitter of 2 ms steps
+
+
+def test_cli_noise_flags() -> None:
+    from bench.sim.__main__ import build_parser, config_from_args
+
+    cfg = config_from_args(build_parser().parse_args(["--step-jitter-pct", "3", "--drift-pct", "1.5"]))
+    assert cfg.step_jitter_pct == 3.0 and cfg.drift_pct == 1.5

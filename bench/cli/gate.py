@@ -42,6 +42,7 @@ from bench.gate import (
 )
 from bench.measure.gpu import comparison_notes
 from bench.results import Results, load_results
+from bench.sequential import ALPHA
 
 __all__ = ["gate", "compare", "ab"]
 
@@ -144,8 +145,16 @@ def _load_profile(name: str) -> Profile:
 @click.option("--update-baseline", is_flag=True,
               help="After the run, write its results over the --baseline file (the exit code is still the verdict).")
 @click.option("--budget-waves", type=click.IntRange(0), default=None,
-              help="Extra waves for re-measuring inconclusive cells, in all (default: the profile's "
-                   "gate_budget_waves).")
+              help="Extra waves beyond the profile's planned ones, in all cells together (default: the profile's "
+                   "gate_budget_waves when neither --max-time nor --max-waves is given).")
+@click.option("--max-time", "max_time", type=click.FloatRange(min=1.0), default=None, metavar="S",
+              help="Decide within S seconds in all (connecting and the final summary included): the gate plans "
+                   "its looks to fit, and exits 2 (undecided) when the budget runs out first.")
+@click.option("--max-waves", type=click.IntRange(1), default=None,
+              help="At most this many measured waves per cell (the last look).")
+@click.option("--instance-spread-pct", type=click.FloatRange(0, 100, max_open=True), default=0.0, metavar="PCT",
+              help="The spread between two server instances of one build and flags (sd of their ratio, %), when "
+                   "the baseline was made on another instance: folded into every verdict (docs/gate.md).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results folder (default bench-results/<time>-<profile>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the gate result (gate.json) on stdout, nothing else.")
@@ -153,14 +162,18 @@ def _load_profile(name: str) -> Profile:
 @client_options
 @_could_not_run
 def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
-         force: bool, update_baseline: bool, budget_waves: int | None, out_dir: str | None, as_json: bool,
+         force: bool, update_baseline: bool, budget_waves: int | None, max_time: float | None,
+         max_waves: int | None, instance_spread_pct: float, out_dir: str | None, as_json: bool,
          **client: Any) -> None:
     """CI speed gate: run a profile and compare it with a baseline results file.
 
     \b
-    For each [[gate]] rule and cell: ratio = statistic(candidate) / statistic(baseline) with a bootstrap 95 % CI.
+    For each [[gate]] rule and cell: ratio = statistic(candidate) / statistic(baseline) with a bootstrap CI,
+    judged after each round of waves (a sequential test: alpha spending keeps the false-alarm rate at 2.5 %
+    one-sided at the limit however many looks it takes). Before measuring it prints its plan: the MDE it
+    expects to reach and the time it needs.
     regression    the whole CI is beyond the allowance (e.g. below 0.95 for max_drop_pct = 5)
-    inconclusive  the CI straddles the allowance; such cells are re-measured within gate_budget_waves
+    inconclusive  the CI still straddles the allowance when the budget (--max-time, --budget-waves) ran out
     improved      the whole CI is on the better side of 1
     unchanged     otherwise
     Exit 0 pass, 1 regression, 2 inconclusive, 3 could not run (any cause). Method: docs/gate.md.
@@ -169,13 +182,28 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
     Examples:
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
       bench gate URL -p ci.toml --baseline base/results.json --update-baseline     (refresh it)
+      bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """
-    _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget_waves,
+    budget = {"budget_waves": budget_waves, "max_waves": max_waves, "max_time": max_time,
+              "instance_spread_pct": instance_spread_pct}
+    _gate(url, baseline_file, profile_name, junit_file, markdown_file, force, update_baseline, budget,
           out_dir, as_json, client)
 
 
+SUMMARY_RESERVE_S = 1.0  # of --max-time, kept for the verdicts, reports and closing the session
+
+
+def _sequential_doc(outcome: Any, budget: dict[str, Any], t0: float) -> dict[str, Any]:
+    """gate.json's budget, plan and looks (the sequential gate's own keys)."""
+    return {"extra_waves": outcome.extra_waves, "max_time_s": budget["max_time"],
+            "elapsed_s": round(time.monotonic() - t0, 2), "budget_ran_out": outcome.budget_ran_out,
+            "alpha": ALPHA, "instance_spread_pct": budget["instance_spread_pct"], "plan": outcome.plan,
+            "schedules": outcome.schedules, "looks": outcome.looks,
+            "seconds_per_wave": {k: round(v, 4) for k, v in outcome.wave_s.items()}}
+
+
 def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
-          force: bool, update_baseline: bool, budget_waves: int | None, out_dir: str | None, as_json: bool,
+          force: bool, update_baseline: bool, budget: dict[str, Any], out_dir: str | None, as_json: bool,
           client: dict[str, Any]) -> None:
     from bench.driver import run_gate
     from bench.report.console import stderr
@@ -196,15 +224,18 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
     parallel, ctx = engine_size(prof)
+    deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
     with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
-                                       force=force, budget_waves=budget_waves, observer=observer, log=log,
-                                       views=VIEWS, gpu=gpu))
+                                       force=force, budget_waves=budget["budget_waves"],
+                                       max_waves=budget["max_waves"], deadline=deadline, observer=observer,
+                                       log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"],
+                                       gpu=gpu))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
     _warn(gpu_notes)
-    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves,
+    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
                                                **({"gpu_notes": gpu_notes} if gpu_notes else {})})
     write_atomic(out / "gate.json", doc)
     if as_json:
@@ -276,41 +307,55 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
 @_report_options
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Write a/ and b/ (results.json, records.jsonl...) and ab.json here.")
+@click.option("--max-time", "max_time", type=click.FloatRange(min=1.0), default=None, metavar="S",
+              help="Keep adding pairs of waves to undecided cells (a sequential test) within S seconds in all.")
+@click.option("--max-waves", type=click.IntRange(1), default=None,
+              help="With or without --max-time: at most this many waves per side and cell (sequential looks).")
 @client_options
 def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_file: str | None,
-       markdown_file: str | None, out_dir: str | None, **client: Any) -> None:
+       markdown_file: str | None, out_dir: str | None, max_time: float | None, max_waves: int | None,
+       **client: Any) -> None:
     """Matched A/B: measure two endpoints with alternating waves, then compare B against A.
 
     \b
     For each cell the waves alternate A, B, A, B, ... so drift of the machine, the network or the time of day
     falls on both alike: the recommended way to compare two setups that can run at once (docs/gate.md). Prints
     each main metric's ratio B/A with its bootstrap 95 % CI per cell, and the profile's gate rules (or the
-    defaults) as verdicts. Exit 0 pass, 1 B regressed, 2 inconclusive.
+    defaults) as verdicts. With --max-time or --max-waves, undecided cells get more pairs of waves, judged
+    sequentially (alpha spending, docs/gate.md) until decided or the budget ends. Exit 0 pass, 1 B regressed,
+    2 inconclusive.
 
     \b
     Example:
       bench ab http://gpu:8000/v1 http://gpu:8001/v1 -p decode --markdown ab.md
     """
     from bench.client import normalize_url
-    from bench.driver import run_ab
+    from bench.driver import ABRounds, run_ab
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.results import write_atomic
 
+    t0 = time.monotonic()
     prof = _load_profile(profile_name)
     rules, _ = profile_rules(prof.gate)
     model = client.pop("model")
     settings = _settings(**client)
     base_a, base_b = checked_url(normalize_url(url_a)), checked_url(normalize_url(url_b))
     observer, _log = _observer()
-    t0 = time.monotonic()
+    rounds = None
+    if max_time is not None or max_waves is not None:
+        rounds = ABRounds(rules, t0 + max_time - SUMMARY_RESERVE_S if max_time else None, max_waves)
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)
     ra, rb = asyncio.run(run_ab(base_a, base_b, prof, settings, model_a=model, model_b=model_b or model,
-                                observer=observer, out_a=out_a, out_b=out_b, views=VIEWS))
+                                observer=observer, out_a=out_a, out_b=out_b, views=VIEWS, rounds=rounds))
     _warn(check_comparable(ra, rb, force=True), prefix="note: ")
-    verdicts = _print_ab(ra, rb, rules, base_a, base_b)
+    verdicts = _print_ab(ra, rb, rules, base_a, base_b, rounds)
     if out_dir:
-        write_atomic(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, {"a": base_a, "b": base_b}))
+        extra: dict[str, Any] = {"a": base_a, "b": base_b}
+        if rounds is not None:
+            extra.update(max_time_s=max_time, budget_ran_out=rounds.budget_ran_out, alpha=ALPHA,
+                         schedules=rounds.schedules, looks=rounds.looks)
+        write_atomic(Path(out_dir) / "ab.json", _gate_json(verdicts, rules, extra))
     context = {"A": f"{base_a} ({ra.endpoint.model})", "B": f"{base_b} ({rb.endpoint.model})", "profile": prof.name}
     written = _write_reports(verdicts, title="bench ab", context=context, junit=junit_file, markdown=markdown_file,
                              side=_side_rows(ra, rb), elapsed=time.monotonic() - t0)
@@ -339,12 +384,17 @@ def _side_rows(a: Results, b: Results) -> Any:
     return side_by_side_rows(main_verdicts(a, b))
 
 
-def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base_b: str) -> list[Verdict]:
+def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base_b: str,
+              rounds: Any = None) -> list[Verdict]:
     from bench.report.console import stdout
     from bench.report.verdicts import side_by_side_table
+    from bench.sequential import sequential_compare
 
     stdout.print(side_by_side_table(main_verdicts(ra, rb), f"bench ab: A = {base_a}, B = {base_b} (waves "
                                                           "alternated)"))
-    verdicts = compare_results(ra, rb, rules)
+    if rounds is not None and rounds.looks:
+        verdicts = sequential_compare(ra, rb, rules, rounds.look_map(), seed=rounds.seed)
+    else:
+        verdicts = compare_results(ra, rb, rules)
     _print_verdicts(verdicts, "gate rules (B against A)")
     return verdicts

@@ -57,6 +57,17 @@ class SimConfig:
         "tokens per event",
         "tokens a sequence emits per decode step: an int, or a list of choices drawn uniformly per step (seeded)",
     )
+    step_jitter_pct: float = _f(
+        0.0, "%",
+        "per-step noise: each decode step lasts t(b) * exp(s*Z - s^2/2), s = this / 100, Z a standard normal drawn "
+        "per step from a stream seeded by seed (mean factor 1); 0 = every step exactly t(b)",
+    )
+    drift_pct: float = _f(
+        0.0, "%",
+        "per-instance drift: one factor exp(d*Z), d = this / 100, Z a standard normal seeded by seed and drawn at "
+        "start, multiplies every decode step and prefill time (two instances with different seeds differ like two "
+        "server processes); 0 = factor 1",
+    )
     reasoning_tokens: int = _f(
         0, "tokens", "first N output tokens of a chat request are streamed as delta.reasoning_content"
     )
@@ -126,6 +137,9 @@ class SimConfig:
              "decode_step_ms_per_seq", "must be >= 0 ms")
         need(self.decode_step_ms + self.decode_step_ms_per_seq > 0, "decode_step_ms",
              "decode_step_ms + decode_step_ms_per_seq must be > 0 (a step must take time)")
+        need(is_num(self.step_jitter_pct) and 0 <= self.step_jitter_pct <= 50, "step_jitter_pct",
+             "must be in [0, 50] %")
+        need(is_num(self.drift_pct) and 0 <= self.drift_pct <= 50, "drift_pct", "must be in [0, 50] %")
         need(is_int(self.max_running) and self.max_running >= 1, "max_running", "must be an int >= 1")
         tpe = self.tokens_per_event
         if isinstance(tpe, tuple):

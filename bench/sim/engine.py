@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from bench.sim.config import SimConfig
-from bench.sim.truth import output_length, prefill_ns, step_ns
+from bench.sim.truth import jitter_factor, output_length, prefill_ns, step_ns
 
 __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 
@@ -165,6 +165,8 @@ class Engine:
         self._waiter: asyncio.Future[None] | None = None
         self._closed = False
         self._choices = cfg.tokens_per_event_choices
+        # per-step jitter: one standard normal per step from its own seeded stream (None when off: no draws at all)
+        self._jitter = random.Random(f"jitter/{cfg.seed}") if cfg.step_jitter_pct > 0 else None
 
     # -- bookkeeping -------------------------------------------------------------------------------
     @property
@@ -262,7 +264,10 @@ class Engine:
             self.decoding.append(seq)
         if self.decoding:
             self.step_batch = list(self.decoding)
-            self.step_end = t + step_ns(self.cfg, len(self.step_batch))
+            dur = step_ns(self.cfg, len(self.step_batch))
+            if self._jitter is not None:
+                dur = round(dur * jitter_factor(self.cfg, self._jitter.gauss(0.0, 1.0)))
+            self.step_end = t + dur
         else:
             self.step_batch = []
             self.step_end = None

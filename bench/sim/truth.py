@@ -8,6 +8,7 @@ All ``*_ms`` results are floats in milliseconds; ``*_ns`` results are the intege
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 import random
@@ -16,6 +17,8 @@ from typing import Any
 from bench.sim.config import SimConfig
 
 __all__ = [
+    "drift_factor",
+    "jitter_factor",
     "step_ms",
     "step_ns",
     "prefill_rate_tok_s",
@@ -43,11 +46,33 @@ __all__ = [
 ]
 
 
+@functools.lru_cache(maxsize=64)
+def _drift(seed: int, drift_pct: float) -> float:
+    if drift_pct <= 0:
+        return 1.0
+    return math.exp(drift_pct / 100.0 * random.Random(f"drift/{seed}").gauss(0.0, 1.0))
+
+
+def drift_factor(cfg: SimConfig) -> float:
+    """The instance's speed factor: ``exp(d Z)``, ``d = drift_pct / 100``, ``Z`` one standard normal drawn from
+    ``Random(f"drift/{seed}")``; exactly 1.0 when ``drift_pct`` is 0. Every step and prefill time is multiplied
+    by it (so a sim with factor 1.02 decodes 1/1.02 as fast as one with factor 1)."""
+    return _drift(cfg.seed, float(cfg.drift_pct))
+
+
+def jitter_factor(cfg: SimConfig, z: float) -> float:
+    """The factor of one decode step for the standard normal draw ``z``: ``exp(s z - s^2/2)``, ``s =
+    step_jitter_pct / 100`` (its mean over draws is 1, so the mean step stays t(b))."""
+    s = cfg.step_jitter_pct / 100.0
+    return math.exp(s * z - s * s / 2.0)
+
+
 def step_ms(cfg: SimConfig, batch: int) -> float:
-    """Duration of one decode step with ``batch`` sequences: t(b) = decode_step_ms + decode_step_ms_per_seq * b."""
+    """Duration of one decode step with ``batch`` sequences: t(b) = (decode_step_ms + decode_step_ms_per_seq * b)
+    * :func:`drift_factor` (1 unless ``drift_pct`` is set); with ``step_jitter_pct`` this is the mean step."""
     if batch < 1:
         raise ValueError("batch must be >= 1")
-    return cfg.decode_step_ms + cfg.decode_step_ms_per_seq * batch
+    return (cfg.decode_step_ms + cfg.decode_step_ms_per_seq * batch) * drift_factor(cfg)
 
 
 def step_ns(cfg: SimConfig, batch: int) -> int:
@@ -69,7 +94,7 @@ def expected_prefill_ms(cfg: SimConfig, uncached_tokens: int, prompt_tokens: int
     d = uncached_tokens if prompt_tokens is None else prompt_tokens
     if uncached_tokens <= 0:
         return 0.0
-    return uncached_tokens / prefill_rate_tok_s(cfg, d) * 1000.0
+    return uncached_tokens / prefill_rate_tok_s(cfg, d) * 1000.0 * drift_factor(cfg)
 
 
 def prefill_ns(cfg: SimConfig, uncached_tokens: int, prompt_tokens: int) -> int:

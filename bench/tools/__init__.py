@@ -1,0 +1,1 @@
+"""Tools beside the measurement: check, record, replay, probe, the embedded engine, and the delay proxy."""
