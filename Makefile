@@ -13,7 +13,7 @@ $(VPY):
 	PY=$(PY) VENV=$(VENV) .ci/make-venv
 
 install: $(VPY)
-	$(VPY) -m pip install -q -e '.[test,fast,ray,gpu]'
+	$(VPY) -m pip install -q -e '.[test,fast,ray,gpu,history]'
 	PYTHON=$(VPY) BENCH_BUILD_JOBS=$(JOBS) .ci/install-engine
 
 run: install
@@ -22,6 +22,7 @@ run: install
 lint: install
 	$(VPY) -m ruff check .
 	$(VPY) -m mypy
+	$(VPY) -m mypy --strict bench
 
 test: install
 	$(VPY) -m pytest -q

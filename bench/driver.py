@@ -1,7 +1,7 @@
 """The one driver of every command that measures: ``bench run`` in waves (:func:`run_profile`), ``bench run
 --rate/--trace/--sessions`` (:func:`run_load`), ``bench capacity`` (:func:`run_capacity`), ``bench gate``
 (:func:`run_gate`, with its re-measurements) and ``bench ab`` (:func:`run_ab`), over one
-:class:`bench.session.runner.Session` each.
+:class:`bench.session.endpoint.Session` each.
 
 All of them share one incremental writer (:class:`RunOutput`: records as each request finishes, results.json after
 each cell, marked incomplete until the end, the other views at the end) and one signal handling
@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile
-from bench.config.slo import parse_slo
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import Rule, Verdict, check_comparable, compare, inconclusive_cells, overall_exit, uncovered_cells
 from bench.records import RequestRecord, read_records
 from bench.results import CellResult, Results, cell_from_dict, save_results, write_atomic
-from bench.session.runner import CellAnnotator, CellRun, Observer, Session
+from bench.session.endpoint import CellAnnotator, Observer, ReaderPool, Session
+from bench.session.sweep import CellRun, Sweep
 
 if TYPE_CHECKING:
     from bench.load.capacity import SearchSettings
@@ -126,22 +126,23 @@ async def _interrupted(session: Session, cells: list[CellResult], out: RunOutput
 
 async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, out_dir: Path | None,
                       model: str | None = None, observer: Observer | None = None, workers: int | str = 1,
-                      views: Views | None = None, pool: Any = None,
+                      views: Views | None = None, pool: ReaderPool | None = None,
                       annotators: list[CellAnnotator] | None = None, resume: Results | None = None,
-                      ray_address: str | None = None) -> Results:
+                      ray_address: str | None = None, gpu: Any = None) -> Results:
     """Run every cell of ``profile`` against ``base``; returns the results document.
 
     ``workers``: processes that read the measured waves (1: this process; see :mod:`bench.session.workers`); ``pool``: an
     already made pool with the same interface (Ray actors). ``resume``: an interrupted run of the same profile,
     endpoint and model whose finished cells are kept (the unfinished one is measured again). At the end the
     overhead probes run again and ``run.drift`` says how far the server moved. Raises :class:`RunInterrupted` on
-    SIGINT/SIGTERM, after writing what finished.
+    SIGINT/SIGTERM, after writing what finished. ``gpu``: a GPU sampler (:mod:`bench.server.gpu`) around each
+    cell's measured waves.
     """
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
         session = await _open(got, out, lambda: out.final(_not_started(base, profile, model)), base, settings,
                               profile, model=model, out_dir=out_dir, observer=observer, workers=workers, pool=pool,
-                              annotators=annotators, ray_address=ray_address)
+                              annotators=annotators, ray_address=ray_address, gpu=gpu)
         cells: list[CellResult] = []
         try:
             done = _resumable(resume, session)
@@ -149,7 +150,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                 if cell.id in done:
                     cells.append(done[cell.id])
                     continue
-                run = await session.run_cell(cell)
+                run = await Sweep(session).run_cell(cell)
                 assert run.summary is not None
                 cells.append(run.summary)
                 out.progress(session.results(cells))
@@ -197,8 +198,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             out.final(results)
             return results
         except (asyncio.CancelledError, KeyboardInterrupt):
-            slo = parse_slo(ls.slo) if ls.slo else None
-            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), slo)
+            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], interrupted=True)
             results.load = load_dict(ls)
             out.final(results)
@@ -299,13 +299,14 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                    *, model: str | None = None, out_dir: Path | None = None, force: bool = False,
                    budget_waves: int | None = None, observer: Observer | None = None,
                    log: Callable[[str], None] | None = None, level: float = 0.95, seed: int = 0,
-                   views: Views | None = None) -> GateOutcome:
+                   views: Views | None = None, gpu: Any = None) -> GateOutcome:
     """Run ``profile`` against ``base``, compare with ``baseline`` under ``rules``, re-measure inconclusive cells.
 
     Re-measuring: while some cell has an inconclusive verdict, no verdict is a regression (which already decides
     the exit code) and budget is left (``budget_waves``, default ``profile.gate_budget_waves``), each such cell gets
     ``min(its current waves, budget left / cells)`` (at least 1) more measured waves (after its warm-up), merged
-    with its earlier ones through the same cell-summary step, and every verdict is recomputed.
+    with its earlier ones through the same cell-summary step, and every verdict is recomputed. ``gpu``: a GPU
+    sampler (:mod:`bench.server.gpu`) around each cell's measured waves.
 
     Raises:
         ConfigError: the runs are not comparable (profile, model, backend; unless ``force``).
@@ -317,7 +318,8 @@ async def run_gate(base: str, profile: Profile, settings: ClientSettings, baseli
                           f"this run uses {profile.name!r} (--force compares anyway)")
     out = RunOutput(out_dir, views or {})
     async with stoppable() as got:
-        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer)
+        session = await Session.open(base, settings, profile, model=model, out_dir=out_dir, observer=observer,
+                                     gpu=gpu)
         st = _GateState(session, baseline, rules, level, seed)
         try:
             return await _gate(st, out, force, budget_waves, log or (lambda s: None))
@@ -335,7 +337,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget_waves: int |
     probe = session.results([])
     check_comparable(st.baseline, probe, force, ignore_interrupted=True)
     for cell in profile.cells():
-        st.runs[cell.id] = await session.run_cell(cell)
+        st.runs[cell.id] = await Sweep(session).run_cell(cell)
         out.progress(st.results())
     failed = [c.id for c in st.cells() if c.requests_ok == 0 and c.requests_failed > 0]
     if failed:
@@ -369,8 +371,8 @@ async def _remeasure(st: _GateState, budget: int, say: Callable[[str], None]) ->
             run = st.runs[cid]
             k = min(share, len(run.waves) or 1, budget - spent)
             say(f"re-measuring {cid}: {k} more wave(s) (inconclusive; budget {budget - spent} of {budget} left)")
-            run.extend(await st.session.run_cell(cells[cid], waves=k, first_wave=len(run.waves)))
-            st.session.summarize(run)
+            run.extend(await Sweep(st.session).run_cell(cells[cid], waves=k, first_wave=len(run.waves)))
+            Sweep(st.session).summarize(run)
             spent += k
             st.extra[cid] = st.extra.get(cid, 0) + k
         verdicts = st.verdicts()
@@ -399,11 +401,11 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
         try:
             for cell in profile.cells():
                 ra, rb = CellRun(cell), CellRun(cell)
-                for w in range(sa.planned_waves(cell)):
+                for w in range(Sweep(sa).planned_waves(cell)):
                     for sess, acc in ((sa, ra), (sb, rb)):
-                        acc.extend(await sess.run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
-                ca.append(sa.summarize(ra))
-                cb.append(sb.summarize(rb))
+                        acc.extend(await Sweep(sess).run_cell(cell, waves=1, warmup=(w == 0), first_wave=w))
+                ca.append(Sweep(sa).summarize(ra))
+                cb.append(Sweep(sb).summarize(rb))
                 oa.progress(sa.results(ca))
                 ob.progress(sb.results(cb))
             await sa.measure_drift()

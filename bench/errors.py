@@ -11,6 +11,8 @@ Error tree (every class is raised by bench code only, never leaked from a librar
     │       │                   falls back to a calibrated count
     │       └── TokenizerUnavailable   the server has no usable ``/tokenize``
     ├── GateCouldNotRun         ``bench gate`` could not produce a verdict (exit 3, whatever the cause)
+    ├── HistoryError            ``bench history``: the store cannot be opened or migrated, or the run is already in
+    │                           it (exit 3)
     └── RunInterrupted          SIGINT/SIGTERM stopped a run; finished records and results are on disk (exit 130)
 
 Internal (never leaves bench): ``UnreadableResponse`` (a response the client cannot decode becomes the record's
@@ -26,7 +28,7 @@ Exit codes used by the CLI (``cli.py`` is the only place that turns errors into 
 
 ====  =====================================================================
 0     success
-1     a check failed: ``bench replay`` expectation unmet, ``bench gate`` regression
+1     a check failed: ``bench replay`` expectation unmet, ``bench gate`` regression, ``bench history check``
 2     ``bench gate``: inconclusive after the re-measure budget
 3     bad input: profile, option, results or case file (``bench gate``: could not run, any cause)
 4     endpoint unreachable
@@ -95,6 +97,13 @@ class TokenizerUnavailable(TokenizerError):
 
 class GateCouldNotRun(BenchError):
     """``bench gate`` could not produce a verdict (unreachable endpoint, bad baseline, a cell with no success...)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class HistoryError(ConfigError):
+    """``bench history`` / ``--history``: the run store cannot be opened, reached or migrated, or a run being added
+    is already stored (exit 3)."""
 
     exit_code = EXIT_BAD_INPUT
 

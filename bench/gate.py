@@ -87,7 +87,7 @@ __all__ = [
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
-                 "server_prefill_tok_s", "spec_acceptance_rate")
+                 "server_prefill_tok_s", "spec_acceptance_rate", "tokens_per_joule")
 LOWER_BETTER = ("ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "itl_ms_p50")
 METRICS = HIGHER_BETTER + LOWER_BETTER
 # The metrics of the side-by-side table of `bench compare` / `bench ab` (median of each).

@@ -96,6 +96,7 @@ class CellResult:
     noise: dict[str, Any] | None = None
     queueing: dict[str, Any] | None = None
     server_metrics: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
     roofline: dict[str, Any] | None = None
     load: dict[str, Any] | None = None
     goodput: dict[str, Any] | None = None

@@ -105,13 +105,15 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
     import bench.measure.metrics
     import bench.measure.slo
     import bench.measure.summary
-    import bench.session.runner
+    import bench.session.endpoint
+    import bench.session.sweep
     from bench.client import ClientSettings
     from bench.config.profile import Cell, Profile
     from bench.measure.noise import wave_medians
     from bench.measure.queueing import queueing_summary
     from bench.measure.summary import summarize_cell
-    from bench.session.runner import CellRun, Session
+    from bench.session.endpoint import Session
+    from bench.session.sweep import CellRun, Sweep
 
     recs = _cell_records()
     fresh = [request_metrics(r) for r in recs]
@@ -121,20 +123,21 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
         calls.append(r.request_id)
         return request_metrics(r)
 
-    for mod in (bench.measure.metrics, bench.session.runner, bench.measure.summary, bench.measure.slo):
+    for mod in (bench.measure.metrics, bench.session.endpoint, bench.session.sweep, bench.measure.summary, bench.measure.slo):
         monkeypatch.setattr(mod, "request_metrics", counted)
     cell = Cell("main", 0, 2, "prose", 8, 4)
     session = Session("http://127.0.0.1:9/v1", ClientSettings(), Profile(target_ci=0.05), httpx.AsyncClient())
+    sweep = Sweep(session)
     try:
         run = CellRun(cell)
         run.records, run.waves = recs[:2], [["w0s0", "w0s1"]]
-        session._ci_met(run)
+        sweep._ci_met(run)
         run.records.extend(recs[2:])
         run.waves.append(["w1s0", "w1s1"])
-        session._ci_met(run)
+        sweep._ci_met(run)
         tokens = sum(m.output_tokens for m in fresh if m.ok)
         run.server_metrics = {"generation_tokens": 2 * tokens}  # twice what bench counted: a cross-check warning
-        summary = session.summarize(run)
+        summary = sweep.summarize(run)
     finally:
         asyncio.run(session.client.aclose())
     assert sorted(calls) == sorted(r.request_id for r in recs)  # each record once
@@ -151,7 +154,7 @@ def test_cell_summary_computes_each_records_metrics_once(monkeypatch: pytest.Mon
 
 def test_cell_run_extend_carries_the_metrics_over() -> None:
     from bench.config.profile import Cell
-    from bench.session.runner import CellRun
+    from bench.session.sweep import CellRun
 
     recs = _cell_records()
     cell = Cell("main", 0, 2, "prose", 8, 4)

@@ -287,11 +287,12 @@ def test_a_crashed_scraper_is_a_warning_not_silence(monkeypatch: pytest.MonkeyPa
 
     from bench.config.profile import Profile
     from bench.results import CellResult
-    from bench.session.runner import Session
+    from bench.session.endpoint import Session
+    from bench.session.sweep import Sweep
 
     summary = CellResult(id="c")
     session = object.__new__(Session)
     session.profile = Profile()
-    session._server_checks(out, [], summary)
+    Sweep(session)._server_checks(out, [], summary)
     assert any("the /metrics scraper stopped during the cell (RuntimeError: parser bug)" in w
                for w in summary.warnings)

@@ -86,7 +86,7 @@ def test_documented_error_kinds_are_the_codes() -> None:
 
 def test_error_kinds_in_the_client_are_the_enum() -> None:
     src = "\n".join(p.read_text(encoding="utf-8") for p in (*(PKG / "client").glob("*.py"), PKG / "transport" / "http.py",
-                                                                 PKG / "session" / "runner.py"))
+                                                                 PKG / "session" / "endpoint.py", PKG / "session" / "sweep.py"))
     used = set(re.findall(r'error_kind\s*==?\s*"([a-z0-9_]+)"', src))
     used |= set(re.findall(r'_set_error\([^)]*?"([a-z0-9_]+)"(?:, secret)?\)', src))
     assert used <= {k.value for k in ErrorKind}, used - {k.value for k in ErrorKind}
@@ -194,3 +194,16 @@ def test_layout_sizes() -> None:
     big = [f"{p.relative_to(ROOT)} ({n})" for p in _modules(PKG)
            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
     assert not big, big
+
+
+def test_spec_strings_are_parsed_once_in_config() -> None:
+    """SLO and size specs become typed objects in bench/config (settings made once); nothing below the CLI parses
+    the strings again (the CLI may, to check a flag before anything runs)."""
+    again = []
+    for path in _modules(PKG):
+        top = path.relative_to(PKG).parts[0]
+        if top in ("config", "cli"):
+            continue
+        src = path.read_text(encoding="utf-8")
+        again += [f"{path.relative_to(ROOT)}: {fn}" for fn in ("parse_slo(", "parse_size(") if fn in src]
+    assert not again, again

@@ -19,6 +19,8 @@ from bench.cli.capacity import capacity, load_options, load_settings, run_open_l
 from bench.cli.common import client_options, echo, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gate import ab, compare, gate
+from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
+from bench.cli.history import history, require_store
 from bench.cli.report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
 from bench.errors import (
     EXIT_BAD_INPUT,
@@ -175,15 +177,18 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
               "docs/report.md) into the results folder.")
+@click.option("--history", "history_db", metavar="DB", default=None, help="When the run finishes, add it to this "
+              "run history (a file, or postgresql://...; docs/history.md).")
 @click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
               help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @load_options
+@gpu_options
 @client_options
 @roofline_options
 def run(url: str | None, profile_name: str, streams: str | None, depths: str | None, max_tokens: int | None,
         prompt_kinds: str | None, repeats: int | None, endpoint_kind: str | None, thinking: str | None,
         prefix_cache: bool | None, out_dir: str | None, workers: int | str, ray_address: str | None, as_json: bool,
-        resume: bool, overwrite: bool, make_report: bool, progress_every: float,
+        resume: bool, overwrite: bool, make_report: bool, history_db: str | None, progress_every: float,
         model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None,
         **extra: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
@@ -205,9 +210,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
       bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
-    from bench.measure.roofline import RooflineAnnotator
     from bench.results import prepare_folder
-    from bench.session.runner import default_out_dir
+    from bench.session.endpoint import default_out_dir
 
     if ray_address and workers == "auto":
         raise click.BadParameter("--ray needs a count: --workers N (N actors)", param_hint="--workers")
@@ -221,25 +225,37 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
                        endpoint=endpoint_kind, thinking=None if thinking is None else thinking == "on",
                        prefix_cache=prefix_cache)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
+    gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)
     if ls is not None and resume:
         raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
                           "and cannot be continued: run it again with --overwrite (or another --out)")
     previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+    require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
     if ls is not None:  # open loop (rate, trace, sessions): bench.load
+        no_gpu_in_open_loop(gpu_kw)
         if not isinstance(workers, int):
             raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
         _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
-                    make_report)
+                    make_report, history_db)
         return
     prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
+    results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
+                           workers=workers, resume=previous, ray_address=ray_address)
+    _finish_run(results, out, as_json, make_report, history_db)
+
+
+def _closed_loop(url: str | None, prof: Profile, settings: ClientSettings, out: Path, as_json: bool,
+                 progress_every: float, gpu_kw: dict[str, Any], roof: Any, **loop_kw: Any) -> Results:
+    """The concurrency cells in waves against ``url`` (or the embedded endpoint, its log kept in ``out``), the
+    GPUs sampled around each cell's measured waves (bench.server.gpu), with live progress."""
+    from bench.measure.roofline import RooflineAnnotator
+
     parallel, ctx = engine_size(prof)
-    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base:  # the server's log kept in out
+    with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base, gpu_sampler(gpu_kw, base, settings) as g:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
-        results = _run_with_progress(base, prof, settings, out, as_json, progress_every, model=model,
-                                     workers=workers, annotators=annotators, resume=previous,
-                                     ray_address=ray_address)
-    _finish_run(results, out, as_json, make_report)
+        return _run_with_progress(base, prof, settings, out, as_json, progress_every, annotators=annotators, gpu=g,
+                                  **loop_kw)
 
 
 def _overridden(profile_name: str, streams: str | None, depths: str | None, prompt_kinds: str | None,
@@ -255,8 +271,12 @@ def _overridden(profile_name: str, streams: str | None, depths: str | None, prom
     )
 
 
-def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool) -> None:
-    """Report (optional), print, and exit 5 when a cell had no success."""
+def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool, history_db: str | None = None) -> None:
+    """Report (optional), history (optional), print, and exit 5 when a cell had no success."""
+    if history_db is not None:
+        from bench.cli.history import add_finished
+
+        add_finished(results, out, history_db)
     report_path = None
     if make_report:
         from bench.report.html import write_report
@@ -387,7 +407,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab, report, capacity):
+for _cmd in (gate, compare, ab, report, capacity, history):
     cli.add_command(_cmd)
 cli.add_command(_cli_check.check)
 cli.add_command(_cli_check.record)

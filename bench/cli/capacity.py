@@ -11,13 +11,19 @@ import asyncio
 import sys
 from dataclasses import fields, replace
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
 from bench.cli.common import client_options, endpoint
 from bench.cli.common import settings_from_options as _settings
 from bench.errors import EXIT_INTERRUPTED, ConfigError, RunInterrupted
+
+if TYPE_CHECKING:
+    from bench.client import ClientSettings
+    from bench.config.load import LoadSettings
+    from bench.config.profile import Profile
+    from bench.load.capacity import SearchSettings
 
 __all__ = ["capacity", "load_options", "load_settings", "with_cell_slo", "run_open_loop", "LOAD_OPTION_NAMES"]
 
@@ -67,7 +73,7 @@ _FLAG_TO_FIELD = {"duration": "duration_s", "ramp": "ramp_s", "drain": "drain_s"
                   "cooldown": "cooldown_s", "think": "think_s"}
 
 
-def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
+def load_settings(profile: Profile, kw: dict[str, Any]) -> LoadSettings | None:
     """LoadSettings from the profile's ``mode``/``[load]`` and the flags given (flags win); None when neither asks
     for an open-loop mode (``--slo`` alone is then for the concurrency cells: :func:`with_cell_slo`). ``kw`` holds
     the options of :func:`load_options` (None = not given)."""
@@ -88,7 +94,7 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
             raise ConfigError(f"--{next(iter(kw_names(others)))} applies to open-loop runs: add --rate R (or "
                               "--trace FILE)")
         return None
-    names = {f.name for f in fields(LoadSettings)}
+    names = {f.name for f in fields(LoadSettings) if f.init}
     ls = LoadSettings(mode=mode, **{k: v for k, v in {**base, **given}.items() if k in names})
     if ls.mode == "rate" and ls.duration_s is None and ls.requests is None:
         raise ConfigError("open loop: give --duration S or --requests N with --rate")
@@ -96,7 +102,7 @@ def load_settings(profile: Any, kw: dict[str, Any]) -> Any:
     return ls
 
 
-def with_cell_slo(profile: Any, slo: str | None) -> Any:
+def with_cell_slo(profile: Profile, slo: str | None) -> Profile:
     """The concurrency profile with ``--slo`` (it wins over the ``[load]`` key ``slo``), checked: every cell then
     gets ``goodput``, ``slo`` and ``slo_met`` (docs/load.md). ``slo`` None: the profile as it is."""
     from bench.measure.slo import parse_slo
@@ -113,7 +119,8 @@ def kw_names(given: dict[str, Any]) -> list[str]:
     return [back.get(k, k).replace("_", "-") for k in given]
 
 
-def run_open_loop(url: str | None, prof: Any, ls: Any, settings: Any, out: Path, model: str | None,
+def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: ClientSettings, out: Path,
+                  model: str | None,
                   workers: int = 1, ray_address: str | None = None) -> Any:
     """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
     ``ray_address``), return the results document (files written to ``out``)."""
@@ -176,6 +183,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     if load_kw.get("duration") is None and load_kw.get("requests") is None:
         load_kw["duration"] = 20.0
     ls = load_settings(replace(prof, mode="rate"), load_kw)
+    assert ls is not None  # mode "rate": always open loop
     ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
                         max_points=max_points)
     ss.check()
@@ -199,13 +207,14 @@ def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
     prepare_folder(out, overwrite=overwrite)
 
 
-def _capacity_run(url: str | None, prof: Any, ls: Any, ss: Any, settings: Any, out: Path, model: str | None,
+def _capacity_run(url: str | None, prof: Profile, ls: LoadSettings, ss: SearchSettings, settings: ClientSettings,
+                  out: Path, model: str | None,
                   quiet: bool) -> Any:
-    from bench.config.slo import parse_slo
     from bench.driver import run_capacity
     from bench.load.capacity_run import Progress
 
-    prog = None if quiet else Progress(sys.stderr, parse_slo(ls.slo), tty=sys.stderr.isatty())
+    assert ls.slo_spec is not None
+    prog = None if quiet else Progress(sys.stderr, ls.slo_spec, tty=sys.stderr.isatty())
     with endpoint(url, parallel=16) as base:
         try:
             return asyncio.run(run_capacity(base, prof, settings, ls, ss, out_dir=out, model=model, progress=prog))

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from bench.errors import ConfigError
+
+if TYPE_CHECKING:
+    from bench.config.profile import Profile
 
 __all__ = ["endpoint", "client_options", "settings_from_options", "echo"]
 
@@ -23,7 +26,7 @@ def echo(text: str, err: bool = False, nl: bool = True) -> None:
     click.echo(redact(text), err=err, nl=nl)
 
 
-def engine_size(profile: Any) -> tuple[int, int]:
+def engine_size(profile: Profile) -> tuple[int, int]:
     """Slots and context the embedded llama-server needs for ``profile``'s cells: ``(parallel, ctx_size)``."""
     cells = profile.cells()
     streams = max(c.streams for c in cells)

@@ -24,6 +24,7 @@ import click
 
 from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
+from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
 from bench.config.profile import Profile
 from bench.errors import EXIT_OK, BenchError, GateCouldNotRun
 from bench.gate import (
@@ -39,6 +40,7 @@ from bench.gate import (
 from bench.gate import (
     compare as compare_results,
 )
+from bench.measure.gpu import comparison_notes
 from bench.results import Results, load_results
 
 __all__ = ["gate", "compare", "ab"]
@@ -147,6 +149,7 @@ def _load_profile(name: str) -> Profile:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False),
               help="Results folder (default bench-results/<time>-<profile>).")
 @click.option("--json", "as_json", is_flag=True, help="Print the gate result (gate.json) on stdout, nothing else.")
+@gpu_options
 @client_options
 @_could_not_run
 def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str | None, markdown_file: str | None,
@@ -178,7 +181,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.results import to_json, write_atomic
-    from bench.session.runner import default_out_dir
+    from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
     baseline = load_results(baseline_file)
@@ -188,17 +191,21 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         stderr.print("note: the profile has no [[gate]] tables; using the default rules "
                      "(decode_tok_s median drop <= 5 %, ttft_ms p90 rise <= 10 %, every cell)", highlight=False)
     model = client.pop("model")
+    gpu_kw = pop_gpu_options(client)
     settings = _settings(**client)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer()
     parallel, ctx = engine_size(prof)
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base:
+    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
         outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
                                        force=force, budget_waves=budget_waves, observer=observer, log=log,
-                                       views=VIEWS))
+                                       views=VIEWS, gpu=gpu))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
-    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves})
+    gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
+    _warn(gpu_notes)
+    doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, "extra_waves": outcome.extra_waves,
+                                               **({"gpu_notes": gpu_notes} if gpu_notes else {})})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
@@ -208,7 +215,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
         "re-measured": ", ".join(f"{k} (+{v} waves)" for k, v in outcome.remeasured.items()) or None,
-        "results": str(out / "results.json"),
+        "results": str(out / "results.json"), "GPUs": "; ".join(gpu_notes) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0)
@@ -245,6 +252,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     _warn([f"--force: {d}" for d in check_comparable(a, b, force)])
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
     _warn([f"cell {cid} is only in B; no rule can check it" for cid in uncovered_cells(a, b)])
+    _warn(comparison_notes(a.cells, b.cells))  # GPU clocks or throttling that moved between A and B
     main = main_verdicts(a, b)
     stdout.print(side_by_side_table(main, f"bench compare: A = {file_a}, B = {file_b}"))
     verdicts = compare_results(a, b, rules)

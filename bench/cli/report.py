@@ -60,13 +60,17 @@ def roofline_spec_from_options(**kw: Any) -> Any:
 
 
 @click.command()
-@click.argument("inputs", nargs=-1, required=True, type=click.Path())
+@click.argument("inputs", nargs=-1, required=False, type=click.Path())
 @click.option("-o", "--out", "out_file", required=True, type=click.Path(dir_okay=False),
               help="The HTML file to write, e.g. report.html.")
 @click.option("--title", default=None, help="Page title (default: the results folders' names).")
 @click.option("--images", "images_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the main figures as PNG and SVG into this folder (kaleido + Chromium).")
-def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir: str | None) -> None:
+@click.option("--history", "history_db", metavar="DB", default=None, help="Add trends over this run history "
+              "(bench history; a file or postgresql://...): per cell and figure, change points, allowance band. "
+              "Alone (no INPUTS), the page holds the trends only.")
+def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir: str | None,
+           history_db: str | None) -> None:
     """Write one self-contained HTML report of one or several runs (opens offline; docs/report.md).
 
     \b
@@ -76,15 +80,33 @@ def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir
     Examples:
       bench report bench-results/20261201-quick/results.json -o report.html
       bench report before/results.json after/results.json gate.json -o ab.html --images img/
+      bench report --history bench-history.db -o trends.html
     """
     from pathlib import Path
 
     from bench.report.console import stderr
     from bench.report.html import write_images, write_report
 
-    p = write_report(inputs, out_file, title)
+    if not inputs and not history_db:
+        raise click.UsageError("give results files, or --history DB, or both")
+    p = _history_report(history_db, inputs, out_file, title) if history_db else write_report(inputs, out_file, title)
     stderr.print(f"report: {p} ({Path(p).stat().st_size / 1e6:.1f} MB, opens offline)", highlight=False,
                  soft_wrap=True)
-    if images_dir:
+    if images_dir and inputs:
         for q in write_images(inputs, images_dir):
             click.echo(str(q))
+
+
+def _history_report(db: str, inputs: tuple[str, ...], out_file: str, title: str | None) -> Any:
+    """``bench report --history DB``: the trends page alone, or the report of INPUTS with the trends after it."""
+    from bench.cli.history import open_existing
+    from bench.report.html import require_plotly, write_report
+    from bench.report.trends import trend_page, trend_section
+    from bench.results import write_atomic
+
+    require_plotly()
+    with open_existing(db) as store:
+        if not inputs:
+            return write_atomic(out_file, trend_page(store, title))
+        section = trend_section(store)
+    return write_report(inputs, out_file, title, extra_sections=[section])

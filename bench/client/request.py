@@ -226,7 +226,7 @@ async def _read_sse(stamped: Any, sink: _SSESink) -> int | None:
     """Feed the stamped reads to ``sink`` until the body ends (None) or ``[DONE]`` arrives (its stamp)."""
     async for t, chunk in stamped:
         if sink.feed(t, chunk):
-            return t
+            return int(t)
     sink.flush()
     return None
 

@@ -3,10 +3,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
-from bench.config.sizes import parse_size
-from bench.config.slo import parse_slo
+from bench.config.sizes import SizeDist, parse_size
+from bench.config.slo import SLO, parse_slo
 from bench.errors import ConfigError
 
 __all__ = ["LoadSettings", "MODES"]
@@ -42,6 +42,16 @@ class LoadSettings:
     turns: int = 3
     think_s: float = 1.0
     stagger_s: float = 0.5
+    # the spec strings above, parsed once when the settings are made (a bad one raises ConfigError naming its flag)
+    slo_spec: SLO | None = field(default=None, init=False, repr=False, compare=False)
+    input_sizes: SizeDist | None = field(default=None, init=False, repr=False, compare=False)
+    output_sizes: SizeDist | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "slo_spec", parse_slo(self.slo) if self.slo else None)
+        object.__setattr__(self, "input_sizes", parse_size(self.input_tokens, "--input-tokens"))
+        if self.output_tokens is not None:
+            object.__setattr__(self, "output_sizes", parse_size(self.output_tokens, "--output-tokens"))
 
     def check(self) -> None:
         """Raise ConfigError naming the flag of the first bad value."""
@@ -60,11 +70,6 @@ class LoadSettings:
                 raise ConfigError(f"{name} must be >= 0 s, got {v}")
         if not self.drain_s >= 0:
             raise ConfigError(f"--drain must be >= 0 s, got {self.drain_s}")
-        if self.slo:
-            parse_slo(self.slo)
-        parse_size(self.input_tokens, "--input-tokens")
-        if self.output_tokens is not None:
-            parse_size(self.output_tokens, "--output-tokens")
 
     def at(self, load: float, *, by: str = "rate", seed: int | None = None) -> LoadSettings:
         """A copy at another load (``by="rate"``: requests/s; ``"concurrency"``: the cap, at an unbounded rate)."""

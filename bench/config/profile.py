@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from bench.config.slo import SLO, parse_slo
 from bench.errors import ConfigError
 from bench.prompts.content import KINDS as PROMPT_KINDS
 
@@ -169,6 +170,11 @@ class Profile:
         """The ``[load]`` key ``slo`` (an SLO string, docs/load.md), or None."""
         v = dict(self.load).get("slo")
         return str(v) if v else None
+
+    @property
+    def slo_spec(self) -> SLO | None:
+        """:attr:`slo` as typed objectives (checked when the profile was read, so this cannot fail)."""
+        return parse_slo(self.slo, "[load] slo") if self.slo else None
 
     def requests_for_depth(self, depth: int) -> int:
         """``requests``, or the ``requests_by_depth`` entry with the largest depth <= ``depth``."""
@@ -336,7 +342,7 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
     _type_check(where, "load", d, dict)
     if mode not in MODES:
         raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    known = {f.name for f in dc_fields(LoadSettings)} - {"mode"}
+    known = {f.name for f in dc_fields(LoadSettings) if f.init} - {"mode"}
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}: load: unknown key {k!r} (known: {', '.join(sorted(known))})")
@@ -344,8 +350,6 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
         if mode != "concurrency":
             LoadSettings(mode=mode, **d).check()
         elif "slo" in d:  # the one key concurrency cells read
-            from bench.config.slo import parse_slo
-
             parse_slo(d["slo"], "slo")
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{where}: load: {e}") from None

@@ -46,7 +46,8 @@ class SizeDist:
             x = rng.normal(self.a, self.b, n)
         else:
             x = np.exp(rng.normal(np.log(self.a), self.b, n))
-        return np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
+        out: np.ndarray = np.clip(np.rint(x), 1, MAX_TOKENS).astype(np.int64)
+        return out
 
     @property
     def label(self) -> str:

@@ -3,5 +3,5 @@ capacity search (docs/load.md).
 
 Pure parts (:mod:`.arrivals`, :mod:`.sizes`, :mod:`.traces`, :mod:`.slo`) build or judge plans and records and do
 no I/O beyond reading the files they are given; :mod:`.openloop` sends a plan through a
-:class:`bench.session.runner.Session`; :mod:`.capacity` searches the highest load at which the SLOs hold.
+:class:`bench.session.endpoint.Session`; :mod:`.capacity` searches the highest load at which the SLOs hold.
 """

@@ -171,4 +171,4 @@ def ks_pvalue(d: float, n: int) -> float:
     if lam < 0.2:
         return 1.0
     s = sum((-1) ** (k - 1) * math.exp(-2.0 * k * k * lam * lam) for k in range(1, 101))
-    return max(0.0, min(1.0, 2.0 * s))
+    return float(max(0.0, min(1.0, 2.0 * s)))

@@ -1,4 +1,4 @@
-"""``bench capacity`` against a live endpoint: one :class:`bench.session.runner.Session`, one open-loop point per load of
+"""``bench capacity`` against a live endpoint: one :class:`bench.session.endpoint.Session`, one open-loop point per load of
 the search (:mod:`bench.load.capacity`), each point's records and summary in its own folder, live progress.
 
 Folder: ``DIR/capacity.json`` (the search document), ``DIR/records.jsonl`` (set-up probes),
@@ -12,15 +12,18 @@ import json
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from bench.load.capacity import Point, SearchSettings, point_entry, search
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, run_point
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, meets, parse_slo
+from bench.measure.slo import SLO, meets
 from bench.records import RecordWriter
 from bench.results import write_atomic
+
+if TYPE_CHECKING:
+    from bench.session.endpoint import Session
 
 __all__ = ["search_capacity", "Progress", "PER_SLOT_REQUESTS"]
 
@@ -90,13 +93,13 @@ async def _ticker(progress: Progress) -> None:
         progress.tick()
 
 
-async def search_capacity(session: Any, ls: LoadSettings, ss: SearchSettings, *, out_dir: Path,
+async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings, *, out_dir: Path,
                           progress: Progress | None = None) -> dict[str, Any]:
     """Search the capacity over ``session``; writes ``out_dir/capacity.json`` and each point's folder. Cancelled
     (an interrupt), it writes capacity.json with ``"interrupted": true``, the points finished so far and no
     boundary, then lets the cancellation go on."""
     assert ls.slo, "bench capacity needs an SLO"
-    slo = parse_slo(ls.slo)
+    slo = ls.slo_spec
     first = [0]
     finished: list[Point] = []
 
@@ -150,7 +153,7 @@ def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
     write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")
 
 
-def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Any, out_dir: Path) -> None:
+def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Session, out_dir: Path) -> None:
     doc.update({"slo": slo.text, "load": load_dict(ls), "endpoint": {"url": session.base, "model": session.model},
                 "server": session.server, "run_id": session.run_id})
     write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")  # atomic, secrets redacted

@@ -1,4 +1,4 @@
-"""The open-loop executor: send a planned schedule through a :class:`bench.session.runner.Session` and measure both the
+"""The open-loop executor: send a planned schedule through a :class:`bench.session.endpoint.Session` and measure both the
 server and bench's own schedule keeping (docs/load.md).
 
 Each planned request has an offset ``at_s``; the run starts at ``t0`` (``perf_counter_ns``, a short delay after
@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -36,6 +36,9 @@ from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor, workers_lag
 from bench.session.workers import sleep_until
 from bench.stats import summarize
+
+if TYPE_CHECKING:
+    from bench.session.endpoint import Session
 
 __all__ = ["Planned", "PointRun", "run_plan", "run_plan_pool", "point_window", "trend", "lag_summary", "BEHIND_P99_MS",
            "START_DELAY_S"]
@@ -81,7 +84,7 @@ class _Counters:
         self.sent = self.done = self.ok = self.met = 0
 
 
-def _cut_record(session: Any, k: int, p: Planned, sched: int, why: str, meta: dict[str, Any]) -> RequestRecord:
+def _cut_record(session: Session, k: int, p: Planned, sched: int, why: str, meta: dict[str, Any]) -> RequestRecord:
     rec = RequestRecord(f"{session.run_id}-cut-{k:06d}", session.profile.endpoint, session.model,
                         queued_ns=sched, meta=meta, scheduled_ns=sched)
     rec.error = f"cut: {why}"
@@ -134,7 +137,7 @@ async def _send_all(plan: Sequence[Planned], t0: int, start: Callable[[int, int]
         raise
 
 
-async def run_plan(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
+async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
                    max_concurrency: int | None = None, drain_s: float = 60.0,
                    on_done: Callable[[RequestRecord], None] | None = None,
                    counters: Any = None, closed: bool = False) -> PointRun:
@@ -204,7 +207,7 @@ def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
     return out
 
 
-async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
+async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
     """:func:`run_plan` through the session's pool: worker processes (``--workers N``) or Ray actors (``--ray``).
     The plan is dealt round-robin; each worker keeps its share's schedule (on the shared clock; a Ray actor on its
     host's clock, converted both ways by :mod:`bench.session.ray_actors`). No concurrency cap, no live counters, no cut (the
@@ -216,6 +219,7 @@ async def run_plan_pool(session: Any, plan: Sequence[Planned], texts: Sequence[s
         specs.append(RequestSpec(f"{session.run_id}-{tag}-w{k:06d}", session.profile.endpoint,
                                  session.body(text, p.output_tokens), meta))
     offsets = [round(p.at_s * 1e9) for p in plan]
+    assert session.pool is not None, "run_plan_pool needs the session's pool"
     recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)
     for r in recs:
         session.write(r)

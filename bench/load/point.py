@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bench.config.load import MODES, LoadSettings
 from bench.config.profile import Cell
-from bench.config.sizes import dataset_order, load_dataset, parse_size
+from bench.config.sizes import dataset_order, load_dataset
 from bench.errors import ConfigError, ServerError
 from bench.load.arrivals import arrival_times, rng_for
 from bench.load.openloop import (
@@ -34,11 +34,14 @@ from bench.load.openloop import (
 )
 from bench.load.traces import load_trace
 from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, parse_slo, point_slo
+from bench.measure.slo import SLO, point_slo
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
+
+if TYPE_CHECKING:
+    from bench.session.endpoint import Session
 
 __all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "measure_load",
            "interrupted_point", "MODES"]
@@ -57,9 +60,10 @@ def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     times = arrival_times(ls.arrival, ls.rate, duration_s=ls.duration_s, requests=ls.requests,
                           burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed)
     n = len(times)
-    ins = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "input"), n)
-    outs = (parse_size(ls.output_tokens, "--output-tokens").draw(rng_for(ls.seed, "output"), n)
-            if ls.output_tokens is not None else np.full(n, default_max_tokens))
+    assert ls.input_sizes is not None  # parsed when the settings were made
+    ins = ls.input_sizes.draw(rng_for(ls.seed, "input"), n)
+    outs = (ls.output_sizes.draw(rng_for(ls.seed, "output"), n)
+            if ls.output_sizes is not None else np.full(n, default_max_tokens))
     plan = [Planned(float(t), int(i), int(o)) for t, i, o in zip(times, ins, outs)]
     if ls.dataset:
         data = load_dataset(ls.dataset)
@@ -74,7 +78,7 @@ FILLER = " the"
 EXACT_TRIES = 4
 
 
-async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instruction: bool,
+async def _sized(session: Session, kind: str, n: int, seed: int, prefix: str, instruction: bool,
                  overhead: int | None = None) -> str:
     """A prompt of ``n`` tokens (``overhead``: template tokens to leave out, default the session's). The builder
     lands within its tolerance; with an exact tokenizer, words are then added or dropped at the end until the
@@ -101,7 +105,7 @@ async def _sized(session: Any, kind: str, n: int, seed: int, prefix: str, instru
         raise ServerError(f"building a {n}-token prompt: {e}") from None
 
 
-async def build_texts(session: Any, plan: list[Planned], kind: str, first_index: int) -> list[str]:
+async def build_texts(session: Session, plan: list[Planned], kind: str, first_index: int) -> list[str]:
     """Prompt text of each planned request, built before the point starts.
 
     Plain requests: one exact-length prompt per distinct size, each request with its own unique prefix swapped in
@@ -125,7 +129,7 @@ async def build_texts(session: Any, plan: list[Planned], kind: str, first_index:
     return out
 
 
-async def _block_text(session: Any, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
+async def _block_text(session: Session, p: Planned, prefix: str, cache: dict[tuple[int, int], str], kind: str) -> str:
     bt = p.meta.get("block_tokens") or 512
     parts, left = [], p.input_tokens
     for h in p.blocks:
@@ -266,7 +270,7 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
                              "window (the server is saturated at this load); lower --rate")
 
 
-async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
+async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
                     first_index: int, load: dict[str, Any], counters: Any = None,
                     on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
     """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
@@ -288,12 +292,13 @@ async def run_point(session: Any, ls: LoadSettings, plan: list[Planned], *, slo:
     return run, summary
 
 
-async def sessions_point(session: Any, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
+async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
     """The ``sessions`` mode as one cell: user messages built first, then the conversations
     (:mod:`bench.load.sessions`); the summary over every turn plus ``turns`` (per turn index) and the SLO keys."""
     from bench.load.sessions import run_sessions, turn_summary
 
-    sizes = parse_size(ls.input_tokens, "--input-tokens").draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
+    assert ls.input_sizes is not None  # parsed when the settings were made
+    sizes = ls.input_sizes.draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
     msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
              for t in range(ls.turns)] for u in range(ls.users)]
     mon = LagMonitor()
@@ -373,9 +378,9 @@ def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO 
     return s
 
 
-async def measure_load(session: Any, ls: LoadSettings) -> dict[str, Any]:
+async def measure_load(session: Session, ls: LoadSettings) -> dict[str, Any]:
     """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary."""
-    slo = parse_slo(ls.slo) if ls.slo else None
+    slo = ls.slo_spec
     if ls.mode == "sessions":
         return await sessions_point(session, ls, slo, session.profile.max_tokens)
     plan = make_plan(ls, session.profile.max_tokens)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,10 +23,13 @@ from bench.measure.metrics import request_metrics
 from bench.prompts import unique_prefix
 from bench.records import RequestRecord
 
+if TYPE_CHECKING:
+    from bench.session.endpoint import Session
+
 __all__ = ["run_sessions", "turn_summary"]
 
 
-async def run_sessions(session: Any, messages: Sequence[Sequence[str]], *, max_tokens: int, think_s: float,
+async def run_sessions(session: Session, messages: Sequence[Sequence[str]], *, max_tokens: int, think_s: float,
                        stagger_s: float, tag: str, first_index: int = 0) -> list[RequestRecord]:
     """Run the conversations (``messages[u][t]``: user u's message of turn t); returns every turn's record."""
     out: list[RequestRecord] = []

@@ -18,9 +18,10 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 from bench.errors import ConfigError
+from bench.results import CellResult
 
 __all__ = ["Hardware", "HARDWARE", "RooflineSpec", "build_spec", "complete_spec", "roofline_for_cell",
            "decode_limit", "prefill_limit", "apply_roofline", "parse_bandwidth", "parse_flops", "parse_count",
@@ -303,15 +304,24 @@ def apply_roofline(results: dict[str, Any], spec: RooflineSpec) -> dict[str, Any
     return results
 
 
+class SessionView(Protocol):
+    """What the annotator reads and writes of a session (:class:`bench.session.endpoint.Session` has it)."""
+
+    server: dict[str, Any]
+    extras: dict[str, Any]
+
+    def note(self, text: str) -> None: ...
+
+
 class RooflineAnnotator:
-    """The run loop's hook (:data:`bench.session.runner.CellAnnotator`): each fresh cell summary gets its ``roofline``,
+    """The run loop's hook (:data:`bench.session.endpoint.CellAnnotator`): each fresh cell summary gets its ``roofline``,
     the results document its ``roofline_spec``; a model of unknown size is warned about once, naming the fix."""
 
     def __init__(self, spec: RooflineSpec) -> None:
         self.spec = spec
         self._warned = False
 
-    def __call__(self, session: Any, cell: Any) -> None:
+    def __call__(self, session: SessionView, cell: CellResult) -> None:
         spec = complete_spec(self.spec, session.server)
         if spec.weight_bytes is None:
             if not self._warned:

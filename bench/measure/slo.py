@@ -44,7 +44,7 @@ def _lag_ms(rec: RequestRecord) -> float:
     sched = getattr(rec, "scheduled_ns", None)
     if sched is None or not rec.sent_ns:
         return 0.0
-    return (rec.sent_ns - sched) / 1e6
+    return float(rec.sent_ns - sched) / 1e6
 
 
 def request_values(rec: RequestRecord, m: RequestMetrics, obj: Objective) -> float | None:

@@ -324,7 +324,7 @@ def _iso(rng: random.Random) -> str:
     )
 
 
-def _json_user(rng: random.Random, i: int) -> dict:
+def _json_user(rng: random.Random, i: int) -> dict[str, Any]:
     first, last = _name(rng)
     return {
         "type": "user",
@@ -344,7 +344,7 @@ def _json_user(rng: random.Random, i: int) -> dict:
     }
 
 
-def _json_order(rng: random.Random, i: int) -> dict:
+def _json_order(rng: random.Random, i: int) -> dict[str, Any]:
     items: list[dict[str, Any]] = [
         {
             "sku": f"{rng.choice('ABCDEFGH')}{rng.randint(1000, 9999)}",
@@ -368,7 +368,7 @@ def _json_order(rng: random.Random, i: int) -> dict:
     }
 
 
-def _json_metrics(rng: random.Random, i: int) -> dict:
+def _json_metrics(rng: random.Random, i: int) -> dict[str, Any]:
     n = rng.randint(4, 10)
     return {
         "type": "metrics",

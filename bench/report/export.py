@@ -17,7 +17,7 @@ from typing import Any
 from bench.results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
-           "VIEWS", "table_width", "stacked_lines", "slo_field"]
+           "VIEWS", "table_width", "stacked_lines", "slo_field", "gpu_field"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -44,6 +44,12 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("server_prefix_cache_hit_rate", "server_metrics", "prefix_cache_hit_rate"),
     ("decode_pct_of_limit", "roofline", "decode_pct_of_limit"),
     ("prefill_pct_of_limit", "roofline", "prefill_pct_of_limit"),
+    ("gpu_power_w_mean", "gpu", "power_w_mean"), ("gpu_power_w_max", "gpu", "power_w_max"),
+    ("gpu_energy_j", "gpu", "energy_j"), ("gpu_energy_source", "gpu", "energy_source"),
+    ("gpu_tokens_per_joule", "gpu", "tokens_per_joule"), ("gpu_joules_per_token", "gpu", "joules_per_token"),
+    ("gpu_joules_per_prompt_token", "gpu", "joules_per_prompt_token"),
+    ("gpu_sm_clock_mhz_p5", "gpu", "sm_clock_mhz_p5"), ("gpu_sm_clock_mhz_p50", "gpu", "sm_clock_mhz_p50"),
+    ("gpu_mem_clock_mhz_p50", "gpu", "mem_clock_mhz_p50"), ("gpu_throttle_share", "gpu", "throttle_share"),
     ("goodput_rps", "goodput", "rps"), ("goodput_tok_s", "goodput", "tok_s"),
     ("slo_met_fraction", "goodput", "met_fraction"), ("slo_met", "slo_met", None),
 ]
@@ -106,15 +112,30 @@ def slo_field(c: CellResult) -> str:
     return out + ("; missed " + ", ".join(missed) if missed else "; held")
 
 
+def gpu_field(c: CellResult) -> str:
+    """Output tokens per joule of a cell (docs/gpu-telemetry.md): ``3.41``, ``3.41 est`` when the energy is power
+    integrated over the samples (no usable energy counter), ``-`` without GPU figures."""
+    g = c.gpu or {}
+    v = g.get("tokens_per_joule")
+    if not isinstance(v, int | float):
+        return "-"
+    text = f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.01 else f"{v:.2g}"
+    return text + (" est" if g.get("energy_source") != "counter" else "")
+
+
 def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the per-cell table shared by the terminal and Markdown views.
 
     With a roofline (``bench run --hardware/--bandwidth``), decode (per stream at 1 stream, aggregate at N) and
-    prompt tok/s get their share of the physical limit beside them. With an SLO (``--slo``), a last column: goodput
-    and which objectives held (:func:`slo_field`)."""
+    prompt tok/s get their share of the physical limit beside them. With GPU figures, output tokens per joule
+    (:func:`gpu_field`). With an SLO (``--slo``), a last column: goodput and which objectives held
+    (:func:`slo_field`)."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
+    with_gpu = any(c.gpu for c in results.cells)
+    if with_gpu:
+        head.append("tok/J")
     with_slo = any(c.goodput for c in results.cells)
     if with_slo:
         head.append("SLO goodput")
@@ -135,7 +156,7 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             + _pct(c.roofline, "prefill_pct_of_limit", bool(c.depth)),
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
-        ] + ([slo_field(c)] if with_slo else []))
+        ] + ([gpu_field(c)] if with_gpu else []) + ([slo_field(c)] if with_slo else []))
     return head, rows
 
 

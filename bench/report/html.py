@@ -29,6 +29,7 @@ from bench.report.figures import (
     server_metrics_figure,
     timeline_figure,
 )
+from bench.report.gpu import gpu_figure, gpu_table
 from bench.results import results_from_dict, write_atomic
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
@@ -188,13 +189,14 @@ def _figures(sources: Sequence[Source]) -> dict[str, Any]:
     """The main figures by file stem (also the PNG/SVG names); absent when the data has nothing for them."""
     figs = {"decode_vs_streams": decode_vs_streams(sources), "depth": depth_figure(sources),
             "latency_cdf": cdf_figure(sources), "capacity": capacity_figure(sources),
-            "server_metrics": server_metrics_figure(sources)}
+            "server_metrics": server_metrics_figure(sources), "gpu": gpu_figure(sources)}
     return {k: f for k, f in figs.items() if f is not None}
 
 
 def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str, Any]]] = (),
-                 title: str | None = None) -> str:
-    """The whole HTML page (a string): plotly.js inline, then the sections the data supports."""
+                 title: str | None = None, extra_sections: Sequence[str] = ()) -> str:
+    """The whole HTML page (a string): plotly.js inline, then the sections the data supports, then
+    ``extra_sections`` (HTML, e.g. :func:`bench.report.trends.trend_section`)."""
     from plotly.offline import get_plotlyjs
 
     title = title or "bench report: " + " vs ".join(s.name for s in sources)
@@ -206,6 +208,10 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
     roof = [t for t in (_roofline_table(s) for s in sources) if t]
     if roof:
         parts += ["<h2>Against the physical limit (roofline, docs/roofline.md)</h2>"] + roof
+    gpu = [t for t in (gpu_table(s) for s in sources) if t]
+    if gpu:  # beside decode tok/s: what each cell's tokens cost (docs/gpu-telemetry.md)
+        parts += ["<h2>GPU power, clocks and energy per token</h2>"] + gpu
+        parts += [_fig_html(figs["gpu"])] if "gpu" in figs else []
     if "latency_cdf" in figs:
         parts += ["<h2>TTFT, ITL and E2E distributions</h2>", _fig_html(figs["latency_cdf"])]
     tl = [f for f in (timeline_figure(s) for s in sources) if f is not None]
@@ -219,6 +225,7 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
             parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]
     if gates:
         parts += ["<h2>Gate verdicts</h2>"] + [_gate_section(n, g) for n, g in gates]
+    parts += list(extra_sections)
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
             f"<body>{''.join(parts)}<p class='muted'>made by bench from results.json and records.jsonl; "
@@ -234,11 +241,11 @@ def require_plotly() -> None:
 
 
 def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
-                 title: str | None = None) -> Path:
+                 title: str | None = None, extra_sections: Sequence[str] = ()) -> Path:
     """Read the inputs, write the HTML report to ``out`` (atomically); returns its path."""
     require_plotly()
     sources, gates = load_inputs(paths)
-    page = build_report(sources, gates, title)
+    page = build_report(sources, gates, title, extra_sections)
     return write_atomic(out, page)
 
 

@@ -1,0 +1,1 @@
+"""What the server says of itself: info, /metrics, /tokenize, and its GPUs (NVML, a DCGM exporter: gpu)."""

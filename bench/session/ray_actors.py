@@ -45,7 +45,7 @@ import gc
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -77,8 +77,9 @@ class BenchActor:
         import ray
 
         ctx = ray.get_runtime_context()
+        node_ip: Callable[[], str] = ray.util.get_node_ip_address  # untyped in ray
         return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
-                "ip": ray.util.get_node_ip_address(), "bench": str(Path(__file__).resolve().parents[1])}
+                "ip": node_ip(), "bench": str(Path(__file__).resolve().parents[1])}
 
     async def clock(self) -> int:
         """This host's ``perf_counter_ns`` now (for the offset estimate)."""

@@ -19,7 +19,7 @@ from bench.sim.truth import fails
 __all__ = ["create_app", "ENGINE_KEY"]
 
 ENGINE_KEY: web.AppKey[Engine] = web.AppKey("bench_sim_engine", Engine)
-_TASK_KEY: web.AppKey[asyncio.Task] = web.AppKey("bench_sim_task", asyncio.Task)
+_TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("bench_sim_task", asyncio.Task)
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _DONE = "data: [DONE]\n\n"

@@ -11,6 +11,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from typing import Any
 
 from bench.sim.config import SimConfig
 
@@ -161,7 +162,7 @@ def _end_step_sim(t: int, batch: list[list[int]], tpe: int, first: list[int | No
     return alive
 
 
-def simulate_load(cfg: SimConfig, arrivals_ns: list[int], prompt_tokens: int, output_tokens: int) -> dict[str, list]:
+def simulate_load(cfg: SimConfig, arrivals_ns: list[int], prompt_tokens: int, output_tokens: int) -> dict[str, list[Any]]:
     """Deterministic replay of the engine's scheduler (engine.py: FIFO admission up to ``max_running``, prefill on
     admission, one decode step of t(b) for every decoding sequence, back to back) for requests arriving at
     ``arrivals_ns`` (sorted, server clock), each ``prompt_tokens`` long (no cache) asking ``output_tokens``, with a
@@ -228,7 +229,7 @@ def ttft_quantile_ms(cfg: SimConfig, rate: float, prompt_tokens: int, output_tok
     sim = simulate_load(cfg, arr, prompt_tokens, output_tokens)
     half = horizon_s / 2 * 1e9
     vals = sorted((f - a) / 1e6 for a, f in zip(arr, sim["first_ns"]) if a >= half and f is not None)
-    return vals[max(0, math.ceil(q / 100 * len(vals)) - 1)]
+    return float(vals[max(0, math.ceil(q / 100 * len(vals)) - 1)])
 
 
 def ttft_slo_boundary_rps(cfg: SimConfig, limit_ms: float, prompt_tokens: int, output_tokens: int, *,

@@ -1,9 +1,9 @@
-"""A measuring session against one endpoint: set-up, then warm-up and waves of concurrent streams per cell.
+"""A prepared endpoint: one server set up for measuring, and the one way bench sends to it.
 
-Flow: :meth:`Session.open` (model, server info, tokenizer, capabilities, fixed overhead) -> :meth:`Session.run_cell`
-for each cell (the plan's requests get their prompt text before each wave, so building never overlaps timing) ->
-:meth:`Session.summarize` (the one cell-summary step) -> :meth:`Session.results` (the typed results document).
-The loops over cells (``bench run``, ``gate``, ``ab``) and their signal handling live in :mod:`bench.driver`.
+:meth:`Session.open` learns the model, the server, a tokenizer, the capabilities and the fixed overhead;
+:meth:`Session.send` sends one request with the capability fallbacks below; :meth:`Session.realize` gives a planned
+request its exact prompt text; :meth:`Session.results` makes the typed results document. The closed-loop cells
+(warm-up, waves, the one cell summary) are :mod:`bench.session.sweep`; open-loop points are :mod:`bench.load`.
 
 Capability fallbacks: when the server rejects an optional field (HTTP 400/422), it is dropped for the rest of the
 run, the run warns, and the request is sent again: first the length forcing (``min_tokens``/``ignore_eos``), then
@@ -13,7 +13,6 @@ of that request, never taken for a rejected field.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import os
 import platform
@@ -22,7 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,27 +37,23 @@ from bench.client import (
     root_url,
     stream_request,
 )
-from bench.config.plan import WARMUP_MAX_TOKENS, BodyOptions, PlannedRequest, Planner, planned_waves, request_body
+from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
 from bench.config.profile import Cell, Profile
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
-from bench.measure.metrics import RequestMetrics, request_metrics
-from bench.measure.queueing import queueing_summary
-from bench.measure.slo import SLO, parse_slo, point_slo, waves_wall_s
-from bench.measure.summary import summarize_cell
+from bench.measure.metrics import request_metrics
+from bench.measure.slo import SLO
 from bench.prompts import build_prompt, unique_prefix
-from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.prompts.content import stream_text
 from bench.records import RecordWriter, RequestRecord
 from bench.results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
+from bench.server.gpu import GpuSampler
 from bench.server.info import discover_server
-from bench.server.metrics import MetricsScraper, cross_check_notes, cross_checks, detect_metrics
+from bench.server.metrics import MetricsScraper, detect_metrics
 from bench.server.tokenizer import CalibratedTokenizer, HttpTokenizer
-from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context, workers_lag
-from bench.stats import bootstrap_ci
 from bench.transport.kernel_stamps import clock_report
 from bench.version import __version__
 
-__all__ = ["Session", "CellRun", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
+__all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
            "check_fits_context"]
 
 _CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
@@ -74,60 +69,24 @@ class Observer(Protocol):
     def note(self, text: str) -> None: ...
 
 
+class ReaderPool(Protocol):
+    """Readers of measured waves in other processes or hosts: :class:`bench.session.workers.WorkerPool` (worker
+    processes) and :class:`bench.session.ray_actors.RayPool` (Ray actors). Records come back on this process's
+    clock."""
+
+    workers: int
+    last_lag_ns: list[list[int]]  # per reader: its event loop's lag samples (ns) during the last wave
+
+    def start(self) -> ReaderPool: ...
+
+    async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = ...,
+                   offsets: Sequence[int] | None = None) -> list[RequestRecord]: ...
+
+    def close(self) -> None: ...
+
+
 CellAnnotator = Callable[["Session", CellResult], None]
 """Adds to a fresh cell summary what the core does not compute (the roofline...): called by the cell-summary step."""
-
-
-@dataclass
-class CellRun:
-    """What one cell produced: measured records, request ids per wave, bench's CPU use, and the cell summary.
-
-    ``records`` only grow (appended wave by wave, or by :meth:`extend`); :meth:`metrics` computes each record's
-    :func:`~bench.measure.metrics.request_metrics` once, for the stop rule and the cell-summary step alike."""
-
-    cell: Cell
-    records: list[RequestRecord] = field(default_factory=list)
-    waves: list[list[str]] = field(default_factory=list)
-    cpu_s: float = 0.0
-    wall_s: float = 0.0
-    lag: dict[str, Any] | None = None
-    worker_lag_ns: list[list[int]] = field(default_factory=list)  # per pool worker: its loop-lag samples (ns)
-    server_metrics: dict[str, Any] | None = None
-    summary: CellResult | None = None
-    _metrics: list[RequestMetrics] = field(default_factory=list, init=False, repr=False)
-
-    def metrics(self) -> list[RequestMetrics]:
-        """``request_metrics`` of each record, in order (records added since the last call are computed now)."""
-        n = len(self._metrics)
-        if n and (n > len(self.records) or self._metrics[-1].request_id != self.records[n - 1].request_id):
-            self._metrics = []  # the records were replaced, not appended to: compute them all again
-        self._metrics += [request_metrics(r) for r in self.records[len(self._metrics):]]
-        return self._metrics
-
-    def add_worker_lag(self, per_worker: Sequence[Sequence[int]] | None) -> None:
-        """Add each pool worker's loop-lag samples of one wave (``pool.last_lag_ns``, in pool order)."""
-        for k, xs in enumerate(per_worker or []):
-            while len(self.worker_lag_ns) <= k:
-                self.worker_lag_ns.append([])
-            self.worker_lag_ns[k].extend(xs)
-
-    def extend(self, more: CellRun) -> None:
-        """Add another run of the same cell (re-measured waves, or one side's interleaved wave)."""
-        if more.server_metrics is not None:  # the server's counters cover the first part only: marked partial
-            first = self.server_metrics is None and not self.records
-            self.server_metrics = more.server_metrics if first else {**(self.server_metrics or {}), "partial": True}
-        mine = self.metrics()  # both sides' metrics carried over, none computed again
-        self.records.extend(more.records)
-        self._metrics = mine + more.metrics()
-        self.waves.extend(more.waves)
-        self.cpu_s += more.cpu_s
-        self.wall_s += more.wall_s
-        if more.worker_lag_ns:  # the workers' samples pooled: the worst worker over both parts
-            self.add_worker_lag(more.worker_lag_ns)
-            self.lag = workers_lag(self.worker_lag_ns)
-        elif more.lag is not None:
-            old = self.lag or {}
-            self.lag = {k: max(v, old.get(k) or 0) if isinstance(v, int | float) else v for k, v in more.lag.items()}
 
 
 def check_fits_context(profile: Profile, context: int | None) -> None:
@@ -167,14 +126,15 @@ class Session:
         self.writer: RecordWriter | None = None
         self.observer: Observer | None = None
         self.warnings: list[str] = []
-        self.pool: Any = None  # a worker pool (bench.session.workers) when measured waves are spread over processes
+        self.pool: ReaderPool | None = None  # when measured waves are read by other processes or Ray actors
         self.workers_auto = False  # --workers auto: bench.session.autosize grows the pool from its measured lag
         self.sizing: dict[str, Any] = {}  # cell id -> bench.session.autosize's choice
         self.annotators: list[CellAnnotator] = []
         self.drift: dict[str, Any] | None = None
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server.metrics), when it has one
+        self.gpu: GpuSampler | None = None  # GPU telemetry around each measured window (bench.server.gpu)
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
-        self.slo: SLO | None = parse_slo(profile.slo, "[load] slo") if profile.slo else None
+        self.slo: SLO | None = profile.slo_spec
         self.started = datetime.now(UTC)
 
     @property
@@ -191,15 +151,16 @@ class Session:
     @classmethod
     async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
                    out_dir: Path | None = None, observer: Observer | None = None, workers: int | str = 1,
-                   pool: Any = None, annotators: list[CellAnnotator] | None = None,
-                   ray_address: str | None = None) -> Session:
+                   pool: ReaderPool | None = None, annotators: list[CellAnnotator] | None = None,
+                   ray_address: str | None = None, gpu: GpuSampler | None = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.session.workers`);
         ``workers="auto"``: the count is chosen per cell from bench's own lag during the warm-up
         (:mod:`bench.session.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
         (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up, probes
-        and warm-ups stay in this process.
+        and warm-ups stay in this process. ``gpu``: a GPU sampler run around each cell's measured waves (the
+        session closes it).
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -209,6 +170,7 @@ class Session:
         conc = max((c.streams for c in profile.cells()), default=1)
         s = cls(base, settings, profile, make_http_client(settings, conc))
         s.observer = observer
+        s.gpu = gpu
         s.annotators = list(annotators or [])
         try:
             s.model = model or await discover_model(s.client, base, settings.api_key)
@@ -228,7 +190,7 @@ class Session:
             raise
         return s
 
-    def _worker_pool(self, workers: int | str, conc: int, ray_address: str | None) -> Any:
+    def _worker_pool(self, workers: int | str, conc: int, ray_address: str | None) -> ReaderPool | None:
         if ray_address is not None:
             from bench.session.ray_actors import RayPool
 
@@ -249,6 +211,9 @@ class Session:
             self.pool = None
         if self.scraper is not None:
             await self.scraper.stop()
+        if self.gpu is not None:
+            self.gpu.close()
+            self.gpu = None
         await self.client.aclose()
         if self.writer is not None:
             self.writer.close()
@@ -400,7 +365,7 @@ class Session:
         self.note(f"/tokenize failed ({e}); calibrating prompt lengths from two probes")
         await self._calibrate()
 
-    # ---- cells --------------------------------------------------------------------------------------------------
+    # ---- prompts ------------------------------------------------------------------------------------------------
     async def realize(self, req: PlannedRequest) -> str:
         """The exact prompt text of a planned request (the server's tokenizer, or the calibration, sizes it).
 
@@ -417,201 +382,6 @@ class Session:
                     raise ServerError(f"building a {req.target_tokens}-token prompt: {e}") from None
                 await self._tokenizer_failed(e)
         raise ServerError(f"building a {req.target_tokens}-token prompt failed twice")
-
-    async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
-        texts = [await self.realize(r) for r in reqs]
-        measured = bool(reqs) and reqs[0].phase == "measure"
-        if self.pool is not None and measured:
-            return await self._wave_in_workers(cell, reqs, texts)
-        taps = [StreamTap() for _ in reqs]
-        if self.observer is not None and measured:
-            self.observer.wave_started(cell, taps)
-
-        async def one(i: int) -> RequestRecord:
-            r = reqs[i]
-            rec = await self.send(texts[i], r.max_tokens, r.phase, r.meta, tap=taps[i], request_id=r.request_id)
-            self.write(rec)
-            if self.observer is not None and measured:
-                self.observer.request_done(cell, rec.ok)
-            return rec
-
-        # a full garbage collection stops every stream's reads for tens of ms (measured: 33-40 ms at 256 streams):
-        # none runs while a wave is in flight; the collector catches up between waves, outside any timing
-        gc_was_on = gc.isenabled()
-        gc.disable()
-        try:
-            return list(await asyncio.gather(*(one(i) for i in range(len(reqs)))))
-        finally:
-            if gc_was_on:
-                gc.enable()
-                gc.collect()
-
-    async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str]) -> list[RequestRecord]:
-        """One measured wave spread over the worker processes (records on one clock; no live counters)."""
-        specs = [RequestSpec(r.request_id, self.profile.endpoint, self.body(t, r.max_tokens), r.meta)
-                 for r, t in zip(reqs, texts)]
-        recs: list[RequestRecord] = await self.pool.arun(specs)
-        for rec in recs:
-            self.write(rec)
-            if self.observer is not None:
-                self.observer.request_done(cell, rec.ok)
-        return recs
-
-    async def _warmup_and_size(self, cell: Cell) -> None:
-        """The warm-up waves (read by this process), measuring bench's lag meanwhile; then grow the worker pool
-        (``--workers auto``) or warn (fixed count) when one process cannot keep up (:mod:`bench.session.autosize`)."""
-        from bench.session import autosize as autosize
-
-        recs: list[RequestRecord] = []
-        autosize.read_lag_mark()
-        async with autosize.LoopLag() as loop_lag:
-            for w in range(self.profile.warmup):
-                recs += await self._wave(cell, self.planner.wave(cell, "warmup", w, depth=0,
-                                                                 max_tokens=WARMUP_MAX_TOKENS))
-        choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
-        if self.workers_auto:
-            autosize.carry(choice, self.sizing.values(), cell.streams)
-        self.sizing[cell.id] = choice
-        have = self.workers
-        if not self.workers_auto:
-            msg = autosize.advice(cell.id, choice, have)
-            if msg:
-                self.note(msg)
-        elif choice["workers"] > have:
-            from bench.session.workers import WorkerPool
-
-            conc = max((c.streams for c in self.profile.cells()), default=1)
-            pool = WorkerPool(self.base, model=self.model, settings=self.settings, workers=choice["workers"],
-                              concurrency=conc)
-            await asyncio.get_running_loop().run_in_executor(None, pool.start)
-            if self.pool is not None:
-                self.pool.close()
-            self.pool = pool
-
-    def planned_waves(self, cell: Cell) -> int:
-        """Waves a cell runs at least: enough for ``requests`` and ``min_waves``."""
-        return planned_waves(self.profile, cell)
-
-    async def _warm(self, cell: Cell) -> None:
-        if self.profile.warmup:
-            await self._warmup_and_size(cell)
-        if self.profile.prefix_cache:  # prime the cache: one request with the shared prompt, not measured
-            await self._wave(cell, self.planner.wave(cell, "prime", 0, n=1, max_tokens=WARMUP_MAX_TOKENS))
-
-    async def run_cell(self, cell: Cell, waves: int | None = None, *, warmup: bool = True,
-                       first_wave: int = 0) -> CellRun:
-        """Warm-up waves, then measured waves of ``cell.streams`` concurrent requests; returns them summarized.
-
-        Args:
-            waves: run exactly this many measured waves; default: :meth:`planned_waves`, extended up to
-                ``max_waves`` while ``target_ci`` is not met.
-            warmup: run the profile's warm-up waves first.
-            first_wave: number of the first measured wave (for re-measured or interleaved waves).
-        """
-        run = CellRun(cell)
-        fixed = waves is not None
-        want = waves if waves is not None else self.planned_waves(cell)
-        if self.observer is not None:
-            self.observer.cell_started(cell, want * cell.streams)
-        if warmup:
-            await self._warm(cell)
-        mon = LagMonitor()
-        if self.scraper is not None:
-            await self.scraper.begin()
-        mon.start()
-        try:
-            await self._measured_waves(run, want, fixed, first_wave)
-        finally:
-            own = mon.stop()  # with a pool this loop only waits: the workers' loops stamp the reads
-            run.lag = workers_lag(run.worker_lag_ns) or own
-            if self.scraper is not None:
-                run.server_metrics = await self.scraper.end()
-        if cell.id in self.sizing and run.lag:
-            from bench.session import autosize as autosize
-
-            autosize.recheck(self.sizing[cell.id], run.lag, self.workers, cell.streams)
-        self.summarize(run)
-        return run
-
-    async def _measured_waves(self, run: CellRun, want: int, fixed: bool, first_wave: int) -> None:
-        cell, p, w = run.cell, self.profile, 0
-        while True:
-            reqs = self.planner.wave(cell, "measure", first_wave + w)
-            c0, t0 = time.process_time(), time.perf_counter()
-            recs = await self._wave(cell, reqs)
-            if self.pool is not None:
-                run.add_worker_lag(getattr(self.pool, "last_lag_ns", None))
-            run.cpu_s += time.process_time() - c0
-            run.wall_s += time.perf_counter() - t0
-            run.records.extend(recs)
-            run.waves.append([r.request_id for r in recs])
-            w += 1
-            if w >= want:
-                if fixed or w >= p.max_waves or not p.target_ci or self._ci_met(run):
-                    break
-                if self.observer is not None:
-                    self.observer.cell_started(cell, (w + 1) * cell.streams)
-
-    def summarize(self, run: CellRun) -> CellResult:
-        """The one cell-summary step (used for every cell of run, gate, its re-measurements, and ab)."""
-        cell, p = run.cell, self.profile
-        cpu = 100.0 * run.cpu_s / run.wall_s if run.wall_s > 0 else None
-        expected = None if p.prefix_cache else self.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
-        ms = run.metrics()  # each record's metrics, computed once for everything below
-        run.summary = summarize_cell(cell, run.records, run.waves, self.overhead_ms,
-                                     depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
-                                     client_cpu_pct=cpu, target_ci=p.target_ci, max_waves=p.max_waves, metrics=ms)
-        q = queueing_summary({"id": cell.id, "streams": cell.streams}, ms, run.waves, self.server)
-        run.summary.queueing = q
-        run.summary.warnings += q.get("warnings") or []
-        run.summary.client_lag = run.lag
-        stamps = stamp_context(run.records, run.summary.itl_ms)
-        lag_note = lag_warning(run.lag, workers=self.workers, streams=cell.streams, **stamps) if run.lag else None
-        if lag_note and (self.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
-            run.summary.warnings.append(f"{cell.id}: {lag_note}")
-        if run.server_metrics:
-            self._server_checks(run.server_metrics, ms, run.summary)
-        if self.slo is not None:
-            self._score_slo(run, ms, run.summary)
-        for annotate in self.annotators:
-            annotate(self, run.summary)
-        if self.observer is not None:
-            self.observer.cell_done(cell, run.summary)
-        return run.summary
-
-    def _server_checks(self, server_metrics: dict[str, Any], ms: list[RequestMetrics], summary: CellResult) -> None:
-        """The server's own counters beside bench's (``ms``: the cell's request metrics): stored, cross-checked
-        (warnings), TTFT compared (notes)."""
-        sm = dict(server_metrics)
-        if sm.get("scraper_error"):
-            summary.warnings.append(f"{summary.id}: the /metrics scraper stopped during the cell "
-                                    f"({sm['scraper_error']}): its series cover the scrapes before that and the "
-                                    "one at the cell's end")
-        ok = [m for m in ms if m.ok]
-        view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ok)}
-        if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare
-            summary.warnings += cross_checks(sm, view, prefix_cache_expected=self.profile.prefix_cache)
-        notes = cross_check_notes(sm, view)
-        if notes:
-            sm["notes"] = notes
-        summary.server_metrics = sm
-
-    def _score_slo(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> None:
-        """``goodput``, ``slo`` and ``slo_met`` of a concurrency cell: the open-loop figures
-        (:func:`bench.measure.slo.point_slo`) over every measured request, the window being the measured waves' wall
-        time (:func:`bench.measure.slo.waves_wall_s`; docs/load.md)."""
-        assert self.slo is not None
-        s = point_slo(run.records, self.slo, waves_wall_s(run.records, run.waves), ms)
-        summary.goodput, summary.slo = s["goodput"], s["slo"]
-        summary.slo_met = bool(run.records) and all(v["held"] for v in s["slo"].values())
-
-    def _ci_met(self, run: CellRun) -> bool:
-        vals = [m.decode_tok_s for m in run.metrics() if m.ok and m.decode_tok_s]
-        if len(vals) < 3:
-            return False
-        lo, hi = bootstrap_ci(vals)
-        med = sorted(vals)[len(vals) // 2]
-        return (hi - lo) / 2 <= self.profile.target_ci * med
 
     # ---- results ------------------------------------------------------------------------------------------------
     def results(self, cells: list[CellResult], *, complete: bool = False, interrupted: bool = False) -> Results:
@@ -638,12 +408,12 @@ class Session:
         )
 
 
-def _ray_section(pool: Any) -> dict[str, Any] | None:
+def _ray_section(pool: ReaderPool | None) -> dict[str, Any] | None:
     """``{"address", "nodes"}`` when the waves ran on Ray (bench.session.ray_actors), else None."""
     report = getattr(pool, "nodes_report", None)
     if report is None:
         return None
-    return {"address": pool.address, "nodes": report()}
+    return {"address": getattr(pool, "address", None), "nodes": report()}
 
 
 def machine_info() -> dict[str, Any]:
