@@ -134,3 +134,25 @@ def test_the_check_finds_what_it_should(tmp_path) -> None:
                                         ("within 3 % of", ["3"]), ("`--seconds 4` and 30 s", [])])
 def test_numbers_of_a_figure(text, want) -> None:
     assert numbers(text) == want
+
+
+def _named_results(text: str) -> set[str]:
+    """Results files a page names in its prose (code blocks hold commands, whose --out files are examples)."""
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    found = re.findall(r"(?<![\w/-])(?:benchmarks/)?results/[\w.\-/]+\.(?:md|json)", prose)
+    return {m for m in found if not re.search(r"[A-Z]{3,}|<", m)}  # FILE, NAME-DATE: placeholders
+
+
+def test_every_stored_result_named_in_the_docs_exists_and_names_its_command() -> None:
+    """README.md, docs/*.md and benchmarks/README.md: every results file they name is stored, and every stored
+    Markdown result names the command that made it."""
+    bad = []
+    for doc in [ROOT / "README.md", ROOT / "benchmarks" / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for name in _named_results(doc.read_text(encoding="utf-8")):
+            path = ROOT / (name if name.startswith("benchmarks/") else "benchmarks/" + name)
+            if not path.is_file():
+                bad.append(f"{doc.relative_to(ROOT)}: {name} is not stored")
+    for res in sorted((ROOT / "benchmarks" / "results").glob("*.md")):
+        if not COMMAND.search(res.read_text(encoding="utf-8")):
+            bad.append(f"{res.relative_to(ROOT)} names no command")
+    assert not bad, "\n".join(bad)
