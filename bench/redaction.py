@@ -1,7 +1,9 @@
 """Keeping the API key out of everything bench prints, logs, raises or writes.
 
 One registry of secrets for the process: :class:`bench.client.ClientSettings` registers the API key the moment it
-is read from the environment (:func:`add_secret`). Every path out applies the registry, not chosen call sites:
+is read from the environment (:func:`add_secret`). What a server sends is redacted where it enters bench, before
+anything parses or transforms it (:mod:`bench.client.border`: every response read whole, response headers; the
+streamed text as its record). Every path out applies the registry as well, not chosen call sites:
 
 * :class:`bench.errors.BenchError` redacts its message when it is made (every user-facing error);
 * :class:`bench.records.RequestRecord` redacts its text when the client finishes it and again when it is
@@ -11,8 +13,9 @@ is read from the environment (:func:`add_secret`). Every path out applies the re
 * the results exporters (:mod:`bench.report.export`) redact the text they write;
 * an uncaught exception's traceback is printed redacted (:func:`install_excepthook`, from ``bench.cli.app.main``).
 
-A key is found verbatim, split by whitespace (a wrapped line, a newline inside a JSON string, written raw or as a
-``\\n`` escape), and cut off at the end of a text (a body truncated in the middle of the key, 8 characters or
+A key is found verbatim or in any letter case (a server that lower-cases an ``owned_by``), with any character
+written as a JSON escape (``\\u0073``, ``\\/``) or a URL's ``%73``, split by whitespace (a wrapped line, a newline
+inside a JSON string, written raw or as a ``\\n`` escape), and cut off at the end of a text (a body truncated in the middle of the key, 8 characters or
 more). Replacement: ``***`` in free text; in a record's events, each character of the key becomes ``*`` so the
 events keep their lengths (token estimates do not change).
 """
@@ -32,17 +35,30 @@ __all__ = ["add_secret", "secrets", "redact", "redact_obj", "find_spans", "mask_
 MASK = "***"
 _MIN_LEN = 4  # shorter values are not treated as secrets (they would match ordinary text)
 _MIN_TAIL = 8  # a text ending in this many leading characters of a key (or more) is a cut-off key
-_GAP = r"(?:\s|\\[nrt])*"  # what may split a key: whitespace, or a JSON escape of it
+_GAP = r"(?:\s|\\+[nrt])*"  # what may split a key: whitespace, or a JSON escape of it (escaped again: JSON in JSON)
 
-_patterns: dict[str, re.Pattern[str]] = {}
+_patterns: dict[str, tuple[re.Pattern[str], re.Pattern[str]]] = {}  # secret -> (plain, escaped): see find_spans
 
 
 def add_secret(secret: str | None) -> None:
     """Register ``secret`` (the API key) for redaction everywhere in this process; no-op for ``None``/short."""
     if not secret or len(secret) < _MIN_LEN or secret in _patterns:
         return
-    body = _GAP.join(re.escape(c) for c in secret)
-    _patterns[secret] = re.compile(body)
+    plain = re.compile(r"\s*".join(re.escape(c) for c in secret.lower()))
+    escaped = re.compile(_GAP.join(_char(c) for c in secret), re.IGNORECASE)
+    _patterns[secret] = (plain, escaped)
+
+
+def _char(c: str) -> str:
+    """One character of a key as a server may write it: itself (any letter case: a lower-cased ``owned_by``),
+    a JSON ``\\uXXXX`` or backslash escape (escaped again when that JSON sits in a JSON string), or a URL's
+    ``%XX``."""
+    forms = [re.escape(c), r"\\+" + re.escape(c)]
+    for x in sorted({c, c.lower(), c.upper()}):  # an escape of the character in the case it was changed to
+        forms.append(rf"\\+u{ord(x):04x}")
+        if ord(x) < 0x80:
+            forms.append(f"%{ord(x):02x}")
+    return "(?:" + "|".join(forms) + ")"
 
 
 def secrets() -> list[str]:
@@ -60,9 +76,13 @@ def find_spans(text: str, extra: str | None = None) -> list[tuple[int, int]]:
     _register(extra)
     if not _patterns or not text:
         return []
+    low = text.lower()
+    # the common case (no backslash, no %, lower() keeps every position): the lower-cased key, whitespace between
+    # its characters, in the lower-cased text; else the full pattern (escapes, any case), a few times slower
+    simple = len(low) == len(text) and "\\" not in text and "%" not in text
     spans: list[tuple[int, int]] = []
-    for secret, pat in _patterns.items():
-        spans += [m.span() for m in pat.finditer(text)]
+    for secret, (plain, escaped) in _patterns.items():
+        spans += [m.span() for m in (plain.finditer(low) if simple else escaped.finditer(text))]
         tail = _tail_prefix(text, secret)
         if tail:
             spans.append((len(text) - tail, len(text)))
@@ -73,7 +93,7 @@ def find_spans(text: str, extra: str | None = None) -> list[tuple[int, int]]:
 def _tail_prefix(text: str, secret: str) -> int:
     """Length of the longest proper prefix of ``secret`` (>= 8 chars) that ``text`` ends with, else 0."""
     for k in range(len(secret) - 1, _MIN_TAIL - 1, -1):
-        if text.endswith(secret[:k]):
+        if text[-k:].lower() == secret[:k].lower():
             return k
     return 0
 

@@ -2,12 +2,35 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 CASES_DIR = Path(__file__).parent / "cases"
+
+# The terminal the tests see, whatever the caller's: bench's consoles are made at import (bench.report.console reads
+# $COLUMNS then), rich reads the colour variables when a console is made, and every CLI test that starts a
+# subprocess passes os.environ on. So the values are pinned here, before any test module imports bench, and again
+# around every test (hermetic_terminal). 220 columns is what bench uses when stdout is not a terminal.
+HERMETIC_ENV = {"COLUMNS": "220", "LINES": "50", "TERM": "dumb", "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8",
+                "PYTHONIOENCODING": "utf-8"}
+HERMETIC_UNSET = ("NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "COLORTERM", "TTY_COMPATIBLE",
+                  "TTY_INTERACTIVE", "JUPYTER_COLUMNS", "JUPYTER_LINES", "LANGUAGE", "LC_CTYPE", "LC_NUMERIC",
+                  "LC_MESSAGES")
+os.environ.update(HERMETIC_ENV)
+for _name in HERMETIC_UNSET:
+    os.environ.pop(_name, None)
+
+
+@pytest.fixture(autouse=True)
+def hermetic_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test starts with the pinned terminal (a test may still change it, through monkeypatch)."""
+    for k, v in HERMETIC_ENV.items():
+        monkeypatch.setenv(k, v)
+    for k in HERMETIC_UNSET:
+        monkeypatch.delenv(k, raising=False)
 
 
 def all_case_files() -> list[Path]:

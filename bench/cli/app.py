@@ -16,7 +16,7 @@ import click
 
 import bench.cli.check as _cli_check
 from bench.cli.capacity import capacity, load_options, load_settings, run_open_loop, with_cell_slo
-from bench.cli.common import client_options, endpoint, engine_size
+from bench.cli.common import client_options, echo, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gate import ab, compare, gate
 from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
@@ -122,7 +122,7 @@ def _print_record(rec: Any, m: Any, as_json: bool, title: str, warnings: list[st
         stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
     if as_json:
         d.update({"endpoint": rec.endpoint, "model": rec.model, "usage": rec.usage, "timings": rec.timings})
-        click.echo(json.dumps(d, ensure_ascii=False))
+        echo(json.dumps(d, ensure_ascii=False))
     else:
         stdout.print(request_table(d, title))
 

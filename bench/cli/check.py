@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from bench.cli.common import client_options, endpoint
+from bench.cli.common import client_options, echo, endpoint
 from bench.cli.common import settings_from_options as _settings
 
 __all__ = ["check", "record"]
@@ -36,7 +36,7 @@ def check(url: str | None, as_json: bool, model: str | None, api_key_env: str, c
     with endpoint(url, parallel=1) as base:
         rep = asyncio.run(check_endpoint(base, settings, model))
     if as_json:
-        click.echo(json.dumps(rep, ensure_ascii=False))
+        echo(json.dumps(rep, ensure_ascii=False))
         return
     from rich.table import Table
 
@@ -75,4 +75,4 @@ def record(url: str | None, out_file: str, max_tokens: int, endpoint_kind: str, 
             base, settings, case_id=Path(out_file).stem, model=model, endpoint=endpoint_kind, max_tokens=max_tokens,
             prompt=prompt_text))
     p = write_case(case, out_file)
-    click.echo(f"{p}: {len(case['events'])} writes, status {case['status']}, expect {json.dumps(case['expect'])}")
+    echo(f"{p}: {len(case['events'])} writes, status {case['status']}, expect {json.dumps(case['expect'])}")

@@ -15,7 +15,15 @@ from bench.errors import ConfigError
 if TYPE_CHECKING:
     from bench.config.profile import Profile
 
-__all__ = ["endpoint", "client_options", "settings_from_options"]
+__all__ = ["endpoint", "client_options", "settings_from_options", "echo"]
+
+
+def echo(text: str, err: bool = False, nl: bool = True) -> None:
+    """``click.echo`` of ``text`` redacted of the API key (:func:`bench.redaction.redact`): plain lines and JSON
+    documents that carry what a server said (the rich consoles of :mod:`bench.report.console` redact their own)."""
+    from bench.redaction import redact
+
+    click.echo(redact(text), err=err, nl=nl)
 
 
 def engine_size(profile: Profile) -> tuple[int, int]:

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from bench.client.border import admit_response
 from bench.errors import ConfigError, EndpointUnreachable, ServerError
 from bench.redaction import LOG_FILTER, add_secret, redact
 from bench.transport.http import FastPool
@@ -150,6 +151,11 @@ class _BenchClient(httpx.AsyncClient):
 
     bench_fast_pool: FastPool | None = None
     bench_stream_timeout: httpx.Timeout | None = None
+
+    async def send(self, request: httpx.Request, *, stream: bool = False, **kw: Any) -> httpx.Response:
+        """httpx's send, every response passed through the border (:func:`bench.client.border.admit_response`):
+        headers redacted of the API key, and the body too when it is read whole."""
+        return admit_response(await super().send(request, stream=stream, **kw), streamed=stream)
 
     async def aclose(self) -> None:
         try:

@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
+from rich.text import Text
 
 from bench.gate import Verdict, overall_exit, verdict_counts
 
@@ -28,6 +30,8 @@ __all__ = [
     "resolution_notes",
     "verdict_rows",
     "gate_table",
+    "needed_width",
+    "stacked",
     "side_by_side_rows",
     "side_by_side_table",
     "summary_line",
@@ -100,16 +104,74 @@ def summary_line(verdicts: Sequence[Verdict]) -> str:
     return f"{OUTCOME[code]}: " + (", ".join(parts) if parts else "nothing compared")
 
 
-def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> Table:
-    """A rich table: one line per verdict (metric, cell, baseline, candidate, ratio [lo, hi], verdict)."""
+def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> RenderableType:
+    """The verdicts for the terminal: a rich table, one line per verdict (verdict, metric, cell, baseline, candidate,
+    ratio [lo, hi], limit, MDE, n) where the console is wide enough for every value whole; narrower, one block per
+    verdict (``verdict  cell``, then ``label: value`` fields wrapped between fields), so cell names and verdicts are
+    never folded. The layout is chosen when printed, for the console's width."""
     head, rows = verdict_rows(verdicts)
+    styles = [_STYLE.get(v.verdict, "") for v in verdicts]
+    return _Fitted(title, head, rows, styles, right=("baseline", "candidate", "ratio", "MDE", "n"), key=(0, 3))
+
+
+def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[str]], styles: Sequence[str],
+           right: Sequence[str]) -> Table:
     t = Table(title=title, header_style="bold")
     for h in head:
-        t.add_column(h, justify="right" if h in ("baseline", "candidate", "ratio", "MDE", "n") else "left")
-    for v, r in zip(verdicts, rows):
-        style = _STYLE.get(v.verdict, "")
+        t.add_column(h, justify="right" if h in right else "left")
+    for style, r in zip(styles, rows):
         t.add_row(f"[{style}]{r[0]}[/{style}]" if style else r[0], *r[1:])
     return t
+
+
+def needed_width(head: Sequence[str], rows: Sequence[Sequence[str]]) -> int:
+    """Columns a rich table needs with every header and value on one line: each column's widest text, plus rich's
+    padding and borders (3 per column, 1 more at the edge)."""
+    return 1 + sum(max([len(h), *(len(r[i]) for r in rows)]) + 3 for i, h in enumerate(head))
+
+
+def stacked(head: Sequence[str], rows: Sequence[Sequence[str]], width: int, key: tuple[int, int]) -> list[str]:
+    """The rows as blocks for a narrow terminal: per row a line of its two ``key`` columns (e.g. verdict and
+    cell, whole even when wider than ``width``), then the other columns as ``label: value`` fields joined with
+    ``; `` and wrapped between fields (a field wider than ``width`` stands on its own line, whole)."""
+    out: list[str] = []
+    for r in rows:
+        out.append(f"{r[key[0]]}  {r[key[1]]}")
+        line = ""
+        for i, (h, v) in enumerate(zip(head, r)):
+            if i in key:
+                continue
+            field = f"{h}: {v}"
+            if line and len(line) + 2 + len(field) <= width:
+                line += "; " + field
+                continue
+            if line:
+                out.append(line)
+            line = "  " + field
+        if line:
+            out.append(line)
+    return out
+
+
+class _Fitted:
+    """A table that stacks itself (:func:`stacked`) when the console is narrower than it needs
+    (:func:`needed_width`)."""
+
+    def __init__(self, title: str, head: Sequence[str], rows: Sequence[Sequence[str]], styles: Sequence[str],
+                 right: Sequence[str], key: tuple[int, int]) -> None:
+        self.title, self.head, self.rows, self.styles, self.right, self.key = title, head, rows, styles, right, key
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        width = options.max_width
+        if width >= needed_width(self.head, self.rows):
+            yield _table(self.title, self.head, self.rows, self.styles, self.right)
+            return
+        yield Text(self.title, style="italic")
+        lines = stacked(self.head, self.rows, width, self.key)
+        starts = iter(self.styles)
+        for line in lines:
+            style = next(starts, "") if not line.startswith(" ") else ""
+            yield Text(line, style=style, no_wrap=True, overflow="ignore")
 
 
 def side_by_side_rows(main: Sequence[Verdict],
@@ -129,15 +191,11 @@ def side_by_side_rows(main: Sequence[Verdict],
     return head, rows
 
 
-def side_by_side_table(main: Sequence[Verdict], title: str, names: tuple[str, str] = ("A", "B")) -> Table:
-    """The rich version of :func:`side_by_side_rows`."""
+def side_by_side_table(main: Sequence[Verdict], title: str, names: tuple[str, str] = ("A", "B")) -> RenderableType:
+    """The rich version of :func:`side_by_side_rows` (stacked per cell and metric when the console is narrow)."""
     head, rows = side_by_side_rows(main, names)
-    t = Table(title=title, header_style="bold")
-    for h in head:
-        t.add_column(h, justify="left" if h in ("cell", "metric", "CI", "change") else "right")
-    for r in rows:
-        t.add_row(*r)
-    return t
+    right = [h for h in head if h not in ("cell", "metric", "CI", "change")]
+    return _Fitted(title, head, rows, [""] * len(rows), right=right, key=(0, 1))
 
 
 def to_junit(

@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from bench.client import ClientSettings, RequestSpec, discover_model, root_url
+from bench.client.border import admit
 from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord
 from bench.server.info import discover_server
@@ -251,7 +252,7 @@ async def check_endpoint(base: str, settings: ClientSettings, model: str | None 
         cpt = rep.get("chat_prompt_tokens")
         rep["chat_template_tokens"] = cpt - content_tokens if cpt is not None and content_tokens is not None else None
         rep.update(await ck.metrics())
-    return rep
+    return dict(admit(rep))  # what the server's raw reads said, and --model, as they leave the check
 
 
 def _yes(v: Any) -> str:

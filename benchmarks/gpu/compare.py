@@ -1,4 +1,6 @@
-"""The side-by-side tables: bench against llama-bench / llama-batched-bench, from run_gpu.sh's results folders.
+"""The side-by-side tables: bench against llama-bench / llama-batched-bench, from the results folders of
+run_gpu.sh, the harness that made benchmarks/results/gpu-2026-11-30.md (removed since: docs/gpu.md names the last
+commit that had it; run_h200.sh's results are tabled by table_h200.py).
 
 usage: python compare.py [--notes NOTES.md] OUT.md OUT.json RES_DIR [RES_DIR...]
 

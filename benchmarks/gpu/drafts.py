@@ -8,7 +8,7 @@ server configuration (drafts off, a small draft model, the model as its own draf
 
     python benchmarks/gpu/drafts.py URL LABEL OUT.json [--streams 1,2,3,4] [--max-tokens 256] [--waves 3]
 
-benchmarks/gpu/run_gpu.sh's `drafts` step runs it on the H200 (docs/gpu.md); it also runs against any server,
+It measures what run_h200.sh's `drafts` step does (docs/gpu.md), as one script; it runs against any server,
 e.g. `bench sim --tokens-per-event 2,4` (no spec counters there: those columns stay empty).
 """
 

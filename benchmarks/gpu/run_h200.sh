@@ -17,7 +17,7 @@
 #         lbpp       llama-bench -p 4096,32768 -n 0: prompts processed from scratch (what bench's depth cells are)
 #         batched    llama-batched-bench -npp 80 -ntg 400 -npl 1,2,4,8 (aggregate decode without HTTP)
 #         drafts     DRAFTS=auto|1|0: llama-server drafts off / the 8B as its own draft / a random 1B draft, bench's
-#                    decode profile at 1-4 streams (prose); auto = only when bench has bench.server_metrics
+#                    decode profile at 1-4 streams (prose); auto = only when bench has bench.server.metrics
 #         capacity   CAPACITY=auto|1|0: bench capacity --by concurrency against llama-server (issue 14); auto =
 #                    only when `bench capacity` exists
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
@@ -70,7 +70,7 @@ SCHED_ARGS=${SCHED_ARGS:---rates 10,100,1000,5000 --workers 1,2,4,8,16 --duratio
 SMALL_MODEL=${SMALL_MODEL:-$WORK/rand135m.gguf}; GATE_S=${GATE_S:-400}
 GATE_ARGS=${GATE_ARGS:---rounds 10 --threads 2 --server-args "-ngl 99" --slow-args "-ngl 22"}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-# pure-Python wheels carried in .carry/ (prometheus-client for bench.server_metrics) import straight from the zip
+# pure-Python wheels carried in .carry/ (prometheus-client for bench.server.metrics) import straight from the zip
 for w in "$REPO"/.carry/*-py3-none-any.whl; do [ -f "$w" ] && PYTHONPATH=$PYTHONPATH:$w; done
 # the fast extra (orjson, uvloop) for this Python, unpacked in .carry/site3XX (binary wheels do not import from a zip)
 SITE=$REPO/.carry/site$($PY -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")' 2>/dev/null)
@@ -156,7 +156,7 @@ step_env() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem --format=csv,noheader
     nvidia-smi -L; echo "cores $(nproc)"; $PY --version; uname -r; free -g | head -2; df -h /root | tail -1
     $PY -c "import bench.cli; from importlib.metadata import version as v; print('bench imports ok:', *(f'{p} {v(p)}' for p in ('click', 'httpx', 'rich', 'numpy', 'aiohttp')))"
-    $PY -c "import bench.server_metrics, prometheus_client; print('bench.server_metrics ok')" 2>&1 | tail -1
+    $PY -c "import bench.server.metrics, prometheus_client; print('bench.server.metrics ok')" 2>&1 | tail -1
     [ -x "$BIN/llama-server" ] && "$BIN/llama-server" --version 2>&1 | head -2
   } > "$R/env.txt" 2>&1
   cat "$R/env.txt"
@@ -241,7 +241,7 @@ step_decode() {
 }
 
 step_drafts() {  # drafts off, the 8B as its own draft, a random 1B draft; bench's decode at 1-4 streams
-  enabled drafts "$DRAFTS" $PY -c "import bench.server_metrics" || return 0
+  enabled drafts "$DRAFTS" $PY -c "import bench.server.metrics" || return 0
   local cfg rc=0
   for cfg in $DRAFT_CONFIGS; do
     want "drafts-$cfg" 75 "$R/drafts-$cfg.ok" || continue
