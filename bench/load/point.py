@@ -300,8 +300,9 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
             f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): {who} did not get the CPU "
             f"in time; send from more processes (--workers {more_workers(sc, workers)}, if the machine has the "
             "cores), or lower --rate")
-    if s["counts"]["cut"]:
-        s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
+    drained = s["counts"]["cut"] - run.lost  # a lost node's cut requests: its own warning (run warnings)
+    if drained:
+        s["warnings"].append(f"{s['id']}: {drained} requests were still in flight {ls.drain_s:g} s after "
                              "the last send and were cut (counted as failures); raise --drain to wait for them")
     if not s["steady"] and ls.mode == "rate":
         s["warnings"].append(f"{s['id']}: not in a steady state: TTFT and requests in flight kept rising over the "

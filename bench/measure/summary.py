@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.config.profile import Cell
+from bench.errors import ErrorKind
 from bench.measure.metrics import RequestMetrics, request_metrics
 from bench.measure.noise import cell_noise, noise_warnings, wave_medians
 from bench.records import RequestRecord
@@ -32,6 +33,7 @@ OVERHEAD_FLAG_SHARE = 0.30
 PROMPT_MISS_WARN_PCT = 2.0
 CLIENT_CPU_WARN_PCT = 70.0
 SERVER_GAP_WARN_SHARE = 0.20
+LOST = ErrorKind.WORKER_LOST.value  # a request of a Ray node lost mid-run: cut, not failed
 
 
 def wave_aggregate_decode(recs: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> float | None:
@@ -88,7 +90,8 @@ def summarize_cell(
     """
     ms = _metrics_of(records, metrics)
     ok = [m for m in ms if m.ok]
-    errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
+    cut = sum(1 for m in ms if m.error_kind == LOST)  # a lost Ray node's: the server did not fail them
+    errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok and m.error_kind != LOST)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
     warnings = _warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
@@ -96,7 +99,7 @@ def summarize_cell(
     samples = _samples(ok, rates, agg)
     res = CellResult(
         id=cell.id, sweep=cell.sweep, depth=cell.depth, streams=cell.streams, prompt=cell.prompt,
-        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok), errors=dict(errors),
+        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok) - cut, errors=dict(errors), requests_cut=cut,
         waves=len(waves), overhead_ms=overhead_ms, overhead_share=rates["share"], overhead_flag=rates["flag"],
         prompt_target=depth_target_tokens, prompt_miss_pct=_prompt_miss(ok, depth_target_tokens),
         output_tokens_estimated=sum(1 for m in ok if m.output_tokens_estimated),
@@ -221,8 +224,9 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
     short = [m for m in ok if m.output_tokens < cell.max_tokens]
     if short:
         out.append(f"{cell.id}: {len(short)} request(s) stopped before max_tokens={cell.max_tokens}")
-    if len(ok) < len(ms):
-        out.append(f"{cell.id}: {len(ms) - len(ok)} of {len(ms)} requests failed ({dict(errors)})")
+    failed = sum(errors.values())
+    if failed:
+        out.append(f"{cell.id}: {failed} of {len(ms)} requests failed ({dict(errors)})")
     return out
 
 
