@@ -36,6 +36,8 @@ class SimConfig:
     model: str = _f("bench-sim", "name", "model id served by /v1/models and echoed in responses")
     host: str = _f("127.0.0.1", "address", "address serve() binds (running_sim always uses 127.0.0.1)")
     port: int = _f(8000, "port", "TCP port for serve(); 0 picks a free port")
+    reuse_port: bool = _f(False, "bool", "share the port with other sim processes (SO_REUSEPORT): the kernel "
+                          "spreads new connections over them, so one URL reaches N sims (each its own timing)")
     seed: int = _f(0, "int", "seed of every random draw (tokens_per_event choices, eos)")
 
     # -- prefill -------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ async def _serve(cfg: SimConfig, announce: Callable[[str], None]) -> None:
     runner = _make_runner(cfg)
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port)
+        site = web.TCPSite(runner, cfg.host, cfg.port, reuse_port=cfg.reuse_port or None)
         await site.start()
         announce(_url(cfg.host, _bound_port(runner)))
         stop = asyncio.Event()
