@@ -88,16 +88,18 @@ def sims(k: int, streams: int, step_ms: float) -> Iterator[str]:
 
 
 def _aggregate_on_writes(recs: list[RequestRecord]) -> float | None:
-    firsts, lasts, toks = [], [], 0
+    firsts: list[int] = []
+    lasts: list[int] = []
+    toks = 0.0
     for r in recs:
         tev = [e for e in r.events if e.has_text and e.write_ns is not None]
         m = request_metrics(r)
         if not r.ok or len(tev) < 2 or m.output_tokens <= m.first_event_tokens:
             continue
-        firsts.append(tev[0].write_ns)
-        lasts.append(tev[-1].write_ns)
+        firsts.append(int(tev[0].write_ns or 0))
+        lasts.append(int(tev[-1].write_ns or 0))
         toks += m.output_tokens - m.first_event_tokens
-    span = (max(lasts) - min(firsts)) / 1e9 if firsts else 0.0  # type: ignore[type-var,operator]
+    span = (max(lasts) - min(firsts)) / 1e9 if firsts else 0.0
     return toks / span if span > 0 else None
 
 

@@ -31,11 +31,18 @@ through Ray, NTP-style: ``offset = t_actor - (t_send + t_back) / 2`` from the ro
 :meth:`RayPool.nodes_report` names the nodes, their actors and each node's offset with its uncertainty (the run
 section of results.json, ``run.nodes``).
 
-Failures. Records stream back as each request finishes (a Ray streaming generator), so an actor or node lost
-mid-wave loses only its requests still in flight (in open loop also those not yet sent): each becomes a failed
-record (``error_kind = "worker_lost"``, the error names the node; in open loop with its ``scheduled_ns``), never
-silently dropped; the lost actor gets no later wave (the others take its share; a wave with no actor left is all
-failed records).
+Failures. Records stream back as each request finishes (a Ray streaming generator; ``on_record`` gets each as it
+comes), so an actor or node lost mid-wave loses only its requests still in flight (in open loop also those not
+yet sent): each becomes a cut record (``error_kind = "worker_lost"``, the error names the node; in open loop with
+its ``scheduled_ns``), counted as cut, never as a server failure and never silently dropped; the lost actor gets
+no later wave (the others take its share; a wave with no actor left is all cut records); :meth:`RayPool.warnings`
+names each lost node once.
+
+Joining. A Ray driver joins through a Ray node on its own machine; with a non-loopback ADDRESS bench picks the
+local node at the address this machine reaches the head from (:func:`driver_ip`), so the actors on other hosts
+reach the driver back (a driver's machine that is not a load host runs ``ray start --num-cpus 0``; nodes without
+CPUs get no actor). Before the first wave each actor makes its client, probes the kernel's receive stamps and
+opens a connection to the server (``warm``), so the first requests of an open-loop share go on time.
 """
 
 from __future__ import annotations
@@ -322,8 +329,9 @@ class RayPool:
         if not live:
             lost = [_lost_record(s, self.model, "?", "no live actor left", _due(start, offs, j))
                     for j, s in enumerate(specs)]
-            for r in lost if on_record is not None else ():
-                on_record(r)
+            if on_record is not None:
+                for r in lost:
+                    on_record(r)
             return lost
         shares = split_specs(specs, len(live))
         out: list[RequestRecord | None] = [None] * len(specs)

@@ -373,8 +373,9 @@ class WorkerPool:
         ``on_record`` is called with each record (here once the wave is over, in order)."""
         recs = await asyncio.get_running_loop().run_in_executor(
             None, lambda: self.run(specs, start_delay_s=start_delay_s, offsets=offsets))
-        for r in recs if on_record is not None else ():
-            on_record(r)
+        if on_record is not None:
+            for r in recs:
+                on_record(r)
         return recs
 
 
