@@ -212,6 +212,8 @@ class Hosts:
                      "--system-config", json.dumps(FAST_HEALTH)]
         else:
             argv += ["--address", self.ray_address]
+        if i is None:  # the host's network is shared with any other Ray here: no fixed port (52365...) of Ray's
+            argv += ["--dashboard-agent-listen-port", str(_free_port(ip))]
         return self._popen(argv, f"ray-{where}.log", None if i is None else self.ns[i])
 
     def _start_ray(self) -> None:
@@ -222,8 +224,17 @@ class Hosts:
         for i in range(1, self.n):
             self.node_procs[i] = self._ray_node(i)
         self.host_node = self._ray_node(None)
-        _wait(lambda: self.alive_nodes() >= self.n + 1, 120, f"{self.n + 1} Ray nodes", self.dir / "ray-n1.log",
-              self.node_procs[0])
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            up = {n["ip"] for n in self.nodes() if n["alive"]}
+            if up >= {self.host_ip, *self.ips}:
+                return
+            time.sleep(1.0)
+        missing = [ip for ip in [*self.ips, self.host_ip] if ip not in up]
+        logs = {ip: self.dir / f"ray-{'host' if ip == self.host_ip else 'n' + str(self.ips.index(ip) + 1)}.log"
+                for ip in missing}
+        tails = "; ".join(f"{ip}: {p.read_text(errors='replace')[-300:]!r}" for ip, p in logs.items() if p.exists())
+        raise RuntimeError(f"Ray nodes at {', '.join(missing)} did not join within 180 s: {tails}")
 
     def nodes(self) -> list[dict[str, Any]]:
         """The cluster's nodes from the head's GCS: ``node_id`` (hex), ``ip``, ``alive`` (asked in a child

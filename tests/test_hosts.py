@@ -90,7 +90,44 @@ def _aggregate_on_writes(recs: list[RequestRecord]) -> float:
     return toks / ((max(lasts) - min(firsts)) / 1e9)  # type: ignore[operator]
 
 
+def test_unavailable_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where namespaces cannot be made (here: no `ip` command) the hosts refuse with one line, which the fixture
+    turns into a skip; nothing is left behind."""
+    import tests.hosts as th
+
+    monkeypatch.setattr(th.shutil, "which", lambda _name: None)
+    h = th.Hosts(3)
+    with pytest.raises(th.HostsUnavailable) as e:
+        h.start()
+    assert "\n" not in str(e.value) and "ip" in str(e.value)
+    h.close()
+    assert not h.dir.exists()
+
+
+def test_actors_go_to_nodes_with_cpus() -> None:
+    """A node started with --num-cpus 0 (the driver's) gets no actor; when no node offers CPUs, every live one
+    does."""
+    from bench.session.ray_actors import _alive_nodes
+
+    class FakeRay:
+        def __init__(self, nodes: list[dict[str, Any]]) -> None:
+            self._nodes = nodes
+
+        def nodes(self) -> list[dict[str, Any]]:
+            return self._nodes
+
+    nodes = [{"NodeID": "c", "Alive": True, "Resources": {"CPU": 1.0}},
+             {"NodeID": "a", "Alive": True, "Resources": {"memory": 1.0}},  # --num-cpus 0
+             {"NodeID": "b", "Alive": True, "Resources": {"CPU": 2.0}},
+             {"NodeID": "d", "Alive": False, "Resources": {"CPU": 1.0}}]
+    assert _alive_nodes(FakeRay(nodes)) == ["b", "c"]
+    assert _alive_nodes(FakeRay([dict(n, Resources={}) for n in nodes])) == ["a", "b", "c"]
+
+
 def test_wave_over_three_hosts(hosts: Any, tmp_path: Path) -> None:
+    from bench.session.ray_actors import driver_ip
+
+    assert driver_ip(hosts.ray_address) == hosts.host_ip  # the driver joins its own node, at its own address
     p = bench("run", hosts.sim_url, "--profile", "quick", "--depths", "0", "--streams", "6", "--repeats", "6",
               "--max-tokens", "24", "--ray", hosts.ray_address, "--workers", "3", "--out", str(tmp_path), "--json")
     assert p.returncode == 0, p.stderr[-2000:]
