@@ -45,12 +45,13 @@ def base_url(host: str, port: int) -> str:
     return f"http://{host}:{port}/v1"
 
 
-async def serve_app(runner: web.AppRunner, host: str, port: int, announce: Callable[[str], None]) -> None:
-    """Listen on ``host:port`` (``port`` 0: any free one), ``announce(base_url)`` of the bound port, run until
-    SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen."""
+async def serve_app(runner: web.AppRunner, host: str, port: int, announce: Callable[[str], None], *,
+                    reuse_port: bool = False) -> None:
+    """Listen on ``host:port`` (``port`` 0: any free one; ``reuse_port``: SO_REUSEPORT), ``announce(base_url)``
+    of the bound port, run until SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen."""
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
         announce(base_url(host, _bound_port(runner)))
         stop = asyncio.Event()
@@ -73,7 +74,7 @@ def serve(cfg: SimConfig, announce: Callable[[str], None] | None = None) -> None
         def announce(url: str) -> None:
             print(f"listening on {url}", flush=True)
     try:
-        asyncio.run(serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce))
+        asyncio.run(serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce, reuse_port=cfg.reuse_port))
     except KeyboardInterrupt:
         pass
 
