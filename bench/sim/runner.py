@@ -47,9 +47,8 @@ def base_url(host: str, port: int) -> str:
 
 async def serve_app(runner: web.AppRunner, host: str, port: int, announce: Callable[[str], None], *,
                     reuse_port: bool = False) -> None:
-    """Listen on ``host:port`` (``port`` 0: any free one), ``announce(base_url)`` of the bound port, run until
-    SIGINT/SIGTERM, clean up. ``reuse_port``: share the port with other processes (SO_REUSEPORT). Raises OSError
-    when it cannot listen."""
+    """Listen on ``host:port`` (``port`` 0: any free one; ``reuse_port``: SO_REUSEPORT), ``announce(base_url)``
+    of the bound port, run until SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen."""
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
