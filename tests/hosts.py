@@ -181,7 +181,7 @@ class Hosts:
 
     def _popen(self, argv: Sequence[str], log: str, ns: str | None = None) -> subprocess.Popen[str]:
         cmd = (["ip", "netns", "exec", ns] if ns else []) + list(argv)
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)}
+        env = clean_env()
         out = open(self.dir / log, "w")  # noqa: SIM115 - closed with the process (the OS)
         p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
                              start_new_session=True)
@@ -328,6 +328,15 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def clean_env() -> dict[str, str]:
+    """This process's environment for the processes of the cluster (and a driver joining it): bench on the path,
+    no usage stats, and without ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` (tests/test_ray.py sets it to 0 for its
+    one-machine cluster; with it, ``ray start --address`` refuses to join a multi-node cluster)."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
+    env.update({"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)})
+    return env
 
 
 def _alive(pid: int) -> bool:

@@ -21,7 +21,6 @@ namespaces or ray. Run alone: ``pytest -m hosts``.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,7 @@ import pytest
 from bench.load.point import LoadSettings, make_plan
 from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord, read_records
+from tests.hosts import clean_env
 
 pytestmark = pytest.mark.hosts
 ROOT = Path(__file__).resolve().parent.parent
@@ -42,7 +42,7 @@ HOSTS_SIM = {"decode_step_ms": STEP_MS, "prefill_tok_s": 1e6}
 
 
 def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = clean_env()
     return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=timeout,
                           env=env, cwd=ROOT)
 
@@ -186,7 +186,7 @@ def test_node_lost_mid_point(hosts: Any, tmp_path: Path) -> None:
     requests and has more in flight and due: one warning names it, its finished records stay, its others are
     counted as cut (not failed), and every planned request is accounted for."""
     victim = hosts.node_id(2)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = clean_env()
     args = [sys.executable, "-m", "bench", "run", hosts.sim_url, "--rate", "6", "--duration", "8", "--arrival",
             "constant", "--input-tokens", "16", "--max-tokens", "40", "--ray", hosts.ray_address, "--workers", "3",
             "--out", str(tmp_path), "--json"]
