@@ -131,6 +131,8 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
                     r1 = r2 = ""  # content is its only key
                 else:
                     r1, r2 = delta.get("reasoning_content") or "", delta.get("reasoning") or ""
+                    if r1 == r2:  # the same text under both keys (some vLLM versions): counted once
+                        r2 = ""
                     text = None if delta.get("tool_calls") else text  # tool calls: the general path
             elif delta is None and "message" not in ch:
                 text, r1, r2 = ch.get("text"), "", ""
@@ -225,7 +227,7 @@ def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, st
         if r.__class__ is str:
             reasoning = r
         r = delta.get("reasoning")
-        if r.__class__ is str:
+        if r.__class__ is str and r != reasoning:  # the same text under both keys is counted once
             reasoning += r
         calls = delta.get("tool_calls")
         if calls.__class__ is list:

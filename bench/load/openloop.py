@@ -158,11 +158,12 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         p = plan[k]
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
         try:
+            images = session.image_urls(f"{tag}-{k}")  # at its due time, before it is sent (a send lag, not TTFT)
             if sem is not None:
                 async with sem:
-                    rec = await session.send(texts[k], p.output_tokens, tag, meta)
+                    rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images)
             else:
-                rec = await session.send(texts[k], p.output_tokens, tag, meta)
+                rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images)
         except asyncio.CancelledError:
             rec = _cut_record(session, k, p, sched, why[0], meta)
             cut[0] += 1
@@ -217,7 +218,7 @@ async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequen
     for k, (p, text) in enumerate(zip(plan, texts)):
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
         specs.append(RequestSpec(f"{session.run_id}-{tag}-w{k:06d}", session.profile.endpoint,
-                                 session.body(text, p.output_tokens), meta))
+                                 session.body(text, p.output_tokens, session.image_urls(f"{tag}-{k}")), meta))
     offsets = [round(p.at_s * 1e9) for p in plan]
     assert session.pool is not None, "run_plan_pool needs the session's pool"
     recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)

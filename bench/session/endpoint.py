@@ -30,6 +30,7 @@ import httpx
 
 from bench.client import (
     ClientSettings,
+    ImageSet,
     RequestSpec,
     StreamTap,
     discover_model,
@@ -39,6 +40,7 @@ from bench.client import (
 )
 from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
 from bench.config.profile import Cell, Profile
+from bench.config.tools import load_tools, tool_choice_value
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO
@@ -57,6 +59,7 @@ __all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info",
            "check_fits_context"]
 
 _CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
+_IMAGE_ERROR = re.compile(r"image|multimodal|multi-modal|vision|mmproj|image_url", re.I)
 
 
 class Observer(Protocol):
@@ -120,7 +123,10 @@ class Session:
         self.template_overhead_tokens = 0
         self.template_cached_tokens = 0
         self.overhead_ms: float | None = None
-        self.body_opts = BodyOptions(profile.endpoint, profile.temperature, profile.thinking, profile.force_length)
+        tools = load_tools(profile.tools)
+        self.body_opts = BodyOptions(profile.endpoint, profile.temperature, profile.thinking, profile.force_length,
+                                     tools=tools, tool_choice=tool_choice_value(profile.tool_choice, tools))
+        self._image_sets: dict[tuple[int, int, int], ImageSet] = {}
         self.run_id = uuid.uuid4().hex[:8]
         self.planner = Planner(self.run_id, profile)
         self.writer: RecordWriter | None = None
@@ -230,26 +236,62 @@ class Session:
             self.writer.write(rec)
 
 
-    def body(self, text: str, max_tokens: int) -> dict[str, Any]:
-        """The JSON body for a prompt with the capabilities the server accepted so far."""
-        return request_body(self.body_opts, text, max_tokens)
+    def body(self, text: str, max_tokens: int, images: Sequence[str] = (),
+             history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+        """The JSON body for a prompt (with its images and earlier turns) with the capabilities the server
+        accepted so far."""
+        return request_body(self.body_opts, text, max_tokens, image_urls=images, history=history)
+
+    def image_urls(self, request_id: str, count: int | None = None, wh: tuple[int, int] | None = None) -> list[str]:
+        """The images of one request as data URLs, unique to it (seeded by the run and ``request_id``): ``count``
+        of ``wh`` pixels, by default the profile's ``images`` and ``image_size``. Not timed: build them before
+        sending."""
+        p = self.profile
+        n = p.images if count is None else count
+        if n <= 0:
+            return []
+        w, h = wh if wh is not None else (int(x) for x in p.image_size.split("x"))
+        key = (n, w, h)
+        if key not in self._image_sets:
+            self._image_sets[key] = ImageSet(n, w, h, p.image_format, p.image_source)
+        return self._image_sets[key].urls(f"{self.run_id}/{request_id}")
 
     # ---- sending ------------------------------------------------------------------------------------------------
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
-                   tap: StreamTap | None = None, request_id: str | None = None) -> RequestRecord:
-        """One request, with the capability fallbacks of the module docstring (rejected attempts are written)."""
+                   tap: StreamTap | None = None, request_id: str | None = None, *, images: Sequence[str] = (),
+                   history: Sequence[dict[str, Any]] = ()) -> RequestRecord:
+        """One request, with the capability fallbacks of the module docstring (rejected attempts are written).
+
+        Raises:
+            ServerError: the server refused the request's images (one line naming ``--images``).
+        """
         rid = request_id or self.planner.next_id(tag)[0]
-        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), meta)
+        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens, images, history), meta)
         rec = await stream_request(self.client, self.base, spec, model=self.model, secret=self.settings.api_key,
                                    tap=tap)
         for attempt in (1, 2):
             if rec.status not in (400, 422) or not self._drop_rejected_field(spec, rec):
                 break
             self.write(rec)  # the rejected attempt stays on disk, as a failure
-            spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint, self.body(text, max_tokens), meta)
+            spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint,
+                               self.body(text, max_tokens, images, history), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
+        if images:
+            self.refuse_rejected_images(rec)
         return rec
+
+    def refuse_rejected_images(self, rec: RequestRecord) -> None:
+        """Stop the run when the server answered a request with images by an HTTP error about images.
+
+        Raises:
+            ServerError: ``the server does not accept image input (...): run without --images, ...``.
+        """
+        if rec.ok or rec.status is None or rec.status < 400 or not _IMAGE_ERROR.search(rec.error or ""):
+            return
+        self.write(rec)
+        raise ServerError(f"the server does not accept image input (HTTP {rec.status}: {(rec.error or '')[:160]}): "
+                          "run without --images, or serve a vision model (llama-server: --mmproj FILE)")
 
     def _drop_rejected_field(self, spec: RequestSpec, rec: RequestRecord) -> bool:
         """Drop the optional field a 400/422 rejected; False when the error is not about one (e.g. context)."""

@@ -1,0 +1,154 @@
+"""Issue 27's workloads against bench sim's truth: images, thinking phases, tool calls, real sessions, profiles."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import bench.client.request as client_request
+from bench.cli.app import main
+from bench.client.images import ImageSet, body_images
+from bench.config.profile import load_profile, parse_profile
+from bench.errors import ConfigError
+from bench.measure.metrics import request_metrics
+from bench.records import RequestRecord, read_records
+from bench.sim import SimConfig, running_sim
+from bench.sim.truth import expected_ttft_ms
+
+
+def _capture_payloads(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    sent: list[dict[str, Any]] = []
+    real = client_request._payload
+
+    def spy(spec: Any, model: str) -> bytes:
+        out = real(spec, model)
+        sent.append(json.loads(out))
+        return out
+
+    monkeypatch.setattr(client_request, "_payload", spy)
+    return sent
+
+
+def _measured(out: Path) -> list[RequestRecord]:
+    return [r for r in read_records(out / "records.jsonl") if r.meta.get("phase") == "measure"]
+
+
+def _results(out: Path) -> dict[str, Any]:
+    return json.loads((out / "results.json").read_text())
+
+
+def _server_ttft_ms(rec: RequestRecord) -> float:
+    """The sim's truth for this request: its arrival (the role chunk's sched_ns) -> first token event's schedule."""
+    first = next(e for e in rec.events if e.has_text)
+    assert first.sched_ns is not None and rec.events[0].sched_ns is not None
+    return (first.sched_ns - rec.events[0].sched_ns) / 1e6
+
+
+# ---- images -----------------------------------------------------------------------------------------------------
+IMG_SIM = SimConfig(decode_step_ms=10.0, prefill_tok_s=20_000.0, image_tokens=200, image_encode_ms=400.0)
+
+
+def test_images_on_the_wire_in_records_and_ttft_against_truth(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _capture_payloads(monkeypatch)
+    out = tmp_path / "run"
+    with running_sim(IMG_SIM) as base:
+        code = main(["run", base, "--images", "2", "--image-size", "64x48", "--streams", "1,4", "--depths", "0",
+                     "--max-tokens", "8", "--repeats", "4", "--out", str(out)])
+    assert code == 0
+    recs = _measured(out)
+    assert len(recs) == 8 and all(r.images == 2 and r.image_bytes > 0 for r in recs)
+    urls = []
+    for body in sent:
+        parts = body["messages"][-1]["content"]
+        if isinstance(parts, list):
+            imgs = [p["image_url"]["url"] for p in parts if p.get("type") == "image_url"]
+            assert len(imgs) == 2 and all(u.startswith("data:image/jpeg;base64,") for u in imgs)
+            urls += imgs
+    assert len(urls) >= 16 and len(set(urls)) == len(urls)  # unique per request (and per image)
+    res = _results(out)
+    cells = {c["streams"]: c for c in res["cells"]}
+    assert set(cells) == {1, 4} and all(c["images"] == 2 and c["image_size"] == "64x48" for c in cells.values())
+    assert all(c["image_prompt_tokens"] == 200 for c in cells.values())  # the sim's T, as the server counted it
+    for cell_streams in (1, 4):  # each cell: bench's median TTFT within 5 % of the sim's schedule, upload split out
+        rs = [r for r in recs if f"-s{cell_streams}-" in r.meta["cell"]]
+        ms = [request_metrics(r) for r in rs]
+        truths = [_server_ttft_ms(r) for r in rs]
+        assert all(m.ttft_ms is not None and m.upload_ms is not None and 0 < m.upload_ms < m.ttft_ms for m in ms)
+        assert all((m.ttft_ms or 0) >= t for m, t in zip(ms, truths))  # one clock: never before the schedule
+        med, truth = statistics.median(m.ttft_ms or 0 for m in ms), statistics.median(truths)
+        assert abs(med - truth) / truth < 0.05
+        engine = statistics.median((m.ttft_ms or 0) - (m.upload_ms or 0) for m in ms)
+        assert abs(engine - truth) / truth < 0.05
+    assert all(c["upload_ms"]["median"] > 0 for c in cells.values())
+    one = [request_metrics(r) for r in recs if r.meta["cell"].startswith("d0-s1-")]
+    truth = expected_ttft_ms(IMG_SIM, one[0].prompt_tokens or 0, 0, images=2)  # alone in the engine: closed form
+    med = statistics.median(m.ttft_ms or 0 for m in one)
+    assert abs(med - truth) / truth < 0.05 and cells[1]["ttft_ms"]["median"] == pytest.approx(med, abs=0.01)
+
+
+def test_image_bytes_are_the_decoded_size() -> None:
+    s = ImageSet(3, 40, 30, "png")
+    urls = s.urls("req-1")
+    body = {"messages": [{"role": "user", "content": [{"type": "text", "text": "x"},
+                                                      *({"type": "image_url", "image_url": {"url": u}} for u in urls)]}]}
+    n, size = body_images(body)
+    assert n == 3 and size == sum(len(base64.b64decode(u.split(",", 1)[1])) for u in urls)
+    from PIL import Image
+
+    img = Image.open(io.BytesIO(base64.b64decode(urls[0].split(",", 1)[1])))
+    assert img.format == "PNG" and img.size == (40, 30)
+    assert s.urls("req-1") == urls and s.urls("req-2") != urls  # seeded per request
+
+
+def test_images_from_a_folder_are_resized_and_unique(tmp_path: Path) -> None:
+    from PIL import Image
+
+    Image.new("RGB", (100, 80), (200, 10, 10)).save(tmp_path / "a.png")
+    s = ImageSet(1, 32, 32, "jpeg", str(tmp_path))
+    a, b = s.urls("r1")[0], s.urls("r2")[0]
+    assert a != b
+    assert Image.open(io.BytesIO(base64.b64decode(a.split(",", 1)[1]))).size == (32, 32)
+    with pytest.raises(ConfigError, match="--image-source"):
+        ImageSet(1, 8, 8, "jpeg", str(tmp_path / "missing"))
+
+
+def test_server_without_images_gives_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, images=False)) as base:
+        code = main(["run", base, "--images", "1", "--image-size", "16x16", "--streams", "1", "--depths", "0",
+                     "--max-tokens", "4", "--repeats", "1", "--out", str(tmp_path / "r")])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 5
+    assert len([line for line in err if "--images" in line]) == 1
+    assert any("does not accept image input" in line and "mmproj" in line for line in err)
+
+
+def test_image_profile_keys_and_cells() -> None:
+    p = parse_profile({"images": 1, "image_size": "256x256", "sweep": [{"images": [0, 1, 4],
+                                                                       "image_sizes": ["512x512", "1024x1024"]}]},
+                      "t")
+    ids = [c.id for c in p.cells()]
+    assert ids == ["d0-s1-prose", "d0-s1-prose-i1-512x512", "d0-s1-prose-i1-1024x1024", "d0-s1-prose-i4-512x512",
+                   "d0-s1-prose-i4-1024x1024"]
+    with pytest.raises(ConfigError, match="image_size"):
+        parse_profile({"image_size": "big"}, "t")
+    with pytest.raises(ConfigError, match="chat endpoint"):
+        parse_profile({"images": 1, "endpoint": "completions"}, "t")
+    o = load_profile("quick").with_overrides(images=[2], image_sizes=["64x64"])
+    assert o.images == 2 and o.image_size == "64x64" and all(c.images == 2 for c in o.cells())
+
+
+@pytest.mark.parametrize("accept", [True, False])
+def test_check_reports_whether_images_are_accepted(accept: bool, capsys: pytest.CaptureFixture[str]) -> None:
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, images=accept, image_tokens=77)) as base:
+        assert main(["check", base, "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    if accept:
+        assert rep["images"] == "accepted" and rep["image_tokens"] == 77
+    else:
+        assert rep["images"] == "rejected" and "mmproj" in rep["images_error"] and rep["image_tokens"] is None
