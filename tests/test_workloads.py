@@ -152,3 +152,60 @@ def test_check_reports_whether_images_are_accepted(accept: bool, capsys: pytest.
         assert rep["images"] == "accepted" and rep["image_tokens"] == 77
     else:
         assert rep["images"] == "rejected" and "mmproj" in rep["images_error"] and rep["image_tokens"] is None
+
+
+# ---- thinking ---------------------------------------------------------------------------------------------------
+THINK_SIM = SimConfig(decode_step_ms=10.0, decode_step_ms_per_seq=2.0, prefill_tok_s=1e6, reasoning_tokens=10)
+
+
+def test_thinking_phases_against_truth(tmp_path: Path) -> None:
+    """Reasoning then content, one token per step of t(b) = 10 + 2b ms: each phase decodes at 1000 / t(b) per
+    stream, its first content event comes R steps after its first reasoning event."""
+    from bench.sim.truth import expected_decode_tok_s, step_ms
+
+    out = tmp_path / "think"
+    with running_sim(THINK_SIM) as base:
+        assert main(["run", base, "--thinking", "on", "--streams", "1,4", "--depths", "0", "--max-tokens", "30",
+                     "--repeats", "4", "--out", str(out)]) == 0
+    res = _results(out)
+    for c in res["cells"]:
+        b = c["streams"]
+        truth = expected_decode_tok_s(THINK_SIM, b)
+        for key in ("reasoning_tok_s", "content_tok_s"):
+            assert abs(c[key]["median"] - truth) / truth < 0.03, (key, b, c[key], truth)
+        gap = c["ttft_content_ms"]["median"] - c["ttft_reasoning_ms"]["median"]
+        assert abs(gap - 10 * step_ms(THINK_SIM, b)) < 5.0
+        assert c["reasoning_tokens"] == 10 * c["requests_ok"]
+    lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines()]
+    measured = [x for x in lines if x["meta"].get("phase") == "measure"]
+    assert all(x["ttft_reasoning_ms"] is not None and x["ttft_content_ms"] > x["ttft_reasoning_ms"] for x in measured)
+    head = (out / "results.csv").read_text().splitlines()[0].split(",")
+    assert "reasoning_tok_s_p50" in head and "content_tok_s_p50" in head
+    assert "think / answer tok/s" in (out / "results.md").read_text()
+
+
+def test_no_thinking_leaves_reasoning_null(tmp_path: Path) -> None:
+    out = tmp_path / "plain"
+    with running_sim(SimConfig(decode_step_ms=5.0, prefill_tok_s=1e6)) as base:
+        assert main(["run", base, "--streams", "1", "--depths", "0", "--max-tokens", "8", "--repeats", "2",
+                     "--out", str(out)]) == 0
+    c = _results(out)["cells"][0]
+    assert c["reasoning_tok_s"]["median"] is None and c["content_tok_s"]["median"] is not None
+    rec = json.loads((out / "records.jsonl").read_text().splitlines()[-1])
+    assert rec["ttft_reasoning_ms"] is None and rec["ttft_content_ms"] is not None
+
+
+@pytest.mark.parametrize("usage", ["final", "never"])
+def test_same_reasoning_under_both_keys_counts_once(tmp_path: Path, usage: str) -> None:
+    cfg = SimConfig(decode_step_ms=5.0, prefill_tok_s=1e6, reasoning_tokens=6, reasoning_field="both",
+                    usage_mode=usage)
+    out = tmp_path / usage
+    with running_sim(cfg) as base:
+        assert main(["run", base, "--thinking", "on", "--streams", "1", "--depths", "0", "--max-tokens", "16",
+                     "--repeats", "2", "--out", str(out)]) == 0
+    for r in _measured(out):
+        m = request_metrics(r)
+        text = "".join(e.reasoning for e in r.events)
+        assert len(text.split()) == 6  # each word once, though the server sent it under two keys
+        assert m.output_tokens == 16 and m.reasoning_tokens == 6
+        assert m.reasoning_tokens_estimated == (usage == "never")
