@@ -209,3 +209,52 @@ def test_same_reasoning_under_both_keys_counts_once(tmp_path: Path, usage: str) 
         assert len(text.split()) == 6  # each word once, though the server sent it under two keys
         assert m.output_tokens == 16 and m.reasoning_tokens == 6
         assert m.reasoning_tokens_estimated == (usage == "never")
+
+
+# ---- tool calls -------------------------------------------------------------------------------------------------
+def test_tool_calls_counted_and_missing_forced_calls_reported(tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sim calls a tool on request n iff calls_tool(cfg, n); one stream, so records.jsonl's line i is request
+    i + 1. Argument fragments are output; a forced call that does not come is counted and warned about."""
+    from bench.sim.truth import calls_tool, expected_decode_tok_s
+
+    cfg = SimConfig(decode_step_ms=8.0, prefill_tok_s=1e6, tool_call_prob=0.5, seed=11)
+    sent = _capture_payloads(monkeypatch)
+    out = tmp_path / "tools"
+    with running_sim(cfg) as base:
+        assert main(["run", base, "--tools", "builtin", "--tool-choice", "required", "--streams", "1", "--depths",
+                     "0", "--max-tokens", "24", "--repeats", "8", "--out", str(out)]) == 0
+    lines = read_records(out / "records.jsonl")
+    measured = [(i + 1, r) for i, r in enumerate(lines) if r.meta.get("phase") == "measure"]
+    want = {n: calls_tool(cfg, n) for n, _ in measured}
+    assert any(want.values()) and not all(want.values())
+    for n, r in measured:
+        m = request_metrics(r)
+        assert m.ok and r.tool_forced and m.tool_call == want[n] and m.tool_call_missing == (not want[n])
+        assert m.output_tokens == 24
+        if want[n]:
+            assert m.ttft_tool_ms == m.ttft_ms and m.ttft_content_ms is None
+            assert m.tool_tok_s == pytest.approx(m.decode_tok_s)  # all its output is arguments
+    c = _results(out)["cells"][0]
+    truth = expected_decode_tok_s(cfg, 1)
+    assert abs(c["tool_tok_s"]["median"] - truth) / truth < 0.05
+    assert c["tool_calls"] == sum(want.values()) and c["tool_calls_forced"] == 8
+    assert c["tool_calls_missing"] == 8 - sum(want.values())
+    assert any("forced to call a tool" in w for w in c["warnings"])
+    tool_bodies = [b for b in sent if b.get("tools")]
+    assert tool_bodies and all(b["tool_choice"] == "required" and len(b["tools"]) == 2 for b in tool_bodies)
+    assert "tool calls (missing)" in (out / "results.md").read_text()
+
+
+def test_tools_file_and_named_choice(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.config.tools import load_tools, tool_choice_value
+
+    f = tmp_path / "tools.json"
+    f.write_text(json.dumps({"tools": [{"type": "function", "function": {"name": "lookup", "parameters": {}}}]}))
+    tools = load_tools(str(f))
+    assert tool_choice_value("lookup", tools) == {"type": "function", "function": {"name": "lookup"}}
+    assert main(["run", "http://127.0.0.1:9/v1", "--tools", str(f), "--tool-choice", "nope"]) == 3
+    err = capsys.readouterr().err.strip()
+    assert "--tool-choice" in err and "lookup" in err and "\n" not in err
+    (tmp_path / "bad.json").write_text("[1]")
+    assert main(["run", "http://127.0.0.1:9/v1", "--tools", str(tmp_path / "bad.json")]) == 3
