@@ -258,3 +258,44 @@ def test_tools_file_and_named_choice(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "--tool-choice" in err and "lookup" in err and "\n" not in err
     (tmp_path / "bad.json").write_text("[1]")
     assert main(["run", "http://127.0.0.1:9/v1", "--tools", str(tmp_path / "bad.json")]) == 3
+
+
+# ---- real sessions ----------------------------------------------------------------------------------------------
+def test_sessions_send_real_messages_and_the_cache_reuses_them(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.sim.truth import expected_cached_tokens
+
+    cfg = SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, prefix_cache=True, prefix_block_tokens=16)
+    sent = _capture_payloads(monkeypatch)
+    out = tmp_path / "sess"
+    with running_sim(cfg) as base:
+        assert main(["run", base, "--sessions", "2", "--turns", "4", "--think", "0.01", "--input-tokens", "30",
+                     "--max-tokens", "8", "--out", str(out)]) == 0
+    recs = {(r.meta["user"], r.meta["turn"]): r for r in _measured(out)}
+    assert len(recs) == 8
+    answers = {k: "".join(e.content for e in r.events) for k, r in recs.items()}
+    bodies = [b for b in sent if b["messages"][0]["role"] == "system" and len(b["messages"]) >= 2]
+    assert len(bodies) == 8
+    for b in bodies:
+        roles = [m["role"] for m in b["messages"]]
+        turn = (len(roles) - 2) // 2
+        assert roles == ["system"] + ["user", "assistant"] * turn + ["user"]
+    for u in range(2):
+        prev = None
+        for t in range(4):
+            r = recs[(u, t)]
+            p = r.usage["prompt_tokens"] if r.usage else 0
+            cached = r.usage["prompt_tokens_details"]["cached_tokens"] if r.usage else -1
+            assert cached == (0 if prev is None else expected_cached_tokens(cfg, p, prev))
+            if prev is not None:
+                assert p == prev + 8 + 30  # the previous prompt, its 8-token answer (as sent back), 30 new tokens
+            prev = p
+    last = max(bodies, key=lambda b: len(b["messages"]))
+    assistant = [m["content"] for m in last["messages"] if m["role"] == "assistant"]
+    user0 = next(k for k, a in answers.items() if k[1] == 0 and a == assistant[0])
+    assert [answers[(user0[0], t)] for t in range(3)] == assistant  # what the server returned, turn by turn
+    turns = json.loads((out / "results.json").read_text())["cells"][0]["turns"]
+    assert [t["turn"] for t in turns] == [0, 1, 2, 3]
+    for row in turns:
+        assert row["new_tokens_p50"] == row["prompt_tokens_p50"] - row["cached_tokens_p50"]
+        assert row["prefill_new_tok_s_p50"] > 0
