@@ -114,6 +114,10 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
 
     with endpoint(url, parallel=1) as base:
         rec = asyncio.run(go(base))
+    from bench.client import image_rejection
+
+    if (line := image_rejection(rec)) is not None:
+        raise ServerError(line)
     d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
     _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)

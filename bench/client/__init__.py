@@ -17,7 +17,7 @@ from bench.client.endpoint import (
                                    normalize_url,
                                    root_url,
 )
-from bench.client.images import ImageSet, body_images
+from bench.client.images import ImageSet, body_images, image_rejection
 from bench.client.request import DONE_GRACE_S, require_ok, stream_request
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "StreamTap",
     "ImageSet",
     "body_images",
+    "image_rejection",
     "discover_model",
     "error_from_body",
     "exc_line",

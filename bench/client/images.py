@@ -14,13 +14,17 @@ from __future__ import annotations
 import base64
 import io
 import random
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from bench.errors import ConfigError
+from bench.records import RequestRecord
 
-__all__ = ["ImageSet", "body_images", "image_part", "FORMATS", "DATA_URL_PREFIX"]
+__all__ = ["ImageSet", "body_images", "image_part", "image_rejection", "FORMATS", "DATA_URL_PREFIX"]
+
+_IMAGE_ERROR = re.compile(r"image|multimodal|multi-modal|vision|mmproj", re.I)
 
 FORMATS = ("png", "jpeg")
 DATA_URL_PREFIX = "data:image/"
@@ -124,3 +128,13 @@ def body_images(body: dict[str, Any]) -> tuple[int, int]:
                 count += 1
                 size += _data_url_bytes(url) if isinstance(url, str) else 0
     return count, size
+
+
+def image_rejection(rec: RequestRecord) -> str | None:
+    """The one line to stop on when a request with images failed with an HTTP error about images, else None."""
+    if not rec.images or rec.ok or rec.status is None or rec.status < 400 or not _IMAGE_ERROR.search(rec.error or ""):
+        return None
+    said = " ".join((rec.error or "").split())
+    said = said if len(said) <= 90 else said[:87] + "..."
+    return (f"the server does not accept image input ({said}): run without --images, or serve a vision model "
+            "(llama-server: --mmproj FILE)")

@@ -87,6 +87,7 @@ class PlannedRequest:
         meta: what the record carries: cell, stream, phase, wave, target_tokens.
         scheduled_ns: open-loop modes: when it is due (absolute ``perf_counter_ns``); None for waves.
         images: images the request carries (chat), each ``image_wh`` pixels.
+        thinking: the cell's thinking switch (None: the profile's).
     """
 
     request_id: str
@@ -100,6 +101,7 @@ class PlannedRequest:
     scheduled_ns: int | None = None
     images: int = 0
     image_wh: tuple[int, int] = (0, 0)
+    thinking: bool | None = None
 
 
 def planned_waves(profile: Profile, cell: Cell) -> int:
@@ -137,5 +139,5 @@ class Planner:
             meta = {"cell": cell.id, "stream": k, "phase": phase, "target_tokens": depth, "wave": wave_no}
             out.append(PlannedRequest(rid, phase, cell.prompt, depth, seed, prefix,
                                       cell.max_tokens if max_tokens is None else max_tokens, meta,
-                                      images=cell.images, image_wh=cell.image_wh))
+                                      images=cell.images, image_wh=cell.image_wh, thinking=cell.thinking))
         return out

@@ -127,6 +127,7 @@ class Sweep:
     requests: int | None = None  # None: the profile's
     images: tuple[int, ...] | None = None  # images per request; None: the profile's
     image_sizes: tuple[str, ...] | None = None  # "WxH"; None: the profile's
+    thinking: tuple[bool, ...] | None = None  # thinking on/off per cell; None: the profile's
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,13 +143,18 @@ class Cell:
     requests: int
     images: int = 0
     image_size: str = ""
+    thinking: bool | None = None
 
     @property
     def id(self) -> str:
-        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``, and ``-i{images}-{W}x{H}`` when
-        the requests carry images."""
+        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``, then ``-i{images}-{W}x{H}`` when
+        the requests carry images and ``-think`` / ``-nothink`` when the sweep sets thinking per cell."""
         base = f"d{self.depth}-s{self.streams}-{self.prompt}"
-        return f"{base}-i{self.images}-{self.image_size}" if self.images else base
+        if self.images:
+            base += f"-i{self.images}-{self.image_size}"
+        if self.thinking is not None:
+            base += "-think" if self.thinking else "-nothink"
+        return base
 
     @property
     def image_wh(self) -> tuple[int, int]:
@@ -214,9 +220,10 @@ class Profile:
         for sw in self.sweeps:
             images = sw.images if sw.images is not None else (self.images,)
             sizes = sw.image_sizes if sw.image_sizes is not None else (self.image_size,)
-            for d, s, p, n, size in itertools.product(sw.depths, sw.streams, sw.prompts, images, sizes):
+            thinks: tuple[bool | None, ...] = sw.thinking if sw.thinking is not None else (None,)
+            for d, s, p, n, size, th in itertools.product(sw.depths, sw.streams, sw.prompts, images, sizes, thinks):
                 req = sw.requests if sw.requests is not None else self.requests_for_depth(d)
-                c = Cell(sw.name, d, s, p, sw.max_tokens or self.max_tokens, req, n, size if n else "")
+                c = Cell(sw.name, d, s, p, sw.max_tokens or self.max_tokens, req, n, size if n else "", th)
                 if c.id not in seen:
                     seen.add(c.id)
                     out.append(c)
@@ -261,6 +268,8 @@ class Profile:
             sweeps = tuple(replace(sw, **sweep_kw) for sw in sweeps)
         if "max_tokens" in kw:
             sweeps = tuple(replace(sw, max_tokens=None) for sw in sweeps)
+        if "thinking" in kw:  # --thinking on|off: every cell, whatever the sweeps say
+            sweeps = tuple(replace(sw, thinking=None) for sw in sweeps)
         p = replace(self, sweeps=sweeps, **kw)
         _validate_numbers(p, "override")
         return p
@@ -299,6 +308,11 @@ def _parse_sweep_images(d: dict[str, Any], where: str) -> dict[str, Any]:
     if "image_sizes" in d:
         _type_check(where, "image_sizes", d["image_sizes"], list)
         kw["image_sizes"] = tuple(parse_image_size(str(x), f"{where}: image_sizes") for x in d["image_sizes"])
+    if "thinking" in d:
+        _type_check(where, "thinking", d["thinking"], list)
+        for v in d["thinking"]:
+            _type_check(where, "thinking", v, bool)
+        kw["thinking"] = tuple(d["thinking"])
     return kw
 
 
@@ -334,7 +348,7 @@ def _parse_sweep(d: dict[str, Any], where: str) -> Sweep:
             if d[k] < 1:
                 raise ConfigError(f"{where}: {k} must be >= 1, got {d[k]}")
             kw[k] = d[k]
-    for k in ("depths", "streams", "prompts", "images", "image_sizes"):
+    for k in ("depths", "streams", "prompts", "images", "image_sizes", "thinking"):
         if k in kw and not kw[k]:
             raise ConfigError(f"{where}: {k} is empty")
     return Sweep(**kw)

@@ -34,6 +34,7 @@ from bench.client import (
     RequestSpec,
     StreamTap,
     discover_model,
+    image_rejection,
     make_http_client,
     root_url,
     stream_request,
@@ -59,7 +60,6 @@ __all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info",
            "check_fits_context"]
 
 _CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
-_IMAGE_ERROR = re.compile(r"image|multimodal|multi-modal|vision|mmproj|image_url", re.I)
 
 
 class Observer(Protocol):
@@ -237,10 +237,11 @@ class Session:
 
 
     def body(self, text: str, max_tokens: int, images: Sequence[str] = (),
-             history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
-        """The JSON body for a prompt (with its images and earlier turns) with the capabilities the server
-        accepted so far."""
-        return request_body(self.body_opts, text, max_tokens, image_urls=images, history=history)
+             history: Sequence[dict[str, Any]] = (), thinking: bool | None = None) -> dict[str, Any]:
+        """The JSON body for a prompt (with its images and earlier turns; ``thinking``: the cell's switch, None
+        for the profile's) with the capabilities the server accepted so far."""
+        opts = self.body_opts if thinking is None else replace(self.body_opts, thinking=thinking)
+        return request_body(opts, text, max_tokens, image_urls=images, history=history)
 
     def image_urls(self, request_id: str, count: int | None = None, wh: tuple[int, int] | None = None) -> list[str]:
         """The images of one request as data URLs, unique to it (seeded by the run and ``request_id``): ``count``
@@ -259,14 +260,14 @@ class Session:
     # ---- sending ------------------------------------------------------------------------------------------------
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
                    tap: StreamTap | None = None, request_id: str | None = None, *, images: Sequence[str] = (),
-                   history: Sequence[dict[str, Any]] = ()) -> RequestRecord:
+                   history: Sequence[dict[str, Any]] = (), thinking: bool | None = None) -> RequestRecord:
         """One request, with the capability fallbacks of the module docstring (rejected attempts are written).
 
         Raises:
             ServerError: the server refused the request's images (one line naming ``--images``).
         """
         rid = request_id or self.planner.next_id(tag)[0]
-        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens, images, history), meta)
+        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens, images, history, thinking), meta)
         rec = await stream_request(self.client, self.base, spec, model=self.model, secret=self.settings.api_key,
                                    tap=tap)
         for attempt in (1, 2):
@@ -274,7 +275,7 @@ class Session:
                 break
             self.write(rec)  # the rejected attempt stays on disk, as a failure
             spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint,
-                               self.body(text, max_tokens, images, history), meta)
+                               self.body(text, max_tokens, images, history, thinking), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
         if images:
@@ -287,11 +288,11 @@ class Session:
         Raises:
             ServerError: ``the server does not accept image input (...): run without --images, ...``.
         """
-        if rec.ok or rec.status is None or rec.status < 400 or not _IMAGE_ERROR.search(rec.error or ""):
+        line = image_rejection(rec)
+        if line is None:
             return
         self.write(rec)
-        raise ServerError(f"the server does not accept image input (HTTP {rec.status}: {(rec.error or '')[:160]}): "
-                          "run without --images, or serve a vision model (llama-server: --mmproj FILE)")
+        raise ServerError(line)
 
     def _drop_rejected_field(self, spec: RequestSpec, rec: RequestRecord) -> bool:
         """Drop the optional field a 400/422 rejected; False when the error is not about one (e.g. context)."""

@@ -112,7 +112,7 @@ class Sweep:
         async def one(i: int) -> RequestRecord:
             r = reqs[i]
             rec = await self.session.send(texts[i], r.max_tokens, r.phase, r.meta, tap=taps[i], request_id=r.request_id,
-                                          images=images[i])
+                                          images=images[i], thinking=r.thinking)
             self.session.write(rec)
             if self.session.observer is not None and measured:
                 self.session.observer.request_done(cell, rec.ok)
@@ -132,8 +132,10 @@ class Sweep:
     async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str],
                                images: list[list[str]]) -> list[RequestRecord]:
         """One measured wave spread over the worker processes (records on one clock; no live counters)."""
-        specs = [RequestSpec(r.request_id, self.session.profile.endpoint, self.session.body(t, r.max_tokens, im),
-                             r.meta) for r, t, im in zip(reqs, texts, images)]
+        body = self.session.body
+        specs = [RequestSpec(r.request_id, self.session.profile.endpoint,
+                             body(t, r.max_tokens, im, thinking=r.thinking), r.meta)
+                 for r, t, im in zip(reqs, texts, images)]
         pool = self.session.pool
         assert pool is not None, "a wave in workers needs the session's pool"
         recs = await pool.arun(specs)

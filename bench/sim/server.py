@@ -81,6 +81,7 @@ class _Gen(NamedTuple):
     stream: bool
     include_usage: bool
     tool: str | None
+    thinks: bool  # chat, and thinking not switched off (chat_template_kwargs.enable_thinking false)
 
 
 def _offered_tool(body: dict[str, Any]) -> str | None:
@@ -123,7 +124,10 @@ def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> _Gen:
     stream = bool(body.get("stream"))
     so = body.get("stream_options")
     include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
-    return _Gen(ids, images, max_tokens, stream, include_usage, _offered_tool(body) if chat else None)
+    kwargs = body.get("chat_template_kwargs")
+    off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False
+    return _Gen(ids, images, max_tokens, stream, include_usage, _offered_tool(body) if chat else None,
+                chat and not off)
 
 
 def _reasoning_keys(cfg: SimConfig) -> tuple[str, ...]:
@@ -333,7 +337,7 @@ class _Handlers:
         _nodelay(request)
 
         if not stream:
-            seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=None, images=gen.images,
+            seq = Seq(cfg, no, ids, max_tokens, reasoning=gen.thinks, stream_error=failing, sink=None, images=gen.images,
                       tool_name=tool)
             engine.submit(seq, perf_counter_ns())
             await self._await_done(seq)
@@ -350,7 +354,7 @@ class _Handlers:
         writer = await resp.prepare(request)
         sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode,
                           _reasoning_keys(cfg))
-        seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=sink, images=gen.images,
+        seq = Seq(cfg, no, ids, max_tokens, reasoning=gen.thinks, stream_error=failing, sink=sink, images=gen.images,
                   tool_name=tool)
         arrival = perf_counter_ns()
         if chat and not await sink.write(sink.role_chunk(arrival)):
