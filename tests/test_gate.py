@@ -596,22 +596,6 @@ def test_reports_flag_a_resolution_short_of_the_allowance():
     assert f"{v.waves_needed} waves" in to_markdown([v])
 
 
-def test_planned_resolution_from_the_baseline_alone():
-    from bench.gate import planned_resolution
-
-    quiet = results({"c": {"decode_tok_s": spread(100, 16, 0.01)}})
-    noisy = results({"c": {"decode_tok_s": spread(100, 16, 0.08)}})
-    noisy.cells[0].waves = 16
-    [q] = planned_resolution(quiet, [DEC])
-    [n] = planned_resolution(noisy, [DEC])
-    assert q["resolution_ok"] and q["min_detectable_pct"] < 5
-    assert not n["resolution_ok"] and n["waves_needed"] > 16 and n["min_detectable_pct"] > 5
-    # it predicts the MDE of a real comparison with an equally noisy candidate
-    cand = results({"c": {"decode_tok_s": spread(100, 16, 0.08)}})
-    [v] = compare(noisy, cand, [DEC])
-    assert n["min_detectable_pct"] == pytest.approx(v.mde_pct, rel=0.35)
-
-
 def test_mde_is_relative_so_a_large_change_is_called_what_it_is():
     """A run 7-27x faster (drift between runs) is 'improved', not 'unchanged' behind a huge linear MDE."""
     from bench.gate import min_detectable_pct
