@@ -118,10 +118,13 @@ def test_images_from_a_folder_are_resized_and_unique(tmp_path: Path) -> None:
         ImageSet(1, 8, 8, "jpeg", str(tmp_path / "missing"))
 
 
-def test_server_without_images_gives_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("load", [["--streams", "1", "--depths", "0", "--repeats", "1"],
+                                  ["--rate", "5", "--requests", "3"]], ids=["waves", "open-loop"])
+def test_server_without_images_gives_one_line_naming_the_flag(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                              load: list[str]) -> None:
     with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, images=False)) as base:
-        code = main(["run", base, "--images", "1", "--image-size", "16x16", "--streams", "1", "--depths", "0",
-                     "--max-tokens", "4", "--repeats", "1", "--out", str(tmp_path / "r")])
+        code = main(["run", base, "--images", "1", "--image-size", "16x16", "--max-tokens", "4", *load,
+                     "--out", str(tmp_path / "r")])
     err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     assert code == 5
     assert len([line for line in err if "--images" in line]) == 1
@@ -182,6 +185,9 @@ def test_thinking_phases_against_truth(tmp_path: Path) -> None:
     head = (out / "results.csv").read_text().splitlines()[0].split(",")
     assert "reasoning_tok_s_p50" in head and "content_tok_s_p50" in head
     assert "think / answer tok/s" in (out / "results.md").read_text()
+    assert main(["report", str(out), "--out", str(out / "report.html")]) == 0
+    page = (out / "report.html").read_text()
+    assert "Images, thinking and tool calls" in page and "reasoning tok/s" in page
 
 
 def test_no_thinking_leaves_reasoning_null(tmp_path: Path) -> None:
@@ -299,3 +305,45 @@ def test_sessions_send_real_messages_and_the_cache_reuses_them(tmp_path: Path,
     for row in turns:
         assert row["new_tokens_p50"] == row["prompt_tokens_p50"] - row["cached_tokens_p50"]
         assert row["prefill_new_tok_s_p50"] > 0
+
+
+# ---- probe, capacity and the profiles ---------------------------------------------------------------------------
+def test_probe_with_images_tools_and_thinking(capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, image_tokens=50, reasoning_tokens=3, tool_call_prob=1.0)
+    with running_sim(cfg) as base:
+        assert main(["probe", base, "--images", "2", "--image-size", "32x32", "--image-format", "png", "--tools",
+                     "builtin", "--tool-choice", "get_weather", "--thinking", "on", "--max-tokens", "10",
+                     "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["images"] == 2 and d["image_bytes"] > 0 and d["tool_call"] and not d["tool_call_missing"]
+    assert d["ttft_reasoning_ms"] is not None and d["ttft_tool_ms"] > d["ttft_reasoning_ms"]
+    assert d["reasoning_tokens"] == 3 and d["output_tokens"] == 10
+
+
+def test_capacity_takes_the_workload_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["capacity", "http://127.0.0.1:9/v1", "--slo", "ttft_p90=2s", "--out", "/tmp/bench-cap-x",
+                 "--endpoint", "completions", "--images", "1"])
+    assert code == 3 and "chat endpoint" in capsys.readouterr().err
+
+
+def test_agent_profile_thinking_on_and_off_with_tools(tmp_path: Path) -> None:
+    cfg = SimConfig(decode_step_ms=3.0, prefill_tok_s=1e6, reasoning_tokens=4, tool_call_prob=1.0)
+    out = tmp_path / "agent"
+    with running_sim(cfg) as base:
+        assert main(["run", base, "-p", "agent", "--max-tokens", "12", "--repeats", "2", "--streams", "1",
+                     "--out", str(out)]) == 0
+    cells = {c["id"]: c for c in _results(out)["cells"]}
+    assert set(cells) == {"d1024-s1-prose-think", "d1024-s1-prose-nothink"}
+    think, plain = cells["d1024-s1-prose-think"], cells["d1024-s1-prose-nothink"]
+    assert think["reasoning_tokens"] == 4 * think["requests_ok"] and think["reasoning_tok_s"]["median"] > 0
+    assert plain["reasoning_tokens"] == 0 and plain["reasoning_tok_s"]["median"] is None
+    assert all(c["tool_calls"] == c["requests_ok"] and c["tool_calls_missing"] == 0 for c in cells.values())
+    assert think["ttft_tool_ms"]["median"] > plain["ttft_tool_ms"]["median"]  # the reasoning comes first
+
+
+def test_multimodal_profile_cells() -> None:
+    p = load_profile("multimodal")
+    cells = p.cells()
+    assert len(cells) == 10 and {c.streams for c in cells} == {1, 4}
+    assert {(c.images, c.image_size) for c in cells} == {(0, ""), (1, "512x512"), (1, "1024x1024"),
+                                                         (4, "512x512"), (4, "1024x1024")}

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.client import RequestSpec
+from bench.client import RequestSpec, image_rejection
+from bench.errors import ServerError
 from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor, workers_lag
 from bench.session.workers import sleep_until
@@ -161,9 +162,10 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
             images = session.image_urls(f"{tag}-{k}")  # at its due time, before it is sent (a send lag, not TTFT)
             if sem is not None:
                 async with sem:
-                    rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images)
+                    rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images,
+                                             refuse_images=False)
             else:
-                rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images)
+                rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images, refuse_images=False)
         except asyncio.CancelledError:
             rec = _cut_record(session, k, p, sched, why[0], meta)
             cut[0] += 1
@@ -193,8 +195,16 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
             gc.enable()
             gc.collect()
     done = [r for r in records if r is not None]
+    _refuse_rejected_images(done)
     span = max((p.at_s for p in plan), default=0.0)
     return PointRun(done, t0, span, lags, inflight, cut[0], lag)
+
+
+def _refuse_rejected_images(records: Sequence[RequestRecord]) -> None:
+    """Stop after a point whose requests' images the server refused (one line naming ``--images``)."""
+    line = next((x for x in map(image_rejection, records) if x is not None), None)
+    if line is not None:
+        raise ServerError(line)
 
 
 def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
@@ -224,6 +234,7 @@ async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequen
     recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)
     for r in recs:
         session.write(r)
+    _refuse_rejected_images(recs)
     t0 = min((r.scheduled_ns for r in recs if r.scheduled_ns is not None), default=0)
     lags = [int(r.meta.pop("dispatch_lag_ns")) for r in recs if "dispatch_lag_ns" in r.meta]  # lost: never sent
     span = max((p.at_s for p in plan), default=0.0)

@@ -260,11 +260,13 @@ class Session:
     # ---- sending ------------------------------------------------------------------------------------------------
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
                    tap: StreamTap | None = None, request_id: str | None = None, *, images: Sequence[str] = (),
-                   history: Sequence[dict[str, Any]] = (), thinking: bool | None = None) -> RequestRecord:
+                   history: Sequence[dict[str, Any]] = (), thinking: bool | None = None,
+                   refuse_images: bool = True) -> RequestRecord:
         """One request, with the capability fallbacks of the module docstring (rejected attempts are written).
 
         Raises:
-            ServerError: the server refused the request's images (one line naming ``--images``).
+            ServerError: the server refused the request's images (one line naming ``--images``); with
+                ``refuse_images=False`` the failed record is returned instead (open loop: checked after the point).
         """
         rid = request_id or self.planner.next_id(tag)[0]
         spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens, images, history, thinking), meta)
@@ -278,7 +280,7 @@ class Session:
                                self.body(text, max_tokens, images, history, thinking), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
-        if images:
+        if images and refuse_images:
             self.refuse_rejected_images(rec)
         return rec
 
