@@ -347,3 +347,16 @@ def test_multimodal_profile_cells() -> None:
     assert len(cells) == 10 and {c.streams for c in cells} == {1, 4}
     assert {(c.images, c.image_size) for c in cells} == {(0, ""), (1, "512x512"), (1, "1024x1024"),
                                                          (4, "512x512"), (4, "1024x1024")}
+
+
+def test_open_loop_requests_carry_unique_images(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sent = _capture_payloads(monkeypatch)
+    out = tmp_path / "rate"
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, image_tokens=10)) as base:
+        assert main(["run", base, "--rate", "5", "--requests", "4", "--images", "1", "--image-size", "24x24",
+                     "--max-tokens", "4", "--out", str(out)]) == 0
+    recs = [r for r in read_records(out / "records.jsonl") if r.images]
+    assert len(recs) == 4 and all(r.ok and r.image_bytes > 0 for r in recs)
+    urls = [p["image_url"]["url"] for b in sent if isinstance(b["messages"][-1]["content"], list)
+            for p in b["messages"][-1]["content"] if p.get("type") == "image_url"]
+    assert len(urls) == 4 and len(set(urls)) == 4

@@ -159,7 +159,8 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         p = plan[k]
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
         try:
-            images = session.image_urls(f"{tag}-{k}")  # at its due time, before it is sent (a send lag, not TTFT)
+            # at its due time, before it is sent (a send lag, not TTFT), off the loop that stamps the other reads
+            images = await asyncio.to_thread(session.image_urls, f"{tag}-{k}") if session.profile.images else []
             if sem is not None:
                 async with sem:
                     rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images,
