@@ -74,6 +74,8 @@ class RequestRecord:
         images: ``image_url`` parts the request carried (chat), 0 without images.
         image_bytes: their decoded size in bytes (base64 data URLs; 0 for images sent by address).
         tool_forced: the request's ``tool_choice`` obliged a tool call (``required`` or a named function).
+        tool_calls: the tool calls the answer made, assembled from the streamed fragments: ``{"id", "name",
+            "arguments"}`` per call index, in order (what a chat client sends back in its next turn).
         scheduled_ns: open-loop modes (``rate``, ``trace``, ``sessions``): when the schedule said to send it
             (absolute ns, the clock of ``queued_ns``/``sent_ns``); None in concurrency mode. ``sent_ns -
             scheduled_ns`` is the send lag (docs/load.md).
@@ -99,6 +101,7 @@ class RequestRecord:
     images: int = 0
     image_bytes: int = 0
     tool_forced: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -144,6 +147,7 @@ class RequestRecord:
         self.usage = redact_obj(self.usage)
         self.timings = redact_obj(self.timings)
         self.meta = redact_obj(self.meta)
+        self.tool_calls = redact_obj(self.tool_calls) or []
         for attr in ("content", "reasoning", "tool"):
             masked = mask_spans([getattr(e, attr) for e in self.events])
             if masked is not None:

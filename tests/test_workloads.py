@@ -360,3 +360,31 @@ def test_open_loop_requests_carry_unique_images(tmp_path: Path, monkeypatch: pyt
     urls = [p["image_url"]["url"] for b in sent if isinstance(b["messages"][-1]["content"], list)
             for p in b["messages"][-1]["content"] if p.get("type") == "image_url"]
     assert len(urls) == 4 and len(set(urls)) == 4
+
+
+def test_sessions_send_tool_calls_back_as_an_agent_does(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.config.tools import TOOL_RESULT
+    from bench.sim.text import count_tokens
+    from bench.sim.truth import expected_cached_tokens
+
+    cfg = SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, prefix_cache=True, tool_call_prob=1.0)
+    sent = _capture_payloads(monkeypatch)
+    out = tmp_path / "agent-sessions"
+    with running_sim(cfg) as base:
+        assert main(["run", base, "--sessions", "1", "--turns", "3", "--think", "0.01", "--input-tokens", "30",
+                     "--max-tokens", "6", "--tools", "builtin", "--out", str(out)]) == 0
+    recs = sorted(_measured(out), key=lambda r: r.meta["turn"])
+    assert all(len(r.tool_calls) == 1 and r.tool_calls[0]["id"].startswith("call_") for r in recs)
+    assert all(r.tool_calls[0]["name"] == "get_weather" and len(r.tool_calls[0]["arguments"].split()) == 6
+               for r in recs)
+    last = max((b for b in sent if b["messages"][0]["role"] == "system"), key=lambda b: len(b["messages"]))
+    roles = [m["role"] for m in last["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "user", "assistant", "tool", "user"]
+    a0 = last["messages"][2]
+    assert a0["content"] is None and a0["tool_calls"][0]["id"] == recs[0].tool_calls[0]["id"]
+    assert a0["tool_calls"][0]["function"]["arguments"] == recs[0].tool_calls[0]["arguments"]
+    assert last["messages"][3] == {"role": "tool", "tool_call_id": a0["tool_calls"][0]["id"], "content": TOOL_RESULT}
+    prompts = [r.usage["prompt_tokens"] for r in recs if r.usage]
+    for prev, p, r in zip(prompts, prompts[1:], recs[1:]):
+        assert p == prev + count_tokens(TOOL_RESULT) + 30  # the sim counts no tool_calls, the tool result it does
+        assert r.usage and r.usage["prompt_tokens_details"]["cached_tokens"] == expected_cached_tokens(cfg, p, prev)

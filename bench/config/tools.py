@@ -15,7 +15,9 @@ from typing import Any
 
 from bench.errors import ConfigError
 
-__all__ = ["BUILTIN_TOOLS", "load_tools", "tool_choice_value", "forces_call"]
+__all__ = ["BUILTIN_TOOLS", "TOOL_RESULT", "load_tools", "tool_choice_value", "forces_call", "assistant_turn"]
+
+TOOL_RESULT = '{"status": "ok", "result": "done"}'  # what a session sends back for each tool call it got
 
 BUILTIN_TOOLS: tuple[dict[str, Any], ...] = (
     {"type": "function", "function": {
@@ -77,3 +79,14 @@ def tool_choice_value(choice: str, tools: tuple[dict[str, Any], ...]) -> str | d
 def forces_call(choice: str | dict[str, Any] | None) -> bool:
     """A choice that obliges the model to call a tool (``required`` or a named function)."""
     return choice == "required" or isinstance(choice, dict)
+
+
+def assistant_turn(content: str, calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The messages a chat client adds after an answer: the assistant message (its content, and its tool calls as
+    the server streamed them) and, per tool call, a ``tool`` message with :data:`TOOL_RESULT`."""
+    if not calls:
+        return [{"role": "assistant", "content": content}]
+    msg: dict[str, Any] = {"role": "assistant", "content": content or None, "tool_calls": [
+        {"id": c.get("id") or f"call_{i}", "type": "function",
+         "function": {"name": c.get("name", ""), "arguments": c.get("arguments", "")}} for i, c in enumerate(calls)]}
+    return [msg, *({"role": "tool", "tool_call_id": t["id"], "content": TOOL_RESULT} for t in msg["tool_calls"])]

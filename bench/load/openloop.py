@@ -159,14 +159,11 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         p = plan[k]
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
         try:
-            # at its due time, before it is sent (a send lag, not TTFT), off the loop that stamps the other reads
-            images = await asyncio.to_thread(session.image_urls, f"{tag}-{k}") if session.profile.images else []
             if sem is not None:
                 async with sem:
-                    rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images,
-                                             refuse_images=False)
+                    rec = await _send_one(session, texts[k], p.output_tokens, tag, meta, k)
             else:
-                rec = await session.send(texts[k], p.output_tokens, tag, meta, images=images, refuse_images=False)
+                rec = await _send_one(session, texts[k], p.output_tokens, tag, meta, k)
         except asyncio.CancelledError:
             rec = _cut_record(session, k, p, sched, why[0], meta)
             cut[0] += 1
@@ -199,6 +196,14 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
     _refuse_rejected_images(done)
     span = max((p.at_s for p in plan), default=0.0)
     return PointRun(done, t0, span, lags, inflight, cut[0], lag)
+
+
+async def _send_one(session: Session, text: str, output_tokens: int, tag: str, meta: dict[str, Any],
+                    k: int) -> RequestRecord:
+    """Request ``k`` of a plan at its due time. Its images are built first (a send lag, not part of TTFT), in a
+    thread, off the loop that stamps the other streams' reads; a refusal of them is checked after the point."""
+    images = await asyncio.to_thread(session.image_urls, f"{tag}-{k}") if session.profile.images else []
+    return await session.send(text, output_tokens, tag, meta, images=images, refuse_images=False)
 
 
 def _refuse_rejected_images(records: Sequence[RequestRecord]) -> None:

@@ -2,7 +2,8 @@
 
 ``users`` conversations start ``stagger_s`` apart; each has ``turns`` turns. Each turn is sent as a real chat
 ``messages`` list, as a chat client sends it: a system message (the conversation's unique prefix), then every earlier
-user message and the assistant's answer to it (the content the server streamed back), then the new user message of
+user message and the assistant's answer to it (the content the server streamed back, and its tool calls, each
+followed by a ``tool`` message with a fixed result, as an agent sends them), then the new user message of
 ``user_tokens`` tokens; the next turn is due ``think_s`` after the answer ended. So a server with a prefix cache can
 reuse everything before the new message, through its own chat template. User messages are built before the run
 starts; each turn's scheduled time is kept in its record (``scheduled_ns``: when the turn was due). On the
@@ -21,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from bench.config.tools import assistant_turn
 from bench.measure.metrics import request_metrics
 from bench.prompts import unique_prefix
 from bench.records import RequestRecord
@@ -56,7 +58,7 @@ async def run_sessions(session: Session, messages: Sequence[Sequence[str]], *, m
             session.write(rec)
             out.append(rec)
             answer = "".join(e.content for e in rec.events)
-            history = [*history, {"role": "user", "content": msg}, {"role": "assistant", "content": answer}]
+            history = [*history, {"role": "user", "content": msg}, *assistant_turn(answer, rec.tool_calls)]
             flat = f"{flat}\n\nUser: {msg}\n\nAssistant:{answer}"
             due = rec.sent_ns + (rec.end_ns or 0) + round(think_s * 1e9)
 
