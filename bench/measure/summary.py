@@ -120,14 +120,13 @@ def summarize_cell(
     samples = _samples(ok, rates, agg)
     res = CellResult(
         id=cell.id, sweep=cell.sweep, depth=cell.depth, streams=cell.streams, prompt=cell.prompt,
-        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok) - cut,
-        errors=dict(errors), requests_cut=cut,
+        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok) - cut, errors=dict(errors),
         waves=len(waves), overhead_ms=overhead_ms, overhead_share=rates["share"], overhead_flag=rates["flag"],
         prompt_target=depth_target_tokens, prompt_miss_pct=_prompt_miss(ok, depth_target_tokens),
         output_tokens_estimated=sum(1 for m in ok if m.output_tokens_estimated),
         cached_tokens=sum(m.cached_tokens for m in ok), reasoning_tokens=sum(m.reasoning_tokens for m in ok),
         client_cpu_pct=None if client_cpu_pct is None else round(client_cpu_pct, 1),
-        samples=samples, warnings=warnings,
+        samples=samples, warnings=warnings, requests_cut=cut,
     )
     for key in ("decode_tok_s", "ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "prompt_tok_s", "prompt_tok_s_corrected",
                 "server_prefill_tok_s", "server_decode_tok_s", "ttft_minus_server_prompt_ms",
