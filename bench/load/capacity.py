@@ -64,7 +64,7 @@ class SearchSettings:
     time_budget_s: float | None = None
     probe_s: float = 6.0
     probe_resolution: float = 0.5
-    min_refine: int = 2
+    min_refine: int = 4
     spread: float = 0.06
 
     def check(self) -> None:
@@ -297,7 +297,8 @@ class _RateSearch(_Bracketing):
     def fits(self) -> dict[str, Fit | str | None]:
         """Per objective: its :class:`Fit` over the steady refine points, ``"never over"`` when no request of them
         exceeded its limit, or None when they do not yet allow a fit."""
-        pts = [p for p in self.points if p.phase == "refine" and p.steady and p.summary.get("slo_model")]
+        pts = [p for p in self.points if p.phase == "refine" and p.summary.get("slo_model")
+               and not p.summary.get("saturated")]
         if not pts:
             return {}
         keys = list(pts[0].summary["slo_model"])
@@ -338,12 +339,12 @@ class _RateSearch(_Bracketing):
         return not p.steady or any(m["share"] is not None and m["share"] > m["alpha"] for m in model.values())
 
     def _next_load(self, side: int) -> float:
-        """Around the fitted boundary (``side``: above or below it by ``spread``); with no fit yet, the geometric
+        """Around the fitted boundary (``side``: above or below it by ``spread``); with no bounded fit yet, the geometric
         middle of the refine bracket, an open side stepping out by ``(1 + spread)^4``."""
-        b, _, _ = self.estimate()
+        b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
-        if b is not None and (top is None or b < top * step):
+        if b is not None and ilo is not None and ihi is not None and (top is None or b < top * step):
             return b * step if side > 0 else b / step
         if low is None:
             return min(p.load for p in self.points if p.phase == "refine") / step ** 4
@@ -352,20 +353,27 @@ class _RateSearch(_Bracketing):
         return math.sqrt(low * top)
 
     def _done(self, n: int) -> bool:
-        b, ilo, ihi = self.estimate()
-        if b is None or not ilo or not ihi:  # no fit: the refine bracket narrowed to the target instead
+        if not any(isinstance(f, Fit) for f in self.fits().values()):
+            # no fit at all (every share 0 or 1, as under constant arrivals): the refine bracket narrowed instead
             low, top = self.refine_bracket()
             return low is not None and top is not None and top / low - 1 <= self.ss.target_width
-        return n >= self.ss.min_refine and ihi / ilo - 1 <= self.ss.target_width
+        b, ilo, ihi = self.estimate()
+        return (b is not None and ilo is not None and ihi is not None and n >= self.ss.min_refine
+                and ihi / ilo - 1 <= self.ss.target_width)
 
     async def refine(self, lo: float, hi: float) -> None:
-        x, side, n = math.sqrt(lo * hi), 1, 0
+        # the first refine point at the highest probe that held: a probe starts from an empty engine and is short,
+        # so it passes above the steady-state boundary more often than below it
+        # refine loads stay below (1 + spread)^2 times the lowest probe that missed (a far-off fit would otherwise
+        # send a point to a load whose drain outlasts any budget)
+        x, side, n = lo, 1, 0
+        cap = min(self.ss.max_load, hi * (1.0 + self.ss.spread) ** 2)
         while True:
             await self.trial(x, phase="refine")
             n += 1
             if self._done(n):
                 return
-            x = min(self.ss.max_load, max(self.ss.start / 4, self._next_load(side)))
+            x = min(cap, max(self.ss.start / 4, self._next_load(side)))
             side = -side
 
     async def run(self) -> dict[str, Any]:
@@ -380,6 +388,29 @@ class _RateSearch(_Bracketing):
             note = self._stop_note(e)
         return self.answer(lo, hi, note)
 
+    def monotone(self) -> bool:
+        """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share
+        is all but a function of its load): then the refine bracket is the answer when no fit bounds it."""
+        ref = sorted((p for p in self.points if p.phase == "refine" and p.summary.get("slo_model")),
+                     key=lambda p: p.load)
+        for key in (ref[0].summary["slo_model"] if ref else {}):
+            shares = [float(p.summary["slo_model"][key]["share"] or 0.0) for p in ref]
+            if any(b < a for a, b in zip(shares, shares[1:])):
+                return False
+        return True
+
+    def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float, float]:
+        """The fit's bounded ends, an open one replaced by the lowest refine load under the limit (the highest
+        over it); with no such refine load, the probes' bracket end or the extreme load tried."""
+        ref = [p for p in self.points if p.phase == "refine"]
+        plo, phi = self.bracket()
+        loads = [p.load for p in self.points]
+        lo = ilo if ilo is not None else min((p.load for p in ref if not self._over(p)),
+                                             default=plo if plo is not None else min(loads))
+        hi = ihi if ihi is not None else max((p.load for p in ref if self._over(p)),
+                                             default=phi if phi is not None else max(loads))
+        return min(lo, hi), max(lo, hi)
+
     def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
         b, ilo, ihi = self.estimate()
         method = {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
@@ -388,21 +419,29 @@ class _RateSearch(_Bracketing):
                   "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
                   "fits": {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()}}
         doc: dict[str, Any] = {"method": method, "confidence": self.ss.confidence}
+        fits = [f for f in self.fits().values() if isinstance(f, Fit)]
         if b is not None and ilo is not None and ihi is not None:
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
-            fitted = sum(1 for p in self.points if p.phase == "refine" and p.steady)
+            fitted = min(f.points for f in fits)
             if fitted < MIN_CALIBRATED:
                 doc["confidence"] = None
                 note = (note + "; " if note else "") + (
-                    f"the interval comes from {fitted} steady refine points, fewer than {MIN_CALIBRATED}: its "
-                    "spread is not checked against the points' own, so no level is stated (raise --time-budget)")
+                    f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: their scatter "
+                    "cannot check its spread, so no level is stated (raise --time-budget)")
+        elif fits and b is not None and not self.monotone():
+            olo, ohi = self.outer_range(ilo, ihi)
+            doc.update({"boundary": round(min(max(b, olo), ohi), 6), "interval": [round(olo, 6), round(ohi, 6)],
+                        "safe": round(olo, 6), "confidence": None})
+            note = (note + "; " if note else "") + (
+                "the fit does not bound the boundary at this level: the interval is the range of the refine "
+                "loads tried (lowest under the limit to highest over it), with no stated confidence")
         else:
             blo, bhi = self.refine_bracket()
             if blo is None or bhi is None:
                 blo, bhi = self.bracket()
                 kind = "single probe points"
             else:
-                kind = "refine points (each of their shares was 0 or 1, or they allow no fit)"
+                kind = "refine points (their shares rise with the load, or they allow no fit)"
             if lo is None and blo is None:
                 note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
             elif hi is None and bhi is None:
