@@ -181,9 +181,7 @@ class _Search:
         span = float((s.get("schedule") or {}).get("span_s") or 0.0)
         self.overhead_s = max(self.overhead_s, self.clock() - began - span)
         p = Point(load, trial, s, phase)
-        best_below = max((q.completed_rps for q in self.points if q.load < load), default=0.0)
-        sat = not p.steady and p.completed_rps <= 1.02 * best_below
-        s["saturated"] = sat
+        s["saturated"] = saturated(p, self.points, self.ss.by)
         self.points.append(p)
         return p
 
@@ -226,9 +224,10 @@ class _Bracketing(_Search):
 
     def passes(self, p: Point) -> bool:
         """A point of the bracketing: it met the SLO (for a probe: every objective held; a probe starts from an
-        empty engine and is too short for the steadiness test) and was not saturated."""
+        empty engine and is too short for the steadiness test) and, for rates, was not saturated (a concurrency
+        point that saturates but meets the SLO passes: ``saturated_at`` reports it)."""
         held = all(v["held"] for v in (p.summary.get("slo") or {}).values()) if p.phase == "probe" else p.slo_met
-        return held and not p.summary.get("saturated")
+        return held and not (self.ss.by == "rate" and p.summary.get("saturated"))
 
     def bracket(self) -> tuple[float | None, float | None]:
         """``lo``: the highest tested load at and below which every trial met the SLO; ``hi``: the lowest tested
@@ -490,19 +489,44 @@ async def search(ss: SearchSettings, run_point: RunPoint,
     ss.check()
     s: _Bracketing = _RateSearch(ss, run_point, clock) if ss.by == "rate" else _Bracketing(ss, run_point, clock)
     doc = await s.run()
-    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points),
+    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points, ss.by),
             "time_budget_s": ss.time_budget_s, "elapsed_s": round(clock() - s.t0, 3),
             "points": [point_entry(p) for p in s.points]}
 
 
-def _resaturate(points: list[Point]) -> float | None:
-    """The saturation flags again, once every point ran: not steady, and completed no more than 2 % above the
-    best completed throughput of any lower load (during the search only the points before it were known).
+def _resaturate(points: list[Point], by: str) -> float | None:
+    """The saturation flags again (:func:`saturated`), once every point ran (during the search only the points
+    before it were known).
     Returns the lowest saturated load."""
     for p in points:
-        best_below = max((q.completed_rps for q in points if q.load < p.load), default=0.0)
-        p.summary["saturated"] = not p.steady and p.completed_rps <= 1.02 * best_below
+        p.summary["saturated"] = saturated(p, points, by)
     return min((p.load for p in points if p.summary["saturated"]), default=None)
+
+
+FLAT_SHARE = 0.25  # --by concurrency: at most this share of the added streams turned into throughput
+
+
+def _e2e_median(p: Point) -> float | None:
+    v = ((p.summary.get("latency") or {}).get("e2e_ms") or {}).get("from_send") or {}
+    return v.get("median")
+
+
+def saturated(p: Point, points: list[Point], by: str) -> bool:
+    """``--by rate``: not steady, and completed no more than 2 % above the best completed throughput of any lower
+    load. ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire):
+    against the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
+    ``FLAT_SHARE * g`` more throughput (it flattened) and each stream's median E2E grew by at least ``g / 2`` (the
+    added streams queue: Little's law; skipped where the summaries carry no latency)."""
+    below = [q for q in points if q.load < p.load]
+    if not below:
+        return False
+    q = max(below, key=lambda x: x.completed_rps)
+    if by == "rate":
+        return not p.steady and p.completed_rps <= 1.02 * q.completed_rps
+    g = p.load / q.load - 1
+    flat = p.completed_rps <= q.completed_rps * (1 + FLAT_SHARE * g)
+    rp, rq = _e2e_median(p), _e2e_median(q)
+    return flat and (rp is None or rq is None or rp >= rq * (1 + g / 2))
 
 
 def point_entry(p: Point) -> dict[str, Any]:
