@@ -7,16 +7,21 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
 1. Probe: short points (``probe_s`` at most, about ``probe_requests`` requests) from ``start`` up by ``factor``
    until one misses the SLO or saturates, then geometric bisection while ``hi / lo > 1 + probe_resolution``.
    Probes only bracket; they start from an empty engine and are too short to enter the estimate.
-2. Refine: points of the full duration around the current estimate (first the bracket's middle, then the
-   fitted boundary times ``1 -+ spread`` in turn; before there is a fit, the middle of the refine points'
-   bracket), each measured after its start-up transient (``--warmup``, default ``REFINE_WARMUP_SHARE`` of it).
-3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every steady refine point: logit(share over
-   the limit) linear in log(realized arrival rate of the window), each point weighted by its effective number of
-   requests (n / integrated autocorrelation time), dispersion scaled up by the points' own Pearson chi-square;
-   the boundary is where the fitted share is ``alpha`` and ``interval`` is its Fieller interval at
-   ``confidence`` (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the
-   interval's width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the
-   point or time budget runs out (then the answer is the interval earned so far, marked in ``note``).
+2. Refine: points of the full duration, each measured after its start-up transient (``--warmup``, default
+   ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
+   empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
+   side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
+   below ``(1 + spread)^2`` times the lowest probe that missed.
+3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every refine point not saturated:
+   logit(share over the limit) linear in log(realized arrival rate of the window), each point weighted by its
+   requests (not by its own autocorrelation, which grows with its share and would bias the fit), the
+   dispersion from the points' Pearson scatter around the model (the pooled autocorrelation time a floor),
+   Student-t with points - 2 degrees of freedom; the boundary is where the fitted share is ``alpha`` and
+   ``interval`` is its Fieller interval at ``confidence`` (Bonferroni over objectives; the boundary is the
+   lowest objective's). Refining stops when the interval's width ``hi / lo - 1`` is at most ``target_width``
+   after ``min_refine`` (= ``MIN_CALIBRATED``) refine points, or when the point or time budget runs out (then
+   the answer is the interval earned so far, marked in ``note``; with fewer than ``MIN_CALIBRATED`` points no
+   level is stated; a fit that does not bound the boundary answers the range of refine loads tried).
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
@@ -339,16 +344,16 @@ class _RateSearch(_Bracketing):
 
     def _next_load(self, side: int) -> float:
         """Around the fitted boundary (``side``: above or below it by ``spread``); with no bounded fit yet, the geometric
-        middle of the refine bracket, an open side stepping out by ``(1 + spread)^4``."""
+        middle of the refine bracket, an open side stepping out by ``(1 + spread)^2``."""
         b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
         if b is not None and ilo is not None and ihi is not None and (top is None or b < top * step):
             return b * step if side > 0 else b / step
         if low is None:
-            return min(p.load for p in self.points if p.phase == "refine") / step ** 4
+            return min(p.load for p in self.points if p.phase == "refine") / step ** 2
         if top is None:
-            return low * step ** 4
+            return low * step ** 2
         return math.sqrt(low * top)
 
     def _done(self, n: int) -> bool:

@@ -5,8 +5,8 @@
 * :func:`rise_test`: the steadiness test: a rise of the second half of the window over the first, in units of
   its autocorrelation-aware standard error, and large against the level (docs/load.md, "Saturation rule").
 * :func:`fit_boundary`: the model across points: logit(share over the limit) linear in log(realized rate),
-  quasi-binomial weights, and the load where the fitted share crosses ``alpha = 1 - q / 100``, with a Fieller
-  interval.
+  binomial weights (requests), dispersion from the points' scatter, and the load where the fitted share
+  crosses ``alpha = 1 - q / 100``, with a Fieller interval.
 """
 
 from __future__ import annotations
@@ -180,11 +180,14 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
     """The crossing of ``share = alpha`` by the model logit(share) = a + b log(rate) fitted to the points
     (``rates``: each point's realized arrival rate in its window; ``stats``: its :func:`exceedance` dict).
 
-    Each point counts ``n / tau`` effective requests (its autocorrelation); the fit's dispersion is then also
-    scaled by the Pearson chi-square of the points around the model when it exceeds 1 (points that disagree more
-    than their own spread say widen the interval). The interval is Fieller's for ``(logit(alpha) - a) / b`` at
-    ``level`` with Student-t quantiles; an end is None when the data do not bound it. None with fewer than two
-    distinct rates or no request."""
+    Each point weighs by its ``n`` requests alone. The dispersion (variance over binomial) is the points'
+    Pearson chi-square around the model / (points - 2), at least the pooled integrated autocorrelation time
+    (``n``-weighted mean of the points' ``tau``: within one window it comes out 2-4 times too small on the sim,
+    so it is only a floor); the interval is Fieller's for ``(logit(alpha) - a) / b`` at ``level`` with
+    Student-t quantiles of points - 2 degrees of freedom (two points: the floor alone, with ``n / (SOKAL_C
+    tau)`` degrees of freedom; :mod:`bench.load.capacity` states no level then); an end is None when the data
+    do not bound it. None with fewer than two distinct rates or no request.
+    """
     x = np.log(np.asarray(rates, dtype=float))
     n = np.asarray([s["n"] for s in stats], dtype=float)
     k = np.asarray([s["over"] for s in stats], dtype=float)
