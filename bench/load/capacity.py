@@ -130,6 +130,7 @@ RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, du
 REFINE_WARMUP_SHARE = 0.4
 PROBE_REQUESTS = 5
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
+DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
 
 
 def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None) -> Any:
@@ -348,7 +349,8 @@ class _RateSearch(_Bracketing):
         b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
-        if b is not None and ilo is not None and ihi is not None and (top is None or b < top * step):
+        if (b is not None and ilo is not None and ihi is not None and (top is None or b < top * step)
+                and not self.deterministic()):
             return b * step if side > 0 else b / step
         if low is None:
             return min(p.load for p in self.points if p.phase == "refine") / step ** 2
@@ -357,7 +359,7 @@ class _RateSearch(_Bracketing):
         return math.sqrt(low * top)
 
     def _done(self, n: int) -> bool:
-        if not any(isinstance(f, Fit) for f in self.fits().values()):
+        if not any(isinstance(f, Fit) for f in self.fits().values()) or self.deterministic():
             # no fit at all (every share 0 or 1, as under constant arrivals): the refine bracket narrowed instead
             low, top = self.refine_bracket()
             return low is not None and top is not None and top / low - 1 <= self.ss.target_width
@@ -392,6 +394,14 @@ class _RateSearch(_Bracketing):
             note = self._stop_note(e)
         return self.answer(lo, hi, note)
 
+    def deterministic(self) -> bool:
+        """Every fit's points scatter far less than independent requests would (Pearson chi-square / (points - 2)
+        below ``DETERMINISTIC_SCATTER``;
+        random arrivals give 30-60 on the sim): the points' error is their window's, not noise, and the refine
+        bracket is the answer."""
+        fits = [f for f in self.fits().values() if isinstance(f, Fit)]
+        return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER for f in fits)
+
     def monotone(self) -> bool:
         """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share
         is all but a function of its load): then the refine bracket is the answer when no fit bounds it."""
@@ -424,7 +434,7 @@ class _RateSearch(_Bracketing):
                   "fits": {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()}}
         doc: dict[str, Any] = {"method": method, "confidence": self.ss.confidence}
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
-        if b is not None and ilo is not None and ihi is not None:
+        if b is not None and ilo is not None and ihi is not None and not self.deterministic():
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
             fitted = min(f.points for f in fits)
             if fitted < MIN_CALIBRATED:
@@ -432,7 +442,7 @@ class _RateSearch(_Bracketing):
                 note = (note + "; " if note else "") + (
                     f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: their scatter "
                     "cannot check its spread, so no level is stated (raise --time-budget)")
-        elif fits and b is not None and not self.monotone():
+        elif fits and b is not None and not self.monotone() and not self.deterministic():
             olo, ohi = self.outer_range(ilo, ihi)
             doc.update({"boundary": round(min(max(b, olo), ohi), 6), "interval": [round(olo, 6), round(ohi, 6)],
                         "safe": round(olo, 6), "confidence": None})
@@ -445,7 +455,9 @@ class _RateSearch(_Bracketing):
                 blo, bhi = self.bracket()
                 kind = "single probe points"
             else:
-                kind = "refine points (their shares rise with the load, or they allow no fit)"
+                kind = ("refine points (their shares rise with the load or scatter less than independent "
+                        "requests would: a deterministic response, as under constant arrivals)" if fits
+                        else "refine points (no fit)")
             if lo is None and blo is None:
                 note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
             elif hi is None and bhi is None:

@@ -140,10 +140,12 @@ class Fit:
     points: int
     phi: float
     df: float
+    scatter: float | None = None  # the points' Pearson chi-square / (points - 2): their variance over binomial
 
     def to_dict(self) -> dict[str, Any]:
         return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
                 "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
+                "scatter": None if self.scatter is None else round(self.scatter, 3),
                 "df": round(self.df, 1)}
 
 
@@ -217,7 +219,7 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
     lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
     theta = (L - a) / b if b > 0 else None
     est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
-    return Fit(est, lo, hi, a, b, int(x.size), phi, df)
+    return Fit(est, lo, hi, a, b, int(x.size), phi, df, pearson / df_pts if df_pts > 0 else None)
 
 
 def _fieller(num: float, b: float, vaa: float, vbb: float, vab: float, tq: float) -> tuple[float | None, float | None]:
