@@ -401,3 +401,17 @@ def test_fell_behind_warning_names_more_workers_than_were_used(workers, planned,
     _point_warnings(s, LoadSettings(mode="rate", rate=1.0, duration_s=1.0), run)
     assert len(s["warnings"]) == 1 and f"--workers {want}," in s["warnings"][0]
     assert ("this process" in s["warnings"][0]) == (workers == 1)
+
+
+def test_point_lines_show_latencies_from_the_send_and_from_the_schedule() -> None:
+    from bench.load.point import latency_lines
+
+    lat = {"ttft_ms": {"from_send": {"median": 10.0, "p90": 20.0, "p99": 30.0},
+                       "from_schedule": {"median": 12.5, "p90": 25.0, "p99": 1234.56}},
+           "e2e_ms": {"from_send": {"median": 100.0, "p90": None, "p99": 300.0}, "from_schedule": {}}}
+    lines = latency_lines(lat)
+    assert lines[0] == "  TTFT ms p50 / p90 / p99, from send:     10.0 / 20.0 / 30.0"
+    assert lines[1] == "  TTFT ms p50 / p90 / p99, from schedule: 12.5 / 25.0 / 1234.6"
+    assert lines[2] == "  E2E  ms p50 / p90 / p99, from send:     100.0 / - / 300.0"
+    assert "coordinated omission" in lines[-1] and all(len(x) <= 80 for x in lines)
+    assert latency_lines({}) == []

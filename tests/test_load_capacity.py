@@ -252,6 +252,8 @@ def test_docs_describe_the_code() -> None:
                  f"`RISE_SIGMAS` = {E.RISE_SIGMAS:g}", f"`RISE_MIN_SHARE` = {E.RISE_MIN_SHARE:g}",
                  f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
-                 f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}"):
+                 f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
+                 f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
+                 "weighted by its `n` requests alone", "points - 2 degrees of freedom"):
         assert text in doc, text
     assert "fits a least-squares line over the window" not in doc and "geometric middle of the bracket for rates" not in doc
