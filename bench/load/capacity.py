@@ -396,9 +396,8 @@ class _RateSearch(_Bracketing):
 
     def deterministic(self) -> bool:
         """Every fit's points scatter far less than independent requests would (Pearson chi-square / (points - 2)
-        below ``DETERMINISTIC_SCATTER``;
-        random arrivals give 30-60 on the sim): the points' error is their window's, not noise, and the refine
-        bracket is the answer."""
+        below ``DETERMINISTIC_SCATTER``; Poisson points scatter 23-65 times binomial on the sim): the points'
+        error is their window's, not noise, and the refine bracket is the answer."""
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
         return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER for f in fits)
 

@@ -184,7 +184,7 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
 
     Each point weighs by its ``n`` requests alone. The dispersion (variance over binomial) is the points'
     Pearson chi-square around the model / (points - 2), at least the pooled integrated autocorrelation time
-    (``n``-weighted mean of the points' ``tau``: within one window it comes out 2-4 times too small on the sim,
+    (``n``-weighted mean of the points' ``tau``: within one window it comes out 1.6-3.6 times too small on the sim,
     so it is only a floor); the interval is Fieller's for ``(logit(alpha) - a) / b`` at ``level`` with
     Student-t quantiles of points - 2 degrees of freedom (two points: the floor alone, with ``n / (SOKAL_C
     tau)`` degrees of freedom; :mod:`bench.load.capacity` states no level then); an end is None when the data
@@ -207,7 +207,7 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
     p = 1.0 / (1.0 + np.exp(-np.clip(a + b * x, -50, 50)))
     p = np.clip(p, 1e-9, 1 - 1e-9)
     # dispersion: the points' own scatter around the model (Pearson chi-square / (points - 2)); the pooled
-    # within-point autocorrelation time is only a floor (measured on the sim it is 2-4 times too small: a
+    # within-point autocorrelation time is only a floor (measured on the sim it is 1.6-3.6 times too small: a
     # 30-s window holds too few queue episodes to see their correlation)
     df_pts = x.size - 2
     pearson = float(np.sum((k - n * p) ** 2 / (n * p * (1 - p))))
