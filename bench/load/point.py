@@ -428,6 +428,25 @@ async def measure_load(session: Session, ls: LoadSettings, plan: list[Planned] |
     return summary
 
 
+def latency_lines(lat: dict[str, Any]) -> list[str]:
+    """TTFT and E2E p50 / p90 / p99 of a point's window, from the send and from the schedule (the send lag
+    added: what a user who arrived on schedule waited, corrected for coordinated omission), labelled."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    out = []
+    for key, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):
+        d = lat.get(key) or {}
+        if not d:
+            continue
+        for label, v in (("from send:    ", d.get("from_send") or {}), ("from schedule:", d.get("from_schedule") or {})):
+            out.append(f"  {name:4} ms p50 / p90 / p99, {label} "
+                       + " / ".join(f(v.get(q)) for q in ("median", "p90", "p99")))
+    if out:
+        out.append("  (from schedule: send lag included, corrected for coordinated omission)")
+    return out
+
+
 def describe_point(s: dict[str, Any]) -> list[str]:
     """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
     if s.get("mode") == "sessions":
@@ -440,6 +459,7 @@ def describe_point(s: dict[str, Any]) -> list[str]:
              f"{sc['send_lag_ms']['p99']} / {sc['send_lag_ms']['max']} ms",
              f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {w['from_s']}-{w['to_s']} s "
              f"({w['requests']} requests), steady: {'yes' if s['steady'] else 'no (saturated)'}"]
+    lines += latency_lines(s.get("latency") or {})
     if "goodput" in s:
         g = s["goodput"]
         lines.append(f"  goodput {g['rps']} req/s, {g['tok_s']} tok/s, SLO met by {g['met_fraction']} of requests")
