@@ -20,7 +20,7 @@ from bench.prompts.content import KINDS as PROMPT_KINDS
 if TYPE_CHECKING:
     from bench.gate import Rule
 
-__all__ = ["Profile", "Sweep", "Cell", "load_profile", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
+__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
 
 def _profiles_dir() -> Path:
     """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
@@ -354,6 +354,16 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{where}: load: {e}") from None
     return tuple(sorted(d.items()))
+
+
+def profile_settings(profile: Profile) -> dict[str, Any]:
+    """The profile as stored in a results document (``profile.settings``): every field but ``source``, the gate
+    rules as the ``[[gate]]`` tables they were read from, so that :func:`bench.gate.parse_rules` reads them back."""
+    from dataclasses import asdict
+
+    out = {k: v for k, v in asdict(profile).items() if k not in ("source", "gate")}
+    out["gate"] = [r.to_dict() for r in profile.gate]
+    return out
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -21,7 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -38,7 +38,7 @@ from bench.client import (
     stream_request,
 )
 from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
-from bench.config.profile import Cell, Profile
+from bench.config.profile import Cell, Profile, profile_settings
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO
@@ -387,7 +387,7 @@ class Session:
     def results(self, cells: list[CellResult], *, complete: bool = False, interrupted: bool = False) -> Results:
         """The typed results document of the cells so far (``complete`` once every cell is in)."""
         p = self.profile
-        settings = {k: v for k, v in asdict(p).items() if k not in ("source",)}
+        settings = profile_settings(p)
         warnings = list(self.warnings) + [w for c in cells for w in c.warnings]
         now = datetime.now(UTC)
         run = RunInfo(

@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         if "_" in f.name and not isinstance(f.default, bool):
             flags.append(f"--{f.name}")  # underscore spelling accepted too
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
-                              "help": f"{help_} [{unit}; default {f.default!r}]"}
+                              "help": f"{help_} [{unit}; default {f.default!r}]".replace("%", "%%")}
         if f.name == "tokens_per_event":
             kw.update(type=_tokens_per_event, metavar="K[,K...]")
         elif f.name == "error_kind":
