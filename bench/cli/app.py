@@ -237,7 +237,8 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         no_gpu_in_open_loop(gpu_kw)
         if not isinstance(workers, int):
             raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
-        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
+        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
+                                  progress_every=progress_every), out, as_json,
                     make_report, history_db)
         return
     prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
@@ -309,28 +310,13 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
     from bench.errors import RunInterrupted
     from bench.report.console import stderr, stdout
     from bench.report.export import VIEWS
-    from bench.report.progress import PlainObserver, QuietObserver, RichObserver
+    from bench.report.progress import make_observer, observed
+
+    obs = make_observer(len(prof.cells()), stderr, quiet=quiet, every_s=progress_every, width=stdout.width)
 
     async def go() -> Results:
-        obs: Any
-        if not quiet and not sys.stdout.isatty():  # a log: plain lines on stdout
-            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr, width=stdout.width)
-        elif quiet or not stderr.is_terminal:
-            return await run_profile(base, prof, settings, out_dir=out, observer=QuietObserver(stderr), views=VIEWS,
-                                     **loop_kw)
-        else:
-            obs = RichObserver(stderr, len(prof.cells()))
-        with obs:
-            async def ticker() -> None:
-                while True:
-                    await asyncio.sleep(min(0.5, progress_every / 4))
-                    obs.tick()
-
-            t = asyncio.create_task(ticker())
-            try:
-                return await run_profile(base, prof, settings, out_dir=out, observer=obs, views=VIEWS, **loop_kw)
-            finally:
-                t.cancel()
+        return await observed(obs, run_profile(base, prof, settings, out_dir=out, observer=obs, views=VIEWS,
+                                               **loop_kw), progress_every)
 
     try:
         return asyncio.run(go())

@@ -123,18 +123,22 @@ def kw_names(given: dict[str, Any]) -> list[str]:
 
 
 def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: ClientSettings, out: Path,
-                  model: str | None,
-                  workers: int = 1, ray_address: str | None = None) -> Any:
+                  model: str | None, workers: int = 1, ray_address: str | None = None, *, quiet: bool = False,
+                  progress_every: float = 30.0) -> Any:
     """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
-    ``ray_address``), return the results document (files written to ``out``)."""
+    ``ray_address``) with the progress of every run (bench.report.progress), return the results document (files
+    written to ``out``)."""
     from bench.driver import run_load
     from bench.load.point import describe_point
-    from bench.report.console import stderr
+    from bench.report.console import stderr, stdout
+    from bench.report.progress import make_observer, observed
 
+    obs = make_observer(1, stderr, quiet=quiet, every_s=progress_every, width=stdout.width)
     with endpoint(url, parallel=max(4, ls.max_concurrency or 16)) as base:
         try:
-            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers,
-                                           ray_address=ray_address))
+            results = asyncio.run(observed(obs, run_load(base, prof, settings, ls, out_dir=out, model=model,
+                                                         workers=workers, ray_address=ray_address, observer=obs),
+                                           progress_every))
         except (RunInterrupted, KeyboardInterrupt) as e:
             _interrupted(e, f"finished records kept in {out}/records.jsonl (partial results in {out}/results.json)")
     for cell in results.cells:

@@ -101,11 +101,13 @@ class Cell:
     prompt: str
     max_tokens: int
     requests: int
+    label: str = ""
 
     @property
     def id(self) -> str:
-        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``."""
-        return f"d{self.depth}-s{self.streams}-{self.prompt}"
+        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``; an open-loop point's cell is
+        named by its load (``label``: ``rate-10``, ``trace-mooncake``), the id of every line about it."""
+        return self.label or f"d{self.depth}-s{self.streams}-{self.prompt}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,12 @@ job) plain lines, one when each cell starts, one when it ends with its decode fi
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import textwrap
 import time
-from typing import Any, TextIO
+from collections.abc import Awaitable
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -16,9 +19,11 @@ from bench.client import StreamTap
 from bench.config.profile import Cell
 from bench.results import CellResult
 
-__all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S"]
+__all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
+           "observed"]
 
 PROGRESS_EVERY_S = 30.0
+T = TypeVar("T")
 
 
 class QuietObserver:
@@ -26,6 +31,15 @@ class QuietObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
+
+    def __enter__(self) -> QuietObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing to stop."""
+
+    def tick(self) -> None:
+        """Nothing to refresh."""
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
         """Nothing to show."""
@@ -187,7 +201,8 @@ class PlainObserver(QuietObserver):
             return
         self.cell_no += 1
         self.cell_id, self.done, self.t0 = cell.id, 0, time.monotonic()
-        self._line(f"{cell.id} started: {total_requests} requests, {cell.streams} stream(s)")
+        streams = f", {cell.streams} stream(s)" if cell.streams and not cell.label else ""
+        self._line(f"{cell.id} started: {total_requests} requests{streams}")
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         """Track the wave's streams for the live rate."""
@@ -210,3 +225,32 @@ class PlainObserver(QuietObserver):
         waiting = sum(1 for t in self.taps if t.started and not t.finished and t.events == 0)
         live = f", {waiting} stream(s) waiting for the first token" if waiting else ""
         self._line(f"{self.cell_id}: {self.done}/{self.total} requests, {_clock(now - self.t0)}{live}")
+
+
+def make_observer(total_cells: int, console: Console, *, quiet: bool = False, every_s: float = PROGRESS_EVERY_S,
+                  width: int | None = None, stream: TextIO | None = None) -> QuietObserver:
+    """The progress of a run, chosen once for every command that measures (run in waves or open loop, gate, ab):
+    plain lines on ``stream`` (stdout) when it is not a terminal (a log, a CI job), a rich display on ``console``
+    (stderr) when that is a terminal, else nothing but warnings. ``quiet`` (``--json``): nothing but warnings."""
+    out = sys.stdout if stream is None else stream
+    if not quiet and not out.isatty():
+        return PlainObserver(out, total_cells, every_s, console, width=width)
+    if quiet or not console.is_terminal:
+        return QuietObserver(console)
+    return RichObserver(console, total_cells)
+
+
+async def observed(observer: QuietObserver, work: Awaitable[T], every_s: float = PROGRESS_EVERY_S) -> T:
+    """Await ``work`` with ``observer`` shown: a live display started and stopped around it, its :meth:`tick`
+    called twice a second (more often for a short ``every_s``), so a plain log gets its line every ``every_s``."""
+    async def ticks() -> None:
+        while True:
+            await asyncio.sleep(min(0.5, every_s / 4))
+            observer.tick()
+
+    with observer:
+        ticker = asyncio.create_task(ticks())
+        try:
+            return await work
+        finally:
+            ticker.cancel()
