@@ -109,6 +109,8 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
 
     with endpoint(url, parallel=1) as base:
         rec = asyncio.run(go(base))
+    if rec.status == 404:
+        require_ok(rec, base)  # no OpenAI API at that path: one line, exit 3, not a table of dashes
     d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
     _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)

@@ -34,6 +34,7 @@ from bench.client import (
     StreamTap,
     discover_model,
     make_http_client,
+    require_ok,
     root_url,
     stream_request,
 )
@@ -313,11 +314,9 @@ class Session:
             self.write(rec)
             m = request_metrics(rec)
             if not rec.ok:
-                if rec.error_kind == "connect":
-                    raise EndpointUnreachable(rec.error or "cannot connect")
                 if rec.error_kind == "no_tokens" and tries <= 2 * n + 4:
                     continue
-                raise ServerError(f"probe request failed: {rec.error}")
+                require_ok(rec, self.base, "probe request")
             if not header_known and self.tokenizer_kind == "server" and m.prompt_tokens is not None:
                 self.template_overhead_tokens = max(0, m.prompt_tokens - await self._count(text))
                 header_known = True

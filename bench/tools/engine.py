@@ -21,7 +21,10 @@ import httpx
 
 from bench.errors import ConfigError, EndpointUnreachable
 
-__all__ = ["LocalEngine", "find_server_binary", "find_model", "free_port"]
+__all__ = ["LocalEngine", "find_server_binary", "find_model", "free_port", "INTERRUPT_GRACE_S"]
+
+INTERRUPT_GRACE_S = 2.0
+"""How long a Ctrl-C'd run waits for the embedded llama-server to exit on SIGTERM before it is killed."""
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
@@ -156,14 +159,15 @@ class LocalEngine:
         self.stop()
         raise EndpointUnreachable(f"llama-server not healthy after {self.startup_timeout_s:.0f} s; see {self.log_path}")
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s); a temporary log is removed. Idempotent."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace_s``; after a Ctrl-C, a short grace: nothing of
+        the embedded server's is worth waiting for); a temporary log is removed. Idempotent."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
