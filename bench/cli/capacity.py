@@ -60,9 +60,9 @@ def load_options(f: Any) -> Any:
         click.option("--drain", type=float, help="Seconds to wait for requests in flight after the last send "
                      "before cutting them (default 60)."),
         click.option("--warmup", type=float, help="Seconds at the start of a point left out of its statistics "
-                     "(default 20 %% of the span, at most 30)."),
-        click.option("--cooldown", type=float,
-                     help="Seconds at the end of a point left out (default 10 %%, at most 10)."),
+                     "(default 20 % of the span, at most 30; a --trace keeps every request: 0)."),
+        click.option("--cooldown", type=float, help="Seconds at the end of a point left out (default 10 %, at "
+                     "most 10; a --trace: 0)."),
         click.option("--sessions", "users", type=click.IntRange(1), help="Multi-turn mode: this many conversations."),
         click.option("--turns", type=click.IntRange(1), help="Turns per conversation (default 3)."),
         click.option("--think", type=float, help="Seconds between an answer and the next turn (default 1)."),

@@ -224,11 +224,13 @@ def _finished_in_window(run: PointRun, lo: float, hi: float) -> float | None:
 
 
 def default_window(run: Any, ls: LoadSettings) -> tuple[float, float]:
-    """The steady-state window of an open-loop point (``run``: anything with
-    ``span_s``): ``--warmup`` (default 20 % of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s)
-    left out, or the middle half of a span too short for both."""
-    w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
-    w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
+    """The steady-state window of an open-loop point (``run``: anything with ``span_s``): ``--warmup`` (default 20 %
+    of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s) left out, or the middle half of a span too
+    short for both. A trace replays every request into the statistics (warm-up and cool-down 0 unless given):
+    its start and end are part of the workload it records, not a ramp of bench's."""
+    trace = ls.mode == "trace"
+    w0 = ls.warmup_s if ls.warmup_s is not None else 0.0 if trace else min(30.0, 0.2 * run.span_s)
+    w1 = ls.cooldown_s if ls.cooldown_s is not None else 0.0 if trace else min(10.0, 0.1 * run.span_s)
     return point_window(run, w0, w1)
 
 

@@ -91,7 +91,9 @@ def summarize_cell(
     errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
+    asked = [int(r.meta.get("max_tokens") or cell.max_tokens) for r, m in zip(records, ms) if m.ok]
     warnings = _warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
+    warnings += _short_warning(cell, ok, asked)
     warnings += _client_warnings(cell, ms, client_cpu_pct)
     samples = _samples(ok, rates, agg)
     res = CellResult(
@@ -218,12 +220,20 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
                        "cached prefix, so prefill is partly not measured")
     if any(m.output_tokens_estimated for m in ok):
         out.append(f"{cell.id}: the server sent no usage; output tokens are estimated")
-    short = [m for m in ok if m.output_tokens < cell.max_tokens]
-    if short:
-        out.append(f"{cell.id}: {len(short)} request(s) stopped before max_tokens={cell.max_tokens}")
     if len(ok) < len(ms):
         out.append(f"{cell.id}: {len(ms) - len(ok)} of {len(ms)} requests failed ({dict(errors)})")
     return out
+
+
+def _short_warning(cell: Cell, ok: Sequence[RequestMetrics], asked: Sequence[int]) -> list[str]:
+    """Requests that ended before the output each one asked for (its own ``max_tokens``: a trace's
+    ``output_length``, a dataset's size; else the cell's)."""
+    short = [a for m, a in zip(ok, asked) if m.output_tokens < a]
+    if not short:
+        return []
+    limit = f"max_tokens={asked[0]}" if len(set(asked)) == 1 else "the max_tokens each asked for"
+    return [f"{cell.id}: {len(short)} request(s) stopped before {limit} (the server ended them early: an EOS, a stop "
+            "string or its own limit; the figures hold shorter outputs than planned)"]
 
 
 def _server_gap_warning(cell: Cell, ok: Sequence[RequestMetrics], gap: list[float],
