@@ -23,6 +23,7 @@ from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu
 from bench.cli.history import history, require_store
 from bench.cli.proxy import proxy
 from bench.cli.report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
+from bench.cli.serve import serve
 from bench.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -396,7 +397,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab, report, capacity, history, proxy):
+for _cmd in (gate, compare, ab, report, capacity, history, proxy, serve):
     cli.add_command(_cmd)
 cli.add_command(_cli_check.check)
 cli.add_command(_cli_check.record)

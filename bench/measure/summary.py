@@ -91,9 +91,8 @@ def summarize_cell(
     errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
-    asked = [int(r.meta.get("max_tokens") or cell.max_tokens) for r, m in zip(records, ms) if m.ok]
     warnings = _warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
-    warnings += _short_warning(cell, ok, asked)
+    warnings += _short_warning(cell, records, ms)
     warnings += _client_warnings(cell, ms, client_cpu_pct)
     samples = _samples(ok, rates, agg)
     res = CellResult(
@@ -225,10 +224,11 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
     return out
 
 
-def _short_warning(cell: Cell, ok: Sequence[RequestMetrics], asked: Sequence[int]) -> list[str]:
-    """Requests that ended before the output each one asked for (its own ``max_tokens``: a trace's
-    ``output_length``, a dataset's size; else the cell's)."""
-    short = [a for m, a in zip(ok, asked) if m.output_tokens < a]
+def _short_warning(cell: Cell, records: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> list[str]:
+    """Requests that ended before the output each one asked for (its own ``max_tokens`` in the record's meta: a
+    trace's ``output_length``, a dataset's size; else the cell's)."""
+    asked = [int(r.meta.get("max_tokens") or cell.max_tokens) for r, m in zip(records, ms) if m.ok]
+    short = [a for m, a in zip((m for m in ms if m.ok), asked) if m.output_tokens < a]
     if not short:
         return []
     limit = f"max_tokens={asked[0]}" if len(set(asked)) == 1 else "the max_tokens each asked for"
