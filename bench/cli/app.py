@@ -214,7 +214,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
       bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
-    from bench.results import prepare_folder
+    from bench.results import discard_when_failed, prepare_folder
     from bench.session.endpoint import default_out_dir
 
     if ray_address and workers == "auto":
@@ -234,20 +234,21 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     if ls is not None and resume:
         raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
                           "and cannot be continued: run it again with --overwrite (or another --out)")
-    previous = prepare_folder(out, overwrite=overwrite, resume=resume)
-    require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
-    if ls is not None:  # open loop (rate, trace, sessions): bench.load
-        no_gpu_in_open_loop(gpu_kw)
-        if not isinstance(workers, int):
-            raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
-        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
-                                  progress_every=progress_every), out, as_json,
-                    make_report, history_db)
-        return
-    prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
-    results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
-                           workers=workers, resume=previous, ray_address=ray_address)
-    _finish_run(results, out, as_json, make_report, history_db)
+    with discard_when_failed(out):  # a run that fails before writing anything leaves no empty folder
+        previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+        require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
+        if ls is not None:  # open loop (rate, trace, sessions): bench.load
+            no_gpu_in_open_loop(gpu_kw)
+            if not isinstance(workers, int):
+                raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
+            _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
+                                      progress_every=progress_every), out, as_json,
+                        make_report, history_db)
+            return
+        prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
+        results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
+                               workers=workers, resume=previous, ray_address=ray_address)
+        _finish_run(results, out, as_json, make_report, history_db)
 
 
 def _closed_loop(url: str | None, prof: Profile, settings: ClientSettings, out: Path, as_json: bool,
@@ -334,7 +335,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
 
 
 def _print_results(results: Results, out: Path, as_json: bool, report_path: Path | None = None) -> None:
-    from bench.report.console import results_table, stderr, stdout
+    from bench.report.console import results_note, results_table, stderr, stdout
     from bench.report.export import headline
     from bench.results import to_json
 
@@ -342,6 +343,9 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
         click.echo(to_json(results), nl=False)
         return
     stdout.print(results_table(results, width=stdout.width))
+    note = results_note(results)
+    if note:
+        stdout.print(note, highlight=False, markup=False)
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
     for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces

@@ -211,7 +211,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.report.progress import observed
-    from bench.results import to_json, write_atomic
+    from bench.results import discard_when_failed, to_json, write_atomic
     from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
@@ -228,7 +228,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     observer, log = _observer(len(prof.cells()), quiet=as_json)
     parallel, ctx = engine_size(prof)
     deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
+    with discard_when_failed(out), endpoint(url, parallel=parallel, ctx_size=ctx) as base, \
+            gpu_sampler(gpu_kw, base, settings) as gpu:
         outcome = asyncio.run(observed(observer, run_gate(
             base, prof, settings, baseline, rules, model=model, out_dir=out, force=force,
             budget_waves=budget["budget_waves"], max_waves=budget["max_waves"], deadline=deadline, observer=observer,
@@ -336,7 +337,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     from bench.report.console import stderr
     from bench.report.export import VIEWS
     from bench.report.progress import observed
-    from bench.results import write_atomic
+    from bench.results import discard_when_failed, write_atomic
 
     t0 = time.monotonic()
     prof = _load_profile(profile_name)
@@ -349,9 +350,10 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     if max_time is not None or max_waves is not None:
         rounds = ABRounds(rules, t0 + max_time - SUMMARY_RESERVE_S if max_time else None, max_waves)
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)
-    ra, rb = asyncio.run(observed(observer, run_ab(base_a, base_b, prof, settings, model_a=model,
-                                                   model_b=model_b or model, observer=observer, out_a=out_a,
-                                                   out_b=out_b, views=VIEWS, rounds=rounds)))
+    with discard_when_failed(out_dir or "."):
+        ra, rb = asyncio.run(observed(observer, run_ab(base_a, base_b, prof, settings, model_a=model,
+                                                       model_b=model_b or model, observer=observer, out_a=out_a,
+                                                       out_b=out_b, views=VIEWS, rounds=rounds)))
     _warn(check_comparable(ra, rb, force=True), prefix="note: ")
     verdicts = _print_ab(ra, rb, rules, base_a, base_b, rounds)
     if out_dir:

@@ -128,6 +128,8 @@ class Profile:
         mode: ``"concurrency"`` (waves of N streams: the sweeps) or an open-loop mode, ``"rate"`` / ``"trace"``
             (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs). In concurrency
             mode only its ``slo`` is read: each cell's goodput and SLOs (:attr:`slo`).
+        overrides: the command-line flags that changed the cells (``--streams``, ``--depths``...), named in the
+            results' header so that it does not claim the profile's cells; not a TOML key.
     """
 
     name: str = "custom"
@@ -151,6 +153,7 @@ class Profile:
     mode: str = "concurrency"
     load: tuple[tuple[str, Any], ...] = ()
     source: str = ""
+    overrides: tuple[str, ...] = ()
 
     def cells(self) -> list[Cell]:
         """All cells in run order (sweep by sweep; depth, then streams, then prompt); duplicates dropped."""
@@ -190,6 +193,9 @@ class Profile:
         """A copy with command-line overrides; ``depths``/``streams``/``prompts``/``max_tokens`` apply to every
         sweep. Raises ConfigError on a bad value."""
         sweeps = self.sweeps
+        flags = {"depths": "--depths", "streams": "--streams", "prompts": "--prompt", "max_tokens": "--max-tokens",
+                 "requests": "--repeats"}
+        given = tuple(f for k, f in flags.items() if kw.get(k) is not None)
         sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts") if kw.get(k) is not None}
         for k in list(kw):
             if kw[k] is None:
@@ -201,7 +207,7 @@ class Profile:
             sweeps = tuple(replace(sw, **sweep_kw) for sw in sweeps)
         if "max_tokens" in kw:
             sweeps = tuple(replace(sw, max_tokens=None) for sw in sweeps)
-        p = replace(self, sweeps=sweeps, **kw)
+        p = replace(self, sweeps=sweeps, overrides=tuple(dict.fromkeys(self.overrides + given)), **kw)
         _validate_numbers(p, "override")
         return p
 
@@ -209,6 +215,7 @@ class Profile:
 _TOP = {f.name: f for f in fields(Profile)} | {"sweep": None}
 _TOP.pop("sweeps")
 _TOP.pop("source")
+_TOP.pop("overrides")
 _SWEEP = {f.name for f in fields(Sweep)}
 
 

@@ -38,6 +38,7 @@ from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
+from bench.report.tables import num
 from bench.results import cell_from_dict
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
@@ -461,14 +462,19 @@ def describe_point(s: dict[str, Any]) -> list[str]:
                 f"cached {t['cached_tokens_p50']} ({t['cached_share']}), TTFT p50 {t['ttft_ms_p50']} ms"
                 for t in s["turns"]]
     sc, c, w = s["schedule"], s["counts"], s["window"]
-    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {sc['planned_rps']} req/s, achieved "
-             f"{sc['achieved_rps']} req/s; send lag p50/p99/max {sc['send_lag_ms']['p50']} / "
-             f"{sc['send_lag_ms']['p99']} / {sc['send_lag_ms']['max']} ms",
-             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {w['from_s']}-{w['to_s']} s "
-             f"({w['requests']} requests), steady: {'yes' if s['steady'] else 'no (saturated)'}"]
+    lag = sc["send_lag_ms"]
+    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {num(sc['planned_rps'])} req/s, achieved "
+             f"{num(sc['achieved_rps'])} req/s; send lag p50/p99/max {num(lag['p50'])} / {num(lag['p99'])} / "
+             f"{num(lag['max'])} ms",
+             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {num(w['from_s'], 1)}-"
+             f"{num(w['to_s'], 1)} s ({w['requests']} of {c['planned']} requests), steady: "
+             f"{'yes' if s['steady'] else 'no (saturated)'}"]
     if "goodput" in s:
         g = s["goodput"]
-        lines.append(f"  goodput {g['rps']} req/s, {g['tok_s']} tok/s, SLO met by {g['met_fraction']} of requests")
+        met = g["met_fraction"]
+        lines.append(f"  goodput {num(g['rps'])} req/s, {num(g['tok_s'])} tok/s; SLO met by "
+                     f"{'-' if met is None else f'{100 * met:.1f} %'} of requests")
         for k, v in s["slo"].items():
-            lines.append(f"  {k}: {v['value']} ms (limit {v['limit_ms']:g}) {'held' if v['held'] else 'MISSED'}")
+            lines.append(f"  {k}: {num(v['value'])} ms (limit {num(v['limit_ms'])} ms) "
+                         f"{'held' if v['held'] else 'MISSED'}")
     return lines

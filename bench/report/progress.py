@@ -17,9 +17,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from bench.client import StreamTap
 from bench.config.profile import Cell
+from bench.measure.metrics import request_metrics
+from bench.measure.slo import SLO, meets
+from bench.report.tables import num
 from bench.results import CellResult
 
-__all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
+__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
            "observed"]
 
 PROGRESS_EVERY_S = 30.0
@@ -254,3 +257,54 @@ async def observed(observer: QuietObserver, work: Awaitable[T], every_s: float =
             return await work
         finally:
             ticker.cancel()
+
+
+class CapacityProgress:
+    """The progress of ``bench capacity``: live counters of the point in flight (``run_plan`` updates ``sent``,
+    ``done``, ``ok``; :meth:`on_done` scores each record against the SLO), printed on ``stream``: one rewritten line
+    on a terminal, a plain line every ``plain_every_s`` otherwise, and a line as each point ends."""
+
+    def __init__(self, stream: TextIO | None, slo: SLO, *, tty: bool, plain_every_s: float = 5.0) -> None:
+        self.stream, self.slo, self.tty, self.every = stream, slo, tty, plain_every_s
+        self.sent = self.done = self.ok = self.met = 0
+        self.label, self.point_no, self.t_start, self.t_end = "", 0, 0.0, 0.0
+        self.cap: int | None = None
+        self._last = 0.0
+
+    def begin(self, label: str, span_s: float, cap: int | None = None) -> None:
+        self.cap = cap
+        self.sent = self.done = self.ok = self.met = 0
+        self.point_no += 1
+        self.label, self.t_start = label, time.monotonic()
+        self.t_end = self.t_start + span_s
+
+    def on_done(self, rec: Any) -> None:
+        self.met += meets(rec, request_metrics(rec), self.slo)
+
+    def line(self) -> str:
+        left = max(0.0, self.t_end - time.monotonic())
+        att = f"{100.0 * self.met / self.done:.0f} %" if self.done else "-"
+        busy = self.sent - self.done if self.cap is None else min(self.cap, self.sent - self.done)
+        return (f"point {self.point_no} {self.label}: in flight {busy}, sent {self.sent}, done "
+                f"{self.done}, SLO met so far {att}, schedule left {left:.0f} s")
+
+    def tick(self) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line())
+        elif now - self._last >= self.every:
+            self.stream.write(self.line() + "\n")
+            self._last = now
+        self.stream.flush()
+
+    def end(self, summary: dict[str, Any]) -> None:
+        if self.stream is None:
+            return
+        verdict = "met" if summary.get("slo_met") else "missed"
+        sched = summary.get("schedule", {})
+        steady = "steady" if summary.get("steady") else "not steady (saturated)"
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + f"point {self.point_no} {self.label}: SLO {verdict}, "
+                          f"achieved {num(sched.get('achieved_rps'))} req/s, {steady}\n")
+        self.stream.flush()

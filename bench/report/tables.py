@@ -10,31 +10,43 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-from bench.report.export import table_rows
+from bench.report.export import markers_note, table_rows
 from bench.results import Results
 
-__all__ = ["MARKERS", "markers_note", "curve_rows", "html_table", "cells_html", "points_html"]
-
-MARKERS = {
-    "*": "fewer samples than the percentile needs (read it as a bound, not a figure)",
-    "!": "the fixed overhead is over 30 % of TTFT (prompt tok/s understated; see the corrected figure)",
-    "~": "the decode CI is wider than the profile's target_ci (the cell's noise: waves that would meet it)",
-}
-"""The markers of the per-cell table and what each means (printed under every table that shows one)."""
-
-
-def markers_note(rows: Sequence[Sequence[str]]) -> str:
-    """One line explaining the markers that appear in ``rows`` (``""`` when none does)."""
-    used = [m for m in MARKERS if any(_has_marker(v, m) for r in rows for v in r)]
-    return "; ".join(f"{m} {MARKERS[m]}" for m in used)
-
-
-def _has_marker(v: str, m: str) -> bool:
-    return v.endswith(m) or f"{m} (" in v or f" {m} " in v or f"{m}]" in v
-
+__all__ = ["curve_rows", "html_table", "cells_html", "points_html", "num", "capacity_answer"]
 
 def _f(v: Any, digits: int = 1) -> str:
     return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:,.{digits}f}"
+
+
+def num(v: Any, digits: int | None = None) -> str:
+    """A figure as printed: ``-`` when missing; ``digits`` decimals, or by size (3 significant figures, at most
+    2 decimals: 1,234 / 56.8 / 1.98 / 0.05); never a raw float."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    if digits is None:
+        a = abs(v)
+        digits = 0 if a >= 100 or v == int(v) else 1 if a >= 10 else 2
+    return f"{v:,.{digits}f}"
+
+
+def capacity_answer(doc: dict[str, Any]) -> str:
+    """The search's answer in one line: ``capacity (SLO): 12.3 req/s, interval [11.8, 12.9] (confidence 95 %);
+    saturated at 20 req/s`` (a load in requests in flight for ``--by concurrency``)."""
+    rate = doc.get("by", "rate") == "rate"
+    unit = "req/s" if rate else "in flight"
+
+    def load(v: Any) -> str:
+        return "open" if v is None else num(v, 2 if rate else 0)
+
+    b, iv = doc.get("boundary"), doc.get("interval")
+    text = f"capacity ({doc.get('slo')}): " + (f"{load(b)} {unit}" if b is not None else "none found")
+    if isinstance(iv, list | tuple) and len(iv) == 2:
+        text += f", interval [{load(iv[0])}, {load(iv[1])}]"
+    conf = doc.get("confidence")
+    text += " (no stated level)" if conf is None else f" (confidence {conf:.0%})"
+    sat = doc.get("saturated_at")
+    return text + (f"; saturated at {load(sat)} {unit}" if sat is not None else "")
 
 
 def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
@@ -85,14 +97,6 @@ def points_html(name: str, doc: dict[str, Any]) -> str:
     head, rows = curve_rows(doc)
     if not rows:
         return ""
-    b, iv, rate = doc.get("boundary"), doc.get("interval"), doc.get("by", "rate") == "rate"
-
-    def load(v: Any) -> str:
-        return "open" if v is None else _f(v, 2) if rate else _f(v, 0)
-
-    answer = f"capacity ({doc.get('slo')}): {load(b) if b is not None else 'none found'}"
-    if isinstance(iv, list) and len(iv) == 2:
-        answer += f", interval [{load(iv[0])}, {load(iv[1])}]"
-    answer += f" ({'req/s' if rate else 'requests in flight'})"
-    return (f"<h3>{html.escape(name)}: {html.escape(answer)}</h3>" + html_table(head, rows)
+    answer = capacity_answer(doc)
+    return (f"<h3>{html.escape(name)}</h3><p>{html.escape(answer)}</p>" + html_table(head, rows)
             + (f"<p class='muted'>{html.escape(str(doc['note']))}</p>" if doc.get("note") else ""))
