@@ -90,8 +90,8 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     """Send one streaming request and print its measurement.
 
     Prints TTFT, time to first content, decode tok/s, ITL, TPOT, E2E, token counts and prefill tok/s of a single
-    request. Exits 0 on success, 4 if the URL is unreachable, 5 if the request failed (the record is still
-    printed).
+    request. Exits 0 on success, 3 if the base URL has no OpenAI API (404), 4 if the URL is unreachable (or
+    https:// meets a server without TLS), 5 if the request failed (the record is still printed).
     """
     from bench.client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from bench.measure.metrics import request_metrics
