@@ -8,7 +8,8 @@ The face of the library (the CLI is built on it), loaded lazily: ``import bench`
   ``--rate``, ``--trace``, ``--sessions``), :func:`run_capacity` (the capacity search),
   :func:`run_gate` and :func:`run_ab`;
 * one request: :func:`stream_request` -> :class:`RequestRecord` -> :func:`request_metrics`;
-* documents: :func:`load_results` -> :class:`Results` (``results.json``, validated), :func:`read_records`.
+* documents: :func:`load_results` -> :class:`Results` (``results.json``, validated), :func:`load_capacity` ->
+  :class:`Capacity`, :func:`load_gate` -> :class:`Gate`, :func:`read_records`.
 
 Example (docs/architecture.md, run as a test)::
 
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
     from bench.errors import BenchError, ConfigError, EndpointUnreachable, ServerError
     from bench.measure.metrics import RequestMetrics, request_metrics
     from bench.records import Event, RecordWriter, RequestRecord, read_records
-    from bench.results import CellResult, Results, load_results
+    from bench.results import Capacity, CellResult, Gate, Results, load_capacity, load_gate, load_results
 
 _WHERE = {
     "BenchError": "bench.errors", "ConfigError": "bench.errors", "EndpointUnreachable": "bench.errors",
@@ -55,18 +56,21 @@ _WHERE = {
     "read_records": "bench.records",
     "RequestMetrics": "bench.measure.metrics", "request_metrics": "bench.measure.metrics",
     "CellResult": "bench.results", "Results": "bench.results", "load_results": "bench.results",
+    "Capacity": "bench.results", "Gate": "bench.results", "load_capacity": "bench.results", "load_gate": "bench.results",
     "run_ab": "bench.driver", "run_gate": "bench.driver", "run_profile": "bench.driver",
     "run_load": "bench.driver", "run_capacity": "bench.driver",
 }
 
 __all__ = [
     "BenchError",
+    "Capacity",
     "Cell",
     "CellResult",
     "ClientSettings",
     "ConfigError",
     "EndpointUnreachable",
     "Event",
+    "Gate",
     "LoadSettings",
     "Profile",
     "RecordWriter",
@@ -77,6 +81,8 @@ __all__ = [
     "ServerError",
     "__version__",
     "discover_model",
+    "load_capacity",
+    "load_gate",
     "load_profile",
     "load_results",
     "make_http_client",

@@ -74,7 +74,6 @@ __all__ = [
     "classify",
     "min_detectable_pct",
     "waves_needed",
-    "planned_resolution",
     "POWER",
     "overall_exit",
     "check_comparable",
@@ -637,16 +636,3 @@ def uncovered_cells(baseline: Results, candidate: Results) -> list[str]:
     """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
     have = {c.id for c in baseline.cells}
     return [c.id for c in candidate.cells if c.id not in have]
-
-
-def planned_resolution(baseline: Results, rules: Sequence[Rule], *, level: float = 0.95,
-                       seed: int = 0, resamples: int = 2000) -> list[dict[str, Any]]:
-    """Before measuring: the MDE each rule will have if the candidate is as noisy as the baseline, with as many
-    samples. Each rule and baseline cell is compared with itself (two independent bootstrap resamples of the same
-    samples, so the interval holds both sides' noise); returns one dict per rule and cell: ``name``, ``cell``,
-    ``max_change_pct``, ``min_detectable_pct``, ``resolution_ok``, ``waves``, ``waves_needed`` (as in
-    :meth:`Verdict.to_dict`), and ``note`` when there are too few samples.
-    """
-    vs = compare(baseline, baseline, rules, level=level, seed=seed, resamples=resamples)
-    keys = ("name", "cell", "max_change_pct", "min_detectable_pct", "resolution_ok", "waves", "waves_needed", "note")
-    return [{k: v.to_dict()[k] for k in keys} for v in vs]

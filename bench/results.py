@@ -1,7 +1,9 @@
 """The results document (``results.json``): typed classes, one loader that validates, one atomic writer.
 
 ``results.json`` is the source of truth of a run; CSV, Markdown, plots, reports and the gate are views of it. Its
-fields are the dataclasses below; docs/results.md lists them and ``tests/test_results.py`` fails when the two drift.
+fields are the dataclasses below; docs/results.md lists them and ``tests/test_structure.py`` fails when the two
+drift. ``capacity.json`` (:class:`Capacity`) and ``gate.json`` / ``ab.json`` (:class:`Gate`) are typed the same way,
+written by the same atomic writer and loaded by the same validation (:func:`load_capacity`, :func:`load_gate`).
 
     Results
     ├── profile: ProfileInfo      name, source, every Profile setting
@@ -36,8 +38,9 @@ from bench.redaction import redact
 
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
-    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "discard_when_failed", "RUN_FILES",
-    "cell_from_dict",
+    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
+    "discard_when_failed", "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict",
+    "capacity_from_dict", "gate_from_dict", "load_capacity", "load_gate", "save_capacity", "save_gate", "gate_json",
 ]
 
 SCHEMA_VERSION = 1
@@ -328,21 +331,198 @@ def load_results(path: str | os.PathLike[str]) -> Results:
         ConfigError: the file is missing, unreadable, not UTF-8 JSON, or not a valid results document.
     """
     p = Path(path)
+    data = _read_json(p, "results")
+    return results_from_dict(data, f"results file {p}")
+
+
+# --- capacity.json and gate.json (ab.json) -------------------------------------------------------------------------
+
+
+@dataclass
+class CapacityPoint:
+    """One trial of the capacity search (docs/results.md, "capacity.json"); ``dir`` holds its records and
+    ``point.json`` (the point's full cell summary)."""
+
+    load: float
+    trial: int = 0
+    phase: str = ""
+    id: str | None = None
+    slo_met: bool | None = None
+    steady: bool | None = None
+    rate: float | None = None
+    slo_model: dict[str, Any] | None = None
+    saturated: bool = False
+    goodput: dict[str, Any] | None = None
+    slo: dict[str, Any] | None = None
+    achieved_rps: float | None = None
+    completed_rps: float | None = None
+    ttft_p90_ms: float | None = None
+    tpot_p50_ms: float | None = None
+    per_user_tok_s: float | None = None
+    aggregate_tok_s: float | None = None
+    send_lag_p99_ms: float | None = None
+    dir: str | None = None
+
+
+@dataclass
+class Capacity:
+    """``capacity.json``: the search's answer (boundary, interval, level), how it was found, and every point."""
+
+    by: str
+    points: list[CapacityPoint] = field(default_factory=list)
+    definition: str = ""
+    boundary: float | None = None
+    interval: list[float | None] | None = None
+    safe: float | None = None
+    confidence: float | None = None
+    saturated_at: float | None = None
+    method: dict[str, Any] | None = None
+    note: str | None = None
+    time_budget_s: float | None = None
+    elapsed_s: float | None = None
+    interrupted: bool = False
+    slo: str | None = None
+    load: dict[str, Any] | None = None
+    endpoint: dict[str, Any] | None = None
+    server: dict[str, Any] | None = None
+    run_id: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form, every key kept (None included: a search with no boundary says so)."""
+        d = dataclasses.asdict(self)
+        d["points"] = [dataclasses.asdict(p) for p in self.points]
+        return d
+
+
+@dataclass
+class GateVerdict:
+    """One rule in one cell (:meth:`bench.gate.Verdict.to_dict`; docs/gate.md defines each)."""
+
+    name: str
+    metric: str
+    stat: str
+    cell: str
+    verdict: str
+    rule_cell: str | None = None
+    rule_index: int | None = None
+    max_change_pct: float | None = None
+    limit: float | None = None
+    higher_better: bool | None = None
+    baseline: float | None = None
+    candidate: float | None = None
+    ratio: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    level: float | None = None
+    n_baseline: int | None = None
+    n_candidate: int | None = None
+    note: str = ""
+    min_detectable_pct: float | None = None
+    planned_mde_pct: float | None = None
+    resolution_ok: bool | None = None
+    waves: dict[str, Any] | None = None
+    waves_needed: int | None = None
+    look: int | None = None
+
+
+@dataclass
+class Gate:
+    """``gate.json`` of ``bench gate`` (``baseline``, the sequential keys) and ``ab.json`` of ``bench ab`` (``a``,
+    ``b``): the exit code, the rules as ``[[gate]]`` tables, and one verdict per rule and cell."""
+
+    exit: int
+    rules: list[dict[str, Any]] = field(default_factory=list)
+    verdicts: list[GateVerdict] = field(default_factory=list)
+    baseline: str | None = None
+    a: str | None = None
+    b: str | None = None
+    extra_waves: int | None = None
+    max_time_s: float | None = None
+    elapsed_s: float | None = None
+    budget_ran_out: bool | None = None
+    alpha: float | None = None
+    instance_spread_pct: float | None = None
+    plan: list[dict[str, Any]] | None = None
+    schedules: dict[str, list[int]] | None = None
+    looks: dict[str, list[int]] | None = None
+    seconds_per_wave: dict[str, Any] | None = None
+    gpu_notes: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: exit first, optional sections left out when None, rules and verdicts last."""
+        d = {k: v for k, v in _to_dict(self).items() if k not in ("rules", "verdicts")}
+        return {**d, "rules": list(self.rules), "verdicts": [dataclasses.asdict(v) for v in self.verdicts]}
+
+
+def capacity_from_dict(data: Any, where: str = "capacity") -> Capacity:
+    """Validate a parsed ``capacity.json`` (ConfigError naming the bad key path, e.g. ``capacity.points[3].load``)."""
+    if not isinstance(data, dict) or "points" not in data or "by" not in data:
+        raise ConfigError(f"{where}: not a bench capacity file (no 'by' and 'points')")
+    if not isinstance(data["points"], list):
+        raise ConfigError(f"{where}.points: a list of points is expected")
+    top: Capacity = _build(Capacity, {k: v for k, v in data.items() if k != "points"}, where)
+    top.points = [_build(CapacityPoint, p, f"{where}.points[{i}]") for i, p in enumerate(data["points"])]
+    return top
+
+
+def gate_from_dict(data: Any, where: str = "gate") -> Gate:
+    """Validate a parsed ``gate.json`` / ``ab.json`` (ConfigError naming the bad key path)."""
+    if not isinstance(data, dict) or "verdicts" not in data or "exit" not in data:
+        raise ConfigError(f"{where}: not a bench gate file (no 'exit' and 'verdicts')")
+    if not isinstance(data["verdicts"], list):
+        raise ConfigError(f"{where}.verdicts: a list of verdicts is expected")
+    top: Gate = _build(Gate, {k: v for k, v in data.items() if k != "verdicts"}, where)
+    top.verdicts = [_build(GateVerdict, v, f"{where}.verdicts[{i}]") for i, v in enumerate(data["verdicts"])]
+    return top
+
+
+def _read_json(p: Path, what: str) -> Any:
     try:
         text = p.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"results file {p}: not found") from None
+        raise ConfigError(f"{what} file {p}: not found") from None
     except IsADirectoryError:
-        raise ConfigError(f"results file {p}: is a folder (give its results.json)") from None
+        raise ConfigError(f"{what} file {p}: is a folder (give its {what}.json)") from None
     except UnicodeDecodeError:
-        raise ConfigError(f"results file {p}: not UTF-8 text") from None
+        raise ConfigError(f"{what} file {p}: not UTF-8 text") from None
     except OSError as e:
-        raise ConfigError(f"results file {p}: cannot read it ({e.strerror or e})") from None
+        raise ConfigError(f"{what} file {p}: cannot read it ({e.strerror or e})") from None
     try:
-        data = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise ConfigError(f"results file {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
-    return results_from_dict(data, f"results file {p}")
+        raise ConfigError(f"{what} file {p}: not valid JSON ({e.msg} at line {e.lineno})") from None
+
+
+def load_capacity(path: str | os.PathLike[str]) -> Capacity:
+    """Read and validate a ``capacity.json`` (a folder means its capacity.json). Raises ConfigError."""
+    p = Path(path)
+    p = p / "capacity.json" if p.is_dir() else p
+    return capacity_from_dict(_read_json(p, "capacity"), f"capacity file {p}")
+
+
+def load_gate(path: str | os.PathLike[str]) -> Gate:
+    """Read and validate a ``gate.json`` or ``ab.json``. Raises ConfigError."""
+    p = Path(path)
+    return gate_from_dict(_read_json(p, "gate"), f"gate file {p}")
+
+
+def save_capacity(doc: Capacity | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``capacity.json`` atomically, its types checked first (a dict is validated, its keys all kept)."""
+    d = doc.to_dict() if isinstance(doc, Capacity) else dict(doc)
+    capacity_from_dict(d, "capacity.json being written")
+    return write_atomic(path, json.dumps(d, indent=1, ensure_ascii=False) + "\n")
+
+
+def save_gate(doc: Gate | Mapping[str, Any], path: str | os.PathLike[str]) -> Path:
+    """Write ``gate.json`` / ``ab.json`` atomically, its types checked first (a dict is validated, all keys kept)."""
+    return write_atomic(path, gate_json(doc))
+
+
+def gate_json(doc: Gate | Mapping[str, Any]) -> str:
+    """The gate document as written (and printed by ``bench gate --json``), validated."""
+    d = doc.to_dict() if isinstance(doc, Gate) else dict(doc)
+    gate_from_dict(d, "gate document being written")
+    return redact(json.dumps(d, indent=1, ensure_ascii=False)) + "\n"
 
 
 # --- writing -------------------------------------------------------------------------------------------------------

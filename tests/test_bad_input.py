@@ -45,6 +45,10 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
                  "cells": [{"id": "c", "waves": "three"}]}
     (tmp / "types.json").write_text(json.dumps(bad_types))
     (tmp / "notjson.json").write_text("{")
+    (tmp / "cap").mkdir()
+    (tmp / "cap" / "capacity.json").write_text(json.dumps({"by": "rate", "points": [{"load": "fast"}]}))
+    (tmp / "gate.json").write_text(json.dumps({"exit": 0, "verdicts": [{"name": "n", "metric": "m", "stat": "s",
+                                                                       "cell": "c", "verdict": "v", "lo": [1]}]}))
     return [
         (["run", sim_url, "-p", str(tmp / "latin1.toml")], 3, "not UTF-8"),
         (["run", sim_url, "-p", str(tmp / "empty.toml")], 3, "streams is empty"),
@@ -58,6 +62,8 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["compare", str(tmp / "types.json"), str(tmp / "types.json")], 3, "cells[0].waves"),
         (["compare", str(tmp / "notjson.json"), str(tmp / "types.json")], 3, "not valid JSON"),
         (["gate", sim_url, "--baseline", str(tmp / "types.json")], 3, "cells[0].waves"),
+        (["report", str(tmp / "cap" / "capacity.json"), "-o", str(tmp / "r.html")], 3, "points[0].load"),
+        (["report", str(tmp / "gate.json"), "-o", str(tmp / "r.html")], 3, "verdicts[0].lo"),
         (["sim", "--port", "abc"], 3, "--port"),
         (["sim", "--port", "70000"], 3, "port"),
         (["sim", "--no-such-flag"], 3, "unrecognized"),

@@ -11,6 +11,7 @@ TTFT p90 SLO of 300 ms with constant arrivals); above it the queue, hence TTFT, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import sys
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ from bench.load.capacity import SearchSettings
 from bench.load.point import LoadSettings, make_plan
 from bench.load.traces import load_trace
 from bench.records import read_records
+from bench.results import Capacity, CapacityPoint, load_capacity
 from bench.sim import SimConfig
 from bench.sim import truth as T
 
@@ -204,6 +206,10 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
     assert doc["saturated_at"] is not None and doc["saturated_at"] > lo
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["interval"] == doc["interval"] and saved["by"] == "rate"
+    typed = load_capacity(tmp_path)  # the typed loader reads it back, and every key it holds is a documented field
+    assert typed.interval == doc["interval"] and len(typed.points) == len(saved["points"])
+    assert set(saved) <= {f.name for f in dataclasses.fields(Capacity)}, set(saved)
+    assert all(set(p) <= {f.name for f in dataclasses.fields(CapacityPoint)} for p in saved["points"])
     for p in saved["points"]:
         assert set(p["goodput"]) == {"rps", "tok_s", "met_fraction"}
         assert (Path(p["dir"]) / "records.jsonl").is_file() and (Path(p["dir"]) / "point.json").is_file()

@@ -66,9 +66,9 @@ def full_report(run_dir: Path) -> Path:
                                                  "saturated_at": None, "points": [
         {"load": x, "slo_met": x <= 4, "goodput": {"rps": min(x, 4.0), "tok_s": 10 * x}} for x in (1, 2, 4, 8)]}))
     gate = {"exit": 1, "verdicts": [
-        {"name": "decode_tok_s p50", "metric": "decode_tok_s", "cell": "d0-s1-prose", "verdict": "regression",
+        {"name": "decode_tok_s p50", "metric": "decode_tok_s", "stat": "median", "cell": "d0-s1-prose", "verdict": "regression",
          "baseline": 200.0, "candidate": 180.0, "ratio": 0.9, "lo": 0.87, "hi": 0.93, "level": 0.95, "note": ""},
-        {"name": "ttft_ms p50", "metric": "ttft_ms", "cell": "d0-s1-prose", "verdict": "unchanged",
+        {"name": "ttft_ms p50", "metric": "ttft_ms", "stat": "median", "cell": "d0-s1-prose", "verdict": "unchanged",
          "baseline": 8.0, "candidate": 8.1, "ratio": 1.01, "lo": 0.97, "hi": 1.05, "level": 0.95, "note": ""}]}
     (b / "gate.json").write_text(json.dumps(gate))
     out = run_dir.parent / "full.html"

@@ -9,7 +9,17 @@ from pathlib import Path
 
 import bench
 from bench.errors import ErrorKind
-from bench.results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
+from bench.results import (
+    Capacity,
+    CapacityPoint,
+    CellResult,
+    EndpointInfo,
+    Gate,
+    GateVerdict,
+    ProfileInfo,
+    Results,
+    RunInfo,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 PKG = ROOT / "bench"
@@ -105,6 +115,19 @@ def test_docs_results_lists_every_field() -> None:
     top = {f.name for f in dataclasses.fields(Results)}
     m = re.search(r"^### top level\n(.*?)(?=^### |\Z)", doc, re.S | re.M)
     assert m and set(re.findall(r"^\| `([a-z_0-9]+)` \|", m.group(1), re.M)) == top
+
+
+def test_docs_results_lists_every_field_of_capacity_and_gate() -> None:
+    """docs/results.md's capacity.json and gate.json tables name every field of their classes, and no other."""
+    doc = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    sections = {"capacity top level": Capacity, "`points[]`": CapacityPoint, "gate top level": Gate,
+                "`verdicts[]`": GateVerdict}
+    for name, cls in sections.items():
+        m = re.search(rf"^### {re.escape(name)}\n(.*?)(?=^##|\Z)", doc, re.S | re.M)
+        assert m, f"docs/results.md has no '### {name}' section"
+        listed = re.findall(r"^\| `([a-z_0-9]+)` \|", m.group(1), re.M)
+        fields = [f.name for f in dataclasses.fields(cls)]
+        assert sorted(listed) == sorted(fields), (name, sorted(set(fields) - set(listed)), sorted(set(listed) - set(fields)))
 
 
 def test_package_face_exports_what_users_import() -> None:

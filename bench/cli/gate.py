@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -70,10 +69,11 @@ def _write_reports(verdicts: Sequence[Verdict], *, title: str, context: dict[str
 
 
 def _gate_json(verdicts: Sequence[Verdict], rules: Sequence[Rule], extra: dict[str, Any]) -> str:
-    """The gate result document (``gate.json``, ``ab.json``, ``bench gate --json``)."""
-    doc = {"exit": overall_exit(verdicts), **extra, "rules": [r.to_dict() for r in rules],
-           "verdicts": [v.to_dict() for v in verdicts]}
-    return json.dumps(doc, indent=1) + "\n"
+    """The gate result document (``gate.json``, ``ab.json``, ``bench gate --json``), typed by bench.results.Gate."""
+    from bench.results import gate_json
+
+    return gate_json({"exit": overall_exit(verdicts), **extra, "rules": [r.to_dict() for r in rules],
+                      "verdicts": [v.to_dict() for v in verdicts]})
 
 
 def _observer(cells: int, quiet: bool = False) -> tuple[Any, Callable[[str], None]]:

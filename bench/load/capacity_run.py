@@ -18,7 +18,7 @@ from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, run_point
 from bench.records import RecordWriter
 from bench.report.progress import CapacityProgress as Progress
-from bench.results import write_atomic
+from bench.results import save_capacity, write_atomic
 
 if TYPE_CHECKING:
     from bench.session.endpoint import Session
@@ -99,10 +99,10 @@ def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
     doc: dict[str, Any] = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [], "interrupted": True,
            "note": "interrupted before the first point (while the endpoint was being set up)",
            "slo": ls.slo, "load": load_dict(ls)}
-    write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")
+    save_capacity(doc, out_dir / "capacity.json")
 
 
 def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Session, out_dir: Path) -> None:
     doc.update({"slo": slo.text, "load": load_dict(ls), "endpoint": {"url": session.base, "model": session.model},
                 "server": session.server, "run_id": session.run_id})
-    write_atomic(out_dir / "capacity.json", json.dumps(doc, indent=1) + "\n")  # atomic, secrets redacted
+    save_capacity(doc, out_dir / "capacity.json")  # types checked, atomic, secrets redacted

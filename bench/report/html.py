@@ -31,7 +31,7 @@ from bench.report.figures import (
 )
 from bench.report.gpu import gpu_figure, gpu_table
 from bench.report.tables import cells_html, points_html
-from bench.results import results_from_dict, write_atomic
+from bench.results import capacity_from_dict, gate_from_dict, load_capacity, load_gate, results_from_dict, write_atomic
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
 
@@ -58,9 +58,8 @@ def _source(path: Path, doc: dict[str, Any], name: str) -> Source:
     if rp.exists():
         recs = [r for r in read_records(rp) if r.meta.get("phase") == "measure"]
     cap = path.parent / "capacity.json"
-    capacity = _read_json(cap) if cap.exists() and cap != path else None
-    return Source(name, doc, recs, [request_metrics(r) for r in recs],
-                  capacity if isinstance(capacity, dict) else None)
+    capacity = load_capacity(cap).to_dict() if cap.exists() and cap != path else None  # validated, typed
+    return Source(name, doc, recs, [request_metrics(r) for r in recs], capacity)
 
 
 def _names(paths: Sequence[Path]) -> list[str]:
@@ -111,16 +110,15 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], 
         sources.append(_source(f, d, name))
         g = f.parent / "gate.json"
         if g.exists() and all(g != x for x in files):
-            gd = _read_json(g)
-            if isinstance(gd, dict) and "verdicts" in gd:
-                gates.append((f"{name}/gate.json", gd))
+            gates.append((f"{name}/gate.json", load_gate(g).to_dict()))
     for f, d in docs:
         if isinstance(d, dict) and "verdicts" in d:
-            gates.append((f.name, d))
+            gates.append((f.name, gate_from_dict(d, f"gate file {f}").to_dict()))
         elif isinstance(d, dict) and "points" in d:
+            cap = capacity_from_dict(d, f"capacity file {f}").to_dict()
             if not sources:
-                sources.append(Source(f.parent.name or f.stem, _capacity_results(d)))
-            sources[-1].capacity = d
+                sources.append(Source(f.parent.name or f.stem, _capacity_results(cap)))
+            sources[-1].capacity = cap
         elif not (isinstance(d, dict) and "cells" in d):
             raise ConfigError(f"{f}: not a bench results, capacity or gate file (no 'cells', 'points' or 'verdicts')")
     if not sources and not gates:

@@ -1,0 +1,27 @@
+"""Every command's --help answers: exit 0, no traceback (`bench sim --help` once died on a '%' in a help text)."""
+
+from __future__ import annotations
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from bench.cli.app import cli
+
+
+def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out = []
+    for name, cmd in sorted(group.commands.items()):
+        out.append((*prefix, name))
+        if isinstance(cmd, click.Group):
+            out += _commands(cmd, (*prefix, name))
+    return out
+
+
+@pytest.mark.parametrize("path", _commands(cli), ids=" ".join)
+def test_help_of_every_command(path: tuple[str, ...]) -> None:
+    res = CliRunner().invoke(cli, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
+    text = res.output
+    assert res.exit_code == 0, (res.exit_code, text[-2000:], res.exception)
+    assert "Traceback" not in text
+    assert "Usage" in text or "usage" in text
