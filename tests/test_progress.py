@@ -110,3 +110,20 @@ def test_gate_json_keeps_stdout_for_the_document(sim, baseline):
                        timeout=120)
     assert r.returncode in (0, 1, 2), r.stderr
     assert json.loads(r.stdout)["verdicts"]  # no progress line mixed into the JSON
+
+
+def test_one_progress_is_chosen_for_every_command():
+    import io
+
+    from rich.console import Console
+
+    from bench.report.progress import PlainObserver, QuietObserver, RichObserver, make_observer
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Console(file=Tty(), force_terminal=True)
+    assert type(make_observer(1, term, stream=Tty())) is RichObserver  # a terminal: live
+    assert type(make_observer(1, term, stream=io.StringIO())) is PlainObserver  # a log: plain lines
+    assert type(make_observer(1, term, quiet=True, stream=io.StringIO())) is QuietObserver  # --json
