@@ -153,13 +153,14 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
                               profile, model=model, out_dir=out_dir, observer=observer, workers=workers, pool=pool,
                               annotators=annotators, ray_address=ray_address, gpu=gpu)
         cells: list[CellResult] = []
+        sweep = Sweep(session)
         try:
             done = _resumable(resume, session)
             for cell in profile.cells():
                 if cell.id in done:
                     cells.append(done[cell.id])
                     continue
-                run = await Sweep(session).run_cell(cell)
+                run = await sweep.run_cell(cell)
                 assert run.summary is not None
                 cells.append(run.summary)
                 out.progress(session.results(cells))
@@ -192,7 +193,8 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
     ls.check()
     if ray_address is not None and ls.mode == "sessions":
         raise ConfigError("--ray is not available with --sessions: the conversations run in this process")
-    planned = len(make_plan(ls, profile.max_tokens)) if ls.mode != "sessions" else ls.users * ls.turns
+    plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else None  # made once, sent as made
+    planned = len(plan) if plan is not None else ls.users * ls.turns
     from bench.report.export import VIEWS
 
     out = RunOutput(out_dir, VIEWS if views is None else views)
@@ -201,7 +203,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
                               settings, profile, model=model, out_dir=out_dir, observer=observer, workers=workers,
                               ray_address=ray_address)
         try:
-            summary = await measure_load(session, ls)
+            summary = await measure_load(session, ls, plan)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)
             results.load = load_dict(ls)
             out.final(results)
@@ -313,6 +315,10 @@ class _GateState:
     schedules: dict[str, list[int]] = field(default_factory=dict)
     looks: dict[str, list[int]] = field(default_factory=dict)
     planned: dict[str, float | None] = field(default_factory=dict)
+    sweep: Sweep = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.sweep = Sweep(self.session)
 
     def cells(self) -> list[CellResult]:
         return [r.summary for r in self.runs.values() if r.summary is not None]
@@ -386,7 +392,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int |
     cells = {c.id: c for c in profile.cells()}
     for cell in cells.values():  # the plan's wave: a warm-up and one measured wave per cell, timed
         t0 = time.monotonic()
-        st.runs[cell.id] = run = await Sweep(session).run_cell(cell, waves=1)
+        st.runs[cell.id] = run = await st.sweep.run_cell(cell, waves=1)
         st.wave_s[cell.id] = max(run.wall_s, 1e-3)
         st.warm_s[cell.id] = max(time.monotonic() - t0 - run.wall_s, 0.0)
         out.progress(st.results())
@@ -422,7 +428,7 @@ def _make_plan(st: _GateState, budget: tuple[int | None, int | None], say: Calla
     budget_waves, max_waves = budget
     if budget_waves is None and st.deadline is None and max_waves is None:
         budget_waves = profile.gate_budget_waves  # no budget given: the profile's extra waves
-    first = {cid: Sweep(st.session).planned_waves(run.cell) for cid, run in st.runs.items()}
+    first = {cid: st.sweep.planned_waves(run.cell) for cid, run in st.runs.items()}
     gated = _gated_cells(st)
     costs = {cid: (st.wave_s[cid], st.warm_s[cid]) for cid in first}
     reserve = 1.0 + 2.0 * max(st.warm_s.values(), default=0.0)  # the drift probes at the end
@@ -542,9 +548,9 @@ async def _next_look(st: _GateState, cid: str, cell: Any, say: Callable[[str], N
         if cost * 1.1 > st.left():
             say(f"{cid}: the budget ends before look {len(st.looks[cid]) + 1} ({k} more waves, ~{cost:.0f} s)")
             return False
-        run.extend(await Sweep(st.session).run_cell(cell, waves=k, first_wave=len(run.waves)))
-        Sweep(st.session).summarize(run)
-        planned = Sweep(st.session).planned_waves(cell)
+        run.extend(await st.sweep.run_cell(cell, waves=k, first_wave=len(run.waves)))
+        st.sweep.summarize(run)
+        planned = st.sweep.planned_waves(cell)
         st.extra[cid] = max(0, len(run.waves) - planned)
         if not st.extra[cid]:
             del st.extra[cid]
@@ -586,22 +592,22 @@ class ABRounds:
         return look_schedule(first, max(top, first))
 
 
-async def _ab_pairs(sa: Session, sb: Session, ra: CellRun, rb: CellRun, start: int, stop: int) -> None:
+async def _ab_pairs(sa: Sweep, sb: Sweep, ra: CellRun, rb: CellRun, start: int, stop: int) -> None:
     """Waves ``start .. stop - 1`` of a cell, A then B each (each side warms up before its wave 0)."""
     for w in range(start, stop):
-        for sess, acc in ((sa, ra), (sb, rb)):
-            acc.extend(await Sweep(sess).run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
+        for sweep, acc in ((sa, ra), (sb, rb)):
+            acc.extend(await sweep.run_cell(ra.cell, waves=1, warmup=(w == 0), first_wave=w))
 
 
-async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None, cells_left: int
+async def _ab_cell(sa: Sweep, sb: Sweep, cell: Any, rounds: ABRounds | None, cells_left: int
                    ) -> tuple[CellResult, CellResult]:
     ra, rb = CellRun(cell), CellRun(cell)
-    first = Sweep(sa).planned_waves(cell)
+    first = sa.planned_waves(cell)
     await _ab_pairs(sa, sb, ra, rb, 0, 1)
     t0 = time.monotonic()
     await _ab_pairs(sa, sb, ra, rb, 1, first)
     if rounds is None:
-        return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
+        return sa.summarize(ra), sb.summarize(rb)
     pair_s = (time.monotonic() - t0) / (first - 1) if first > 1 else max(ra.wall_s + rb.wall_s, 1e-3)
     sched = rounds.schedules[cell.id] = rounds.schedule(first, pair_s, cells_left)
     looks = rounds.looks[cell.id] = []
@@ -612,11 +618,11 @@ async def _ab_cell(sa: Session, sb: Session, cell: Any, rounds: ABRounds | None,
             break
         await _ab_pairs(sa, sb, ra, rb, len(ra.waves), target)
         looks.append(len(ra.waves))
-        a, b = sa.results([Sweep(sa).summarize(ra)]), sb.results([Sweep(sb).summarize(rb)])
+        a, b = sa.session.results([sa.summarize(ra)]), sb.session.results([sb.summarize(rb)])
         vs = sequential_compare(a, b, rounds.rules, rounds.look_map(), seed=rounds.seed)
         if overall_exit(vs) == EXIT_CHECK_FAILED or cell.id not in inconclusive_cells(vs):
             break
-    return Sweep(sa).summarize(ra), Sweep(sb).summarize(rb)
+    return sa.summarize(ra), sb.summarize(rb)
 
 
 async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSettings, *, model_a: str | None = None,
@@ -641,10 +647,11 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
             raise
         ca: list[CellResult] = []
         cb: list[CellResult] = []
+        sweep_a, sweep_b = Sweep(sa), Sweep(sb)
         try:
             cells = profile.cells()
             for i, cell in enumerate(cells):
-                sum_a, sum_b = await _ab_cell(sa, sb, cell, rounds, len(cells) - i)
+                sum_a, sum_b = await _ab_cell(sweep_a, sweep_b, cell, rounds, len(cells) - i)
                 ca.append(sum_a)
                 cb.append(sum_b)
                 oa.progress(sa.results(ca))

@@ -13,6 +13,9 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
   worker processes' CPU is not in it) and the sim's CPU (/proc).
 
 ``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
+``--sims N`` serves from N sim processes listening on one port
+(``bench sim --reuse-port``; the kernel spreads the connections), for rates one sim process cannot serve; the sim
+CPU column is then their sum.
 Results go to
 ``benchmarks/results/schedule_accuracy-<UTC date>-<host>.json`` and ``.md``.
 """
@@ -42,7 +45,26 @@ from bench.config.profile import Profile  # noqa: E402
 from bench.driver import run_load  # noqa: E402
 
 
-def one_rate(sim: SimProcess, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:
+class SimGroup:
+    """``n`` sim processes on one port (SO_REUSEPORT): ``base`` and ``cpu_s()`` as one :class:`SimProcess`."""
+
+    def __init__(self, n: int, **flags: Any) -> None:
+        first = SimProcess(**flags, reuse_port=True)
+        port = first.base.rsplit(":", 1)[1].split("/")[0]
+        self.procs = [first] + [SimProcess(**flags, reuse_port=True, port=port) for _ in range(n - 1)]
+        self.base = first.base
+
+    def cpu_s(self) -> float:
+        return sum(p.cpu_s() for p in self.procs)
+
+    def close(self) -> None:
+        for p in self.procs:
+            p.proc.terminate()
+        for p in self.procs:
+            p.proc.wait()
+
+
+def one_rate(sim: Any, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:
     """Run one point at ``rate`` (sent from ``workers`` processes) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
@@ -86,10 +108,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
     ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
+    ap.add_argument("--sims", type=int, default=1, help="sim processes on one port (SO_REUSEPORT)")
     ap.add_argument("--note", default="", help="a line added under the table")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
-    sim = SimProcess(decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
+    sim = SimGroup(a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
     try:
         rows = []
         for w in (int(x) for x in a.workers.split(",")):
@@ -97,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(one_rate(sim, r, a.duration, w))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
-        sim.proc.terminate()
-        sim.proc.wait()
+        sim.close()
     date = datetime.now(UTC).strftime("%Y-%m-%d")
     host = socket.gethostname()
     doc = {"date": date, "machine": {"host": host, "cpus": os.cpu_count(), "load_avg": os.getloadavg()},

@@ -33,7 +33,8 @@ class SimProcess:
     def __init__(self, **flags: Any) -> None:
         args = [sys.executable, *self.COMMAND, "--port", "0"]
         for k, v in flags.items():
-            args += [f"--{k.replace('_', '-')}", str(v)]
+            flag = f"--{k.replace('_', '-')}"
+            args += [flag] if v is True else [flag, str(v)]  # True: a switch (--reuse-port)
         self._err = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=self._err, text=True)
         line = self.proc.stdout.readline() if self.proc.stdout else ""

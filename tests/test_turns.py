@@ -144,3 +144,34 @@ def test_the_batch_follows_its_own_work_not_the_reads_around_it() -> None:
         per_iter[it] = per_iter.get(it, 0) + 1
     assert len(went_at) == 200 and len(per_iter) < 40  # one per iteration would take 190 or more
     assert max(per_iter.values()) <= 2 * 10 + 1  # about a slice (10 pieces), never two
+
+
+def test_a_scheduled_send_goes_at_once_and_its_end_takes_a_turn() -> None:
+    """Sends of an open-loop schedule (scheduled_task) never queue behind a burst; their ends do, and sends of a
+    plain task (a wave) do."""
+    import time
+
+    from bench.client import turns as T
+
+    async def main() -> tuple[int, int, int]:
+        loop = asyncio.get_running_loop()
+        t = T._turns[loop] = Turns(loop, slice_s=0.001)
+        t.started = time.perf_counter() - 1.0  # this iteration's slice is spent: a waiting caller queues
+
+        async def send_then_end() -> tuple[int, int]:
+            await take_turn(send=True)
+            at_send = t.waited
+            await take_turn()
+            return at_send, t.waited
+
+        sched = T.scheduled_task(send_then_end())
+        (at_send, after_end) = await sched
+        t.started = time.perf_counter() - 1.0
+        waited_before = t.waited
+        await asyncio.create_task(take_turn(send=True))
+        return at_send, after_end, t.waited - waited_before
+
+    at_send, after_end, wave_send = asyncio.run(main())
+    assert at_send == 0  # the scheduled send did not queue
+    assert after_end == 1  # its end did
+    assert wave_send == 1  # a wave's send does

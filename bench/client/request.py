@@ -126,8 +126,8 @@ async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, mod
                     raw: list[SSEEvent], tap: StreamTap | None) -> None:
     """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events). A wave of
     requests takes turns (bench.client.turns) to build and send theirs, sharing the loop with the streams already
-    running."""
-    await take_turn()
+    running (a request of an open-loop schedule sends at once: bench.client.turns.scheduled_task)."""
+    await take_turn(send=True)
     path = "/chat/completions" if spec.endpoint == "chat" else "/completions"
     payload = _payload(spec, model)
     timeout = _stream_timeout(client)

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.client import RequestSpec
+from bench.client.turns import scheduled_task
 from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor, workers_lag
 from bench.session.workers import sleep_until
@@ -177,7 +178,7 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
     def start(k: int, sched: int) -> None:
         c.sent += 1
         inflight.append((sched, c.sent - c.done))
-        tasks[k] = asyncio.create_task(one(k, sched))
+        tasks[k] = scheduled_task(one(k, sched)) if not closed else asyncio.create_task(one(k, sched))
 
     t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
     gc_was_on = gc.isenabled()

@@ -445,12 +445,13 @@ def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO 
     return s
 
 
-async def measure_load(session: Session, ls: LoadSettings) -> dict[str, Any]:
-    """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary."""
+async def measure_load(session: Session, ls: LoadSettings, plan: list[Planned] | None = None) -> dict[str, Any]:
+    """One open-loop point over a prepared session (``rate``, ``trace`` or ``sessions``): its summary. ``plan``:
+    the schedule already made from ``ls`` (:func:`make_plan`; made here when None; unused in sessions mode)."""
     slo = ls.slo_spec
     if ls.mode == "sessions":
         return await sessions_point(session, ls, slo, session.profile.max_tokens)
-    plan = make_plan(ls, session.profile.max_tokens)
+    plan = make_plan(ls, session.profile.max_tokens) if plan is None else plan
     _, summary = await run_point(session, ls, plan, slo=slo, tag="measure", first_index=0, load=load_dict(ls))
     return summary
 

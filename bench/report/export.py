@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from bench.report.layout import pack_fields
 from bench.results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
@@ -209,22 +210,7 @@ def stacked_lines(results: Results, width: int, title: str | None = None) -> lis
     out: list[str] = textwrap.wrap(title, width) if title else []
     for c, r in zip(results.cells, rows):
         out.append(c.id)
-        line = ""
-        for h, v in zip(head[3:], r[3:]):
-            field = f"{h}: {v}"
-            if line and len(line) + 2 + len(field) <= width:
-                line += "; " + field
-                continue
-            if line:
-                out.append(line)
-            line = "  " + field
-            if len(line) > width:  # the label on its line, the value under it (wrapped at spaces only if need be)
-                out += textwrap.wrap(f"{h}:", width, initial_indent="  ", subsequent_indent="  ")
-                out += textwrap.wrap(v, width, initial_indent="    ", subsequent_indent="    ",
-                                     break_long_words=False)
-                line = ""
-        if line:
-            out.append(line)
+        out += pack_fields(list(zip(head[3:], r[3:])), width, split_long=True)
     return out
 
 

@@ -21,6 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from bench.gate import Verdict, overall_exit, verdict_counts
+from bench.report.layout import pack_fields
 
 __all__ = [
     "OUTCOME",
@@ -137,19 +138,7 @@ def stacked(head: Sequence[str], rows: Sequence[Sequence[str]], width: int, key:
     out: list[str] = []
     for r in rows:
         out.append(f"{r[key[0]]}  {r[key[1]]}")
-        line = ""
-        for i, (h, v) in enumerate(zip(head, r)):
-            if i in key:
-                continue
-            field = f"{h}: {v}"
-            if line and len(line) + 2 + len(field) <= width:
-                line += "; " + field
-                continue
-            if line:
-                out.append(line)
-            line = "  " + field
-        if line:
-            out.append(line)
+        out += pack_fields([(h, v) for i, (h, v) in enumerate(zip(head, r)) if i not in key], width)
     return out
 
 

@@ -50,6 +50,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.client.turns import scheduled_task
 from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor
 
@@ -122,7 +123,8 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
                 sched = None if offsets is None else start_ns + int(offsets[i])
                 if sched is not None:
                     spec.meta["dispatch_lag_ns"] = await sleep_until(sched)
-                tasks.append(asyncio.create_task(one(i, spec, sched)))
+                coro = one(i, spec, sched)
+                tasks.append(scheduled_task(coro) if sched is not None else asyncio.create_task(coro))
         except Exception as e:  # noqa: BLE001 - never leave the reader waiting
             done.put_nowait((-1, e))
 

@@ -36,6 +36,10 @@ class SimConfig:
     model: str = _f("bench-sim", "name", "model id served by /v1/models and echoed in responses")
     host: str = _f("127.0.0.1", "address", "address serve() binds (running_sim always uses 127.0.0.1)")
     port: int = _f(8000, "port", "TCP port for serve(); 0 picks a free port")
+    reuse_port: bool = _f(
+        False, "bool", "SO_REUSEPORT: several sim processes listen on one port and the kernel spreads the "
+        "connections over them (a sim that holds more requests/s than one process can serve)",
+    )
     seed: int = _f(0, "int", "seed of every random draw (tokens_per_event choices, eos)")
 
     # -- prefill -------------------------------------------------------------------------------

@@ -1,4 +1,8 @@
-"""Starting the sim: ``serve`` (blocking, for the CLI) and ``running_sim`` (background thread, for tests)."""
+"""Starting the sim: ``serve`` (blocking, for the CLI) and ``running_sim`` (background thread, for tests).
+
+``serve_app`` and ``running_app`` do the same for any aiohttp application (``bench proxy`` uses them too): listen,
+announce the base URL of the bound port, run until SIGINT/SIGTERM or the end of the ``with`` block, clean up.
+"""
 
 from __future__ import annotations
 
@@ -15,24 +19,25 @@ from aiohttp import web
 from bench.sim.config import SimConfig
 from bench.sim.server import create_app
 
-__all__ = ["serve", "running_sim"]
+__all__ = ["serve", "running_sim", "serve_app", "running_app", "app_runner", "base_url"]
 
 _SHUTDOWN_TIMEOUT_S = 2.0
 
 
-def _make_runner(cfg: SimConfig) -> web.AppRunner:
-    return web.AppRunner(create_app(cfg), handle_signals=False, access_log=None,
-                         shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
+def app_runner(app: web.Application) -> web.AppRunner:
+    """A runner that leaves signals to its caller, logs no access lines and aborts requests after 2 s on stop."""
+    return web.AppRunner(app, handle_signals=False, access_log=None, shutdown_timeout=_SHUTDOWN_TIMEOUT_S)
 
 
 def _bound_port(runner: web.AppRunner) -> int:
     addrs = runner.addresses
     if not addrs:
-        raise RuntimeError("bench sim: server has no listening socket")
+        raise RuntimeError("server has no listening socket")
     return int(addrs[0][1])
 
 
-def _url(host: str, port: int) -> str:
+def base_url(host: str, port: int) -> str:
+    """``http://HOST:PORT/v1``; a wildcard host is given as 127.0.0.1, an IPv6 one in brackets."""
     if host in ("", "0.0.0.0", "::"):
         host = "127.0.0.1"
     if ":" in host:
@@ -40,13 +45,15 @@ def _url(host: str, port: int) -> str:
     return f"http://{host}:{port}/v1"
 
 
-async def _serve(cfg: SimConfig, announce: Callable[[str], None]) -> None:
-    runner = _make_runner(cfg)
+async def serve_app(runner: web.AppRunner, host: str, port: int, announce: Callable[[str], None], *,
+                    reuse_port: bool = False) -> None:
+    """Listen on ``host:port`` (``port`` 0: any free one; ``reuse_port``: SO_REUSEPORT), ``announce(base_url)``
+    of the bound port, run until SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen."""
     await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port)
+        site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
-        announce(_url(cfg.host, _bound_port(runner)))
+        announce(base_url(host, _bound_port(runner)))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -67,24 +74,23 @@ def serve(cfg: SimConfig, announce: Callable[[str], None] | None = None) -> None
         def announce(url: str) -> None:
             print(f"listening on {url}", flush=True)
     try:
-        asyncio.run(_serve(cfg, announce))
+        asyncio.run(serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce, reuse_port=cfg.reuse_port))
     except KeyboardInterrupt:
         pass
 
 
 @contextlib.contextmanager
-def running_sim(cfg: SimConfig | None = None) -> Iterator[str]:
-    """Run the sim in a background thread (own event loop) on a free 127.0.0.1 port; yield the base URL
-    ``http://127.0.0.1:PORT/v1``. On exit the server is shut down (in-flight requests are aborted) and the
-    thread joined. ``cfg.host``/``cfg.port`` are ignored."""
-    cfg = dataclasses.replace(cfg or SimConfig(), host="127.0.0.1", port=0)
+def running_app(make_runner: Callable[[], web.AppRunner], name: str) -> Iterator[str]:
+    """Run an application in a background thread (own event loop) on a free 127.0.0.1 port; yield its base URL
+    ``http://127.0.0.1:PORT/v1``. On exit the server is shut down (in-flight requests are aborted) and the thread
+    joined. ``make_runner`` is called in that thread (the app belongs to its loop)."""
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     state: dict[str, object] = {}
 
     def main() -> None:
         asyncio.set_event_loop(loop)
-        runner = _make_runner(cfg)
+        runner = make_runner()
         try:
             loop.run_until_complete(runner.setup())
             site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -104,19 +110,29 @@ def running_sim(cfg: SimConfig | None = None) -> Iterator[str]:
             try:
                 loop.run_until_complete(runner.cleanup())
                 loop.run_until_complete(loop.shutdown_asyncgens())
-            except Exception as e:  # noqa: BLE001
-                print(f"bench sim: shutdown error: {e!r}", file=sys.stderr)
+            except Exception as e:  # noqa: BLE001 - shutdown is best effort; said on stderr
+                print(f"{name}: shutdown error: {e!r}", file=sys.stderr)
             finally:
                 loop.close()
 
-    thread = threading.Thread(target=main, name="bench-sim", daemon=True)
+    thread = threading.Thread(target=main, name=name.replace(" ", "-"), daemon=True)
     thread.start()
     ready.wait()
     if "error" in state:
         thread.join()
-        raise RuntimeError(f"bench sim failed to start: {state['error']!r}") from state["error"]  # type: ignore[misc]
+        raise RuntimeError(f"{name} failed to start: {state['error']!r}") from state["error"]  # type: ignore[misc]
     try:
-        yield _url("127.0.0.1", state["port"])  # type: ignore[arg-type]
+        yield base_url("127.0.0.1", state["port"])  # type: ignore[arg-type]
     finally:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(timeout=_SHUTDOWN_TIMEOUT_S + 5)
+
+
+@contextlib.contextmanager
+def running_sim(cfg: SimConfig | None = None) -> Iterator[str]:
+    """Run the sim in a background thread (own event loop) on a free 127.0.0.1 port; yield the base URL
+    ``http://127.0.0.1:PORT/v1``. On exit the server is shut down (in-flight requests are aborted) and the
+    thread joined. ``cfg.host``/``cfg.port`` are ignored."""
+    cfg = dataclasses.replace(cfg or SimConfig(), host="127.0.0.1", port=0)
+    with running_app(lambda: app_runner(create_app(cfg)), "bench sim") as url:
+        yield url

@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import signal
-import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -29,6 +27,7 @@ import aiohttp
 from aiohttp import web
 
 from bench.errors import ConfigError
+from bench.sim.runner import app_runner, running_app, serve_app
 
 __all__ = ["ProxyConfig", "create_app", "serve", "running_proxy", "split_events", "upstream_root"]
 
@@ -164,29 +163,11 @@ def create_app(cfg: ProxyConfig) -> web.Application:
     return app
 
 
-def _url(host: str, port: int) -> str:
-    host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
-    return f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
-
-
 async def _serve(cfg: ProxyConfig, announce: Callable[[str], None]) -> None:
-    runner = web.AppRunner(create_app(cfg), handle_signals=False, access_log=None, shutdown_timeout=2.0)
-    await runner.setup()
     try:
-        site = web.TCPSite(runner, cfg.host, cfg.port)
-        try:
-            await site.start()
-        except OSError as e:
-            raise ConfigError(f"bench proxy: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None
-        announce(_url(cfg.host, int(runner.addresses[0][1])))
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
-                loop.add_signal_handler(sig, stop.set)
-        await stop.wait()
-    finally:
-        await runner.cleanup()
+        await serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce)
+    except OSError as e:
+        raise ConfigError(f"bench proxy: cannot listen on {cfg.host}:{cfg.port}: {e.strerror or e}") from None
 
 
 def serve(cfg: ProxyConfig, announce: Callable[[str], None] | None = None) -> None:
@@ -203,34 +184,5 @@ def serve(cfg: ProxyConfig, announce: Callable[[str], None] | None = None) -> No
 @contextlib.contextmanager
 def running_proxy(cfg: ProxyConfig) -> Iterator[str]:
     """The proxy in a background thread (own event loop) on a free 127.0.0.1 port; yields its ``.../v1`` URL."""
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    state: dict[str, object] = {}
-    runner = web.AppRunner(create_app(cfg), handle_signals=False, access_log=None, shutdown_timeout=2.0)
-
-    def main() -> None:
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(runner.setup())
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            loop.run_until_complete(site.start())
-            state["url"] = _url("127.0.0.1", int(runner.addresses[0][1]))
-        except BaseException as e:  # noqa: BLE001 - reported to the caller
-            state["error"] = e
-        ready.set()
-        if "error" not in state:
-            loop.run_forever()
-        loop.run_until_complete(runner.cleanup())
-        loop.close()
-
-    thread = threading.Thread(target=main, name="bench-proxy", daemon=True)
-    thread.start()
-    ready.wait()
-    if "error" in state:
-        thread.join()
-        raise RuntimeError(f"bench proxy failed to start: {state['error']!r}")
-    try:
-        yield str(state["url"])
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=10)
+    with running_app(lambda: app_runner(create_app(cfg)), "bench proxy") as url:
+        yield url
