@@ -71,6 +71,11 @@ class RequestRecord:
         meta: what the run attached (cell, stream index, prompt target tokens...); free-form, JSON-safe.
         stamp_source: where the arrival stamps came from: ``"kernel"`` (the kernel's receive time of each read,
             bench.transport.kernel_stamps) or ``"user"`` (``perf_counter_ns()`` when Python got the read).
+        images: ``image_url`` parts the request carried (chat), 0 without images.
+        image_bytes: their decoded size in bytes (base64 data URLs; 0 for images sent by address).
+        tool_forced: the request's ``tool_choice`` obliged a tool call (``required`` or a named function).
+        tool_calls: the tool calls the answer made, assembled from the streamed fragments: ``{"id", "name",
+            "arguments"}`` per call index, in order (what a chat client sends back in its next turn).
         scheduled_ns: open-loop modes (``rate``, ``trace``, ``sessions``): when the schedule said to send it
             (absolute ns, the clock of ``queued_ns``/``sent_ns``); None in concurrency mode. ``sent_ns -
             scheduled_ns`` is the send lag (docs/load.md).
@@ -93,11 +98,34 @@ class RequestRecord:
     meta: dict[str, Any] = field(default_factory=dict)
     stamp_source: str = "user"
     scheduled_ns: int | None = None
+    images: int = 0
+    image_bytes: int = 0
+    tool_forced: bool = False
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         """A success: no recorded error. The client sets ``error`` for every failure kind."""
         return self.error is None
+
+    def _first_ms(self, attr: str) -> float | None:
+        return next((e.t_ns / 1e6 for e in self.events if getattr(e, attr)), None)
+
+    @property
+    def ttft_reasoning_ms(self) -> float | None:
+        """Send -> the first event carrying reasoning text (``reasoning_content`` or ``reasoning``); None if none
+        came (docs/metrics.md)."""
+        return self._first_ms("reasoning")
+
+    @property
+    def ttft_content_ms(self) -> float | None:
+        """Send -> the first event carrying answer content; None if none came (the same as ``ttfc_ms``)."""
+        return self._first_ms("content")
+
+    @property
+    def ttft_tool_ms(self) -> float | None:
+        """Send -> the first event carrying a tool-call fragment (name or arguments); None if none came."""
+        return self._first_ms("tool")
 
     @property
     def queue_ms(self) -> float:
@@ -119,6 +147,7 @@ class RequestRecord:
         self.usage = redact_obj(self.usage)
         self.timings = redact_obj(self.timings)
         self.meta = redact_obj(self.meta)
+        self.tool_calls = redact_obj(self.tool_calls) or []
         for attr in ("content", "reasoning", "tool"):
             masked = mask_spans([getattr(e, attr) for e in self.events])
             if masked is not None:
@@ -135,6 +164,9 @@ class RequestRecord:
             for e in self.events
         ]
         d["ok"] = self.ok
+        for k in _DERIVED:
+            v = getattr(self, k)
+            d[k] = None if v is None else round(v, 6)
         return d
 
     @classmethod
@@ -142,8 +174,13 @@ class RequestRecord:
         """Inverse of :meth:`to_dict`. Raises KeyError/TypeError on a malformed dict."""
         d = dict(d)
         d.pop("ok", None)
+        for k in _DERIVED:
+            d.pop(k, None)
         evs = [Event(int(round(e[0] * 1e6)), e[1], e[2], e[3], e[4], e[5], e[6]) for e in d.pop("events")]
         return cls(events=evs, **d)
+
+
+_DERIVED = ("ttft_reasoning_ms", "ttft_content_ms", "ttft_tool_ms")  # written for readers of records.jsonl
 
 
 class RecordWriter:

@@ -95,6 +95,20 @@ class CellResult:
     tokens_per_event: Stat = field(default_factory=_stat)
     cached_tokens: int = 0
     reasoning_tokens: int = 0
+    ttft_reasoning_ms: Stat = field(default_factory=_stat)
+    ttft_content_ms: Stat = field(default_factory=_stat)
+    reasoning_tok_s: Stat = field(default_factory=_stat)
+    content_tok_s: Stat = field(default_factory=_stat)
+    ttft_tool_ms: Stat = field(default_factory=_stat)
+    tool_tok_s: Stat = field(default_factory=_stat)
+    tool_calls: int = 0
+    tool_calls_forced: int = 0
+    tool_calls_missing: int = 0
+    images: int = 0
+    image_size: str = ""
+    image_bytes: Stat = field(default_factory=_stat)
+    image_prompt_tokens: float | None = None
+    upload_ms: Stat = field(default_factory=_stat)
     queue_ms: Stat = field(default_factory=_stat)
     client_cpu_pct: float | None = None
     client_lag: dict[str, Any] | None = None

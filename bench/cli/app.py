@@ -16,7 +16,7 @@ import click
 
 import bench.cli.check as _cli_check
 from bench.cli.capacity import capacity, load_options, load_settings, run_open_loop, with_cell_slo
-from bench.cli.common import client_options, echo, endpoint, engine_size
+from bench.cli.common import client_options, echo, endpoint, engine_size, workload_options, workload_overrides
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gate import ab, compare, gate
 from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
@@ -83,10 +83,13 @@ def cli(verbose: bool, io: str) -> None:
 @click.option("--same-prompt", is_flag=True, help="Send the prompt without bench's unique prefix (it may come from "
               "the server's prefix cache: cached tokens are reported and prefill is marked not measured).")
 @click.option("--json", "as_json", is_flag=True, help="Print the record as one JSON object on stdout, nothing else.")
+@click.option("--thinking", type=click.Choice(["on", "off"]), help="Ask thinking models to think or not (default: "
+              "the server's default).")
+@workload_options
 @client_options
 def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str | None, same_prompt: bool,
-          as_json: bool, model: str | None, api_key_env: str, connect_timeout: float,
-          read_timeout: float | None) -> None:
+          as_json: bool, thinking: str | None, model: str | None, api_key_env: str, connect_timeout: float,
+          read_timeout: float | None, **wl: Any) -> None:
     """Send one streaming request and print its measurement.
 
     Prints TTFT, time to first content, decode tok/s, ITL, TPOT, E2E, token counts and prefill tok/s of a single
@@ -96,22 +99,28 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     from bench.client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from bench.measure.metrics import request_metrics
     from bench.server.info import discover_server
-    from bench.tools.probe import probe_body, probe_report
+    from bench.tools.probe import probe_body, probe_report, probe_workload
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
+    work = probe_workload(endpoint_kind, workload_overrides(wl), thinking)
 
     async def go(base: str) -> Any:
         async with make_http_client(settings) as client:
             name = model or await discover_model(client, base, settings.api_key)
             backend = (await discover_server(client, base)).get("backend")
-            body = probe_body(endpoint_kind, prompt_text, max_tokens, same_prompt=same_prompt, backend=backend)
+            body = probe_body(endpoint_kind, prompt_text, max_tokens, same_prompt=same_prompt, backend=backend,
+                              work=work)
             return await stream_request(client, base, RequestSpec("probe-0", endpoint_kind, body),
                                         model=name, secret=settings.api_key)
 
     with endpoint(url, parallel=1) as base:
         rec = asyncio.run(go(base))
+    from bench.client import image_rejection
+
     if rec.status == 404:
         require_ok(rec, base)  # no OpenAI API at that path: one line, exit 3, not a table of dashes
+    if (line := image_rejection(rec)) is not None:
+        raise ServerError(line)
     d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
     _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)
@@ -186,6 +195,7 @@ def replay(case_file: str, as_json: bool) -> None:
 @click.option("--progress-every", type=click.FloatRange(min=0.05), default=30.0, show_default=True,
               help="When stdout is not a terminal (CI logs): a progress line every this many seconds inside a cell.")
 @load_options
+@workload_options
 @gpu_options
 @client_options
 @roofline_options
@@ -227,7 +237,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         require_plotly()
     prof = _overridden(profile_name, streams, depths, prompt_kinds, max_tokens=max_tokens, requests=repeats,
                        endpoint=endpoint_kind, thinking=None if thinking is None else thinking == "on",
-                       prefix_cache=prefix_cache)
+                       prefix_cache=prefix_cache, **workload_overrides(extra))
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from bench.cli.common import client_options, endpoint
+from bench.cli.common import client_options, endpoint, workload_options, workload_overrides
 from bench.cli.common import settings_from_options as _settings
 from bench.errors import EXIT_INTERRUPTED, ConfigError, RunInterrupted
 
@@ -182,6 +182,7 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
 @click.option("--json", "as_json", is_flag=True, help="Print capacity.json on stdout, nothing else.")
 @click.option("--overwrite", is_flag=True, help="Replace the search already in --out (capacity.json, points/).")
 @load_options
+@workload_options
 @client_options
 def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: float, max_load: float,
              resolution: float, trials: int, max_points: int, time_budget: float | None, level: float,
@@ -212,6 +213,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
                               "(--by, --start, --factor, --max-load); for one load of your own: bench run --rate R")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     prof = Profile(name="capacity", endpoint=endpoint_kind, max_tokens=max_tokens, warmup=0)
+    prof = prof.with_overrides(**workload_overrides(load_kw))
     if load_kw.get("duration") is None and load_kw.get("requests") is None:
         load_kw["duration"] = RATE_POINT_S if by == "rate" else 20.0
     if time_budget is None and by == "rate":

@@ -15,7 +15,47 @@ from bench.errors import ConfigError
 if TYPE_CHECKING:
     from bench.config.profile import Profile
 
-__all__ = ["endpoint", "client_options", "settings_from_options", "echo"]
+__all__ = ["endpoint", "client_options", "settings_from_options", "echo", "workload_options", "workload_overrides",
+           "WORKLOAD_KEYS"]
+
+WORKLOAD_KEYS = ("images", "image_size", "image_format", "image_source", "tools", "tool_choice")
+
+
+def workload_options(f: Any) -> Any:
+    """The workload's flags (docs/workloads.md): images, their size, format and source; tools and tool_choice."""
+    opts = [
+        click.option("--images", metavar="N[,N...]", help="Images per chat request (image_url parts, unique per "
+                     "request); a comma list sweeps them."),
+        click.option("--image-size", metavar="WxH[,WxH...]", help="Pixels of each image (default 512x512); a comma "
+                     "list sweeps them."),
+        click.option("--image-format", type=click.Choice(["png", "jpeg"]), help="How images are encoded "
+                     "(default jpeg)."),
+        click.option("--image-source", metavar="noise|DIR", help="Random noise (default) or a folder of images "
+                     "(scaled to --image-size, a seeded noise row on top)."),
+        click.option("--tools", metavar="builtin|FILE.json", help="Offer tools: bench's two built-in functions or "
+                     "an OpenAI tools list."),
+        click.option("--tool-choice", metavar="auto|required|none|NAME", help="tool_choice sent with --tools "
+                     "(required or NAME force a call; a missing one is counted)."),
+    ]
+    for o in reversed(opts):
+        f = o(f)
+    return f
+
+
+def workload_overrides(kw: dict[str, Any]) -> dict[str, Any]:
+    """Profile overrides from the workload flags in ``kw`` (popped), each parsed; absent flags give nothing."""
+    from bench.config.profile import parse_counts, parse_image_sizes
+
+    vals = {k: kw.pop(k, None) for k in WORKLOAD_KEYS}
+    out: dict[str, Any] = {}
+    if vals["images"] is not None:
+        out["images"] = parse_counts(vals["images"], "--images")
+    if vals["image_size"] is not None:
+        out["image_sizes"] = parse_image_sizes(vals["image_size"])
+    for k in ("image_format", "image_source", "tools", "tool_choice"):
+        if vals[k] is not None:
+            out[k] = vals[k]
+    return out
 
 
 def echo(text: str, err: bool = False, nl: bool = True) -> None:

@@ -3,7 +3,7 @@
 Modules: :mod:`bench.client.endpoint` (URLs, settings, the httpx client, model discovery, error text),
 :mod:`bench.client.request` (send, read the stream with arrival stamps, record failures as data),
 :mod:`bench.client.events` (chunk parsing after the stream ends), :mod:`bench.client.turns` (bursts of work spread
-over event-loop iterations).
+over event-loop iterations), :mod:`bench.client.images` (images as data URLs for chat requests).
 """
 
 from bench.client.endpoint import (
@@ -17,6 +17,7 @@ from bench.client.endpoint import (
                                    normalize_url,
                                    root_url,
 )
+from bench.client.images import ImageSet, body_images, image_rejection
 from bench.client.request import DONE_GRACE_S, require_ok, stream_request
 
 __all__ = [
@@ -24,6 +25,9 @@ __all__ = [
     "ClientSettings",
     "RequestSpec",
     "StreamTap",
+    "ImageSet",
+    "body_images",
+    "image_rejection",
     "discover_model",
     "error_from_body",
     "exc_line",

@@ -131,6 +131,8 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
                     r1 = r2 = ""  # content is its only key
                 else:
                     r1, r2 = delta.get("reasoning_content") or "", delta.get("reasoning") or ""
+                    if r1 == r2:  # the same text under both keys (some vLLM versions): counted once
+                        r2 = ""
                     text = None if delta.get("tool_calls") else text  # tool calls: the general path
             elif delta is None and "message" not in ch:
                 text, r1, r2 = ch.get("text"), "", ""
@@ -225,7 +227,7 @@ def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, st
         if r.__class__ is str:
             reasoning = r
         r = delta.get("reasoning")
-        if r.__class__ is str:
+        if r.__class__ is str and r != reasoning:  # the same text under both keys is counted once
             reasoning += r
         calls = delta.get("tool_calls")
         if calls.__class__ is list:
@@ -233,6 +235,7 @@ def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, st
                 fn = tc.get("function") if tc.__class__ is dict else None
                 if fn.__class__ is dict:
                     tool += _text(fn.get("name")) + _text(fn.get("arguments"))
+                    _add_tool_call(rec, tc, fn)
     c = ch.get("text")
     if c.__class__ is str:
         content += c
@@ -240,6 +243,20 @@ def _absorb_choice(rec: RequestRecord, ch: dict[str, Any]) -> tuple[str, str, st
     if fr:
         rec.finish_reason = str(fr)[:100]
     return content, reasoning, tool
+
+
+def _add_tool_call(rec: RequestRecord, tc: dict[str, Any], fn: dict[str, Any]) -> None:
+    """Fold one ``tool_calls`` entry into ``rec.tool_calls``: the call of its ``index`` (its id and name when they
+    come, its argument fragments appended)."""
+    idx = tc.get("index", len(rec.tool_calls) if tc.get("id") else max(len(rec.tool_calls) - 1, 0))
+    idx = idx if idx.__class__ is int and 0 <= idx < 64 else 0
+    while len(rec.tool_calls) <= idx:
+        rec.tool_calls.append({"id": "", "name": "", "arguments": ""})
+    call = rec.tool_calls[idx]
+    if tc.get("id").__class__ is str and tc["id"]:
+        call["id"] = tc["id"]
+    call["name"] += _text(fn.get("name"))
+    call["arguments"] += _text(fn.get("arguments"))
 
 
 def _parse_whole(rec: RequestRecord, body: bytes, t_abs: int) -> None:

@@ -48,6 +48,7 @@ from bench.client.endpoint import (
     no_api_message,
 )
 from bench.client.events import _parse_sliced, _parse_whole
+from bench.client.images import body_images
 from bench.client.turns import take_turn
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
 from bench.records import RequestRecord
@@ -89,6 +90,10 @@ async def stream_request(
     add_secret(secret)
     now = time.perf_counter_ns()
     rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=queued_ns or now, meta=dict(spec.meta))
+    if spec.endpoint == "chat":
+        rec.images, rec.image_bytes = body_images(spec.body)
+        choice = spec.body.get("tool_choice")
+        rec.tool_forced = bool(spec.body.get("tools")) and (choice == "required" or isinstance(choice, dict))
     raw: list[SSEEvent] = []
     try:
         await _exchange(client, base, spec, model, rec, raw, tap)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,14 +38,30 @@ class BodyOptions:
     thinking: bool = False
     force_length: bool = True
     template_kwargs: bool = True
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
 
 
-def request_body(opts: BodyOptions, text: str, max_tokens: int) -> dict[str, Any]:
-    """The JSON body for a prompt (endpoint, max_tokens, temperature, length forcing, thinking)."""
+def user_content(text: str, image_urls: Sequence[str] = ()) -> str | list[dict[str, Any]]:
+    """A user message's content: the text, or (with images) a text part followed by one ``image_url`` part each."""
+    if not image_urls:
+        return text
+    return [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": u}} for u in image_urls)]
+
+
+def request_body(opts: BodyOptions, text: str, max_tokens: int, *, image_urls: Sequence[str] = (),
+                 history: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """The JSON body for a prompt (endpoint, max_tokens, temperature, length forcing, thinking, tools). Chat:
+    ``history`` (earlier messages: system, user and assistant turns) then the user message of ``text`` and
+    ``image_urls``."""
     if opts.endpoint == "chat":
-        b: dict[str, Any] = {"messages": [{"role": "user", "content": text}]}
+        b: dict[str, Any] = {"messages": [*history, {"role": "user", "content": user_content(text, image_urls)}]}
         if not opts.thinking and opts.template_kwargs:
             b["chat_template_kwargs"] = {"enable_thinking": False}
+        if opts.tools:
+            b["tools"] = list(opts.tools)
+            if opts.tool_choice is not None:
+                b["tool_choice"] = opts.tool_choice
     else:
         b = {"prompt": text}
     b["max_tokens"] = max_tokens
@@ -70,6 +86,8 @@ class PlannedRequest:
         max_tokens: output tokens asked for.
         meta: what the record carries: cell, stream, phase, wave, target_tokens.
         scheduled_ns: open-loop modes: when it is due (absolute ``perf_counter_ns``); None for waves.
+        images: images the request carries (chat), each ``image_wh`` pixels.
+        thinking: the cell's thinking switch (None: the profile's).
     """
 
     request_id: str
@@ -81,6 +99,9 @@ class PlannedRequest:
     max_tokens: int
     meta: dict[str, Any] = field(default_factory=dict)
     scheduled_ns: int | None = None
+    images: int = 0
+    image_wh: tuple[int, int] = (0, 0)
+    thinking: bool | None = None
 
 
 def planned_waves(profile: Profile, cell: Cell) -> int:
@@ -117,5 +138,6 @@ class Planner:
             prefix, seed = ("", k) if shared else (unique_prefix(self.run_id, idx), idx)
             meta = {"cell": cell.id, "stream": k, "phase": phase, "target_tokens": depth, "wave": wave_no}
             out.append(PlannedRequest(rid, phase, cell.prompt, depth, seed, prefix,
-                                      cell.max_tokens if max_tokens is None else max_tokens, meta))
+                                      cell.max_tokens if max_tokens is None else max_tokens, meta,
+                                      images=cell.images, image_wh=cell.image_wh, thinking=cell.thinking))
         return out

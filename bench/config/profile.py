@@ -7,6 +7,7 @@ depth x streams x prompt. Every key is checked once, here: an unknown key, a wro
 
 from __future__ import annotations
 
+import itertools
 import re
 import tomllib
 from dataclasses import dataclass, fields, replace
@@ -20,7 +21,9 @@ from bench.prompts.content import KINDS as PROMPT_KINDS
 if TYPE_CHECKING:
     from bench.gate import Rule
 
-__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "parse_profile", "parse_depth", "parse_depths", "parse_ints", "PROFILES_DIR"]
+__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "parse_profile", "parse_depth",
+           "parse_depths", "parse_ints", "parse_image_size", "parse_image_sizes", "parse_counts", "PROFILES_DIR",
+           "IMAGE_FORMATS", "TOOL_CHOICES"]
 
 def _profiles_dir() -> Path:
     """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
@@ -34,6 +37,40 @@ def _profiles_dir() -> Path:
 
 PROFILES_DIR = _profiles_dir()
 _DEPTH = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmM]?)\s*$")
+_SIZE = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
+IMAGE_FORMATS = ("png", "jpeg")
+TOOL_CHOICES = ("auto", "required", "none")
+MAX_IMAGE_SIDE = 8192
+
+
+def parse_image_size(s: str, what: str = "--image-size") -> str:
+    """``"512x512"`` -> ``"512x512"`` (normalized ``WxH``, each side 1..8192 pixels). Raises ConfigError."""
+    m = _SIZE.match(str(s))
+    if not m:
+        raise ConfigError(f"{what}: {s!r} is not WIDTHxHEIGHT in pixels, like 512x512")
+    w, h = int(m.group(1)), int(m.group(2))
+    if not (1 <= w <= MAX_IMAGE_SIDE and 1 <= h <= MAX_IMAGE_SIDE):
+        raise ConfigError(f"{what}: {s!r}: each side must be 1..{MAX_IMAGE_SIDE} pixels")
+    return f"{w}x{h}"
+
+
+def parse_image_sizes(s: str) -> list[str]:
+    """Comma list of image sizes (``--image-size 512x512,1024x1024``). Raises ConfigError."""
+    out = [parse_image_size(x) for x in s.split(",") if x.strip()]
+    if not out:
+        raise ConfigError(f"--image-size: {s!r} names no size (give WIDTHxHEIGHT, like 512x512)")
+    return out
+
+
+def parse_counts(s: str, what: str) -> list[int]:
+    """Comma list of ints >= 0 (``--images 0,1,4``). Raises ConfigError naming ``what``."""
+    try:
+        out = [int(x) for x in s.split(",") if x.strip()]
+    except ValueError:
+        raise ConfigError(f"{what}: {s!r} is not a comma list of integers") from None
+    if not out or any(v < 0 for v in out):
+        raise ConfigError(f"{what}: every value must be >= 0, got {s!r}")
+    return out
 
 
 def parse_depth(s: str | int) -> int:
@@ -89,11 +126,15 @@ class Sweep:
     prompts: tuple[str, ...] = ("prose",)
     max_tokens: int | None = None  # None: the profile's
     requests: int | None = None  # None: the profile's
+    images: tuple[int, ...] | None = None  # images per request; None: the profile's
+    image_sizes: tuple[str, ...] | None = None  # "WxH"; None: the profile's
+    thinking: tuple[bool, ...] | None = None  # thinking on/off per cell; None: the profile's
 
 
 @dataclass(frozen=True, slots=True)
 class Cell:
-    """One measured cell of a run (depth in prompt tokens; streams = concurrent requests per wave)."""
+    """One measured cell of a run (depth in prompt tokens; streams = concurrent requests per wave; images per
+    request, each ``image_size`` = ``"WxH"`` pixels, ``""`` without images)."""
 
     sweep: str
     depth: int
@@ -101,13 +142,33 @@ class Cell:
     prompt: str
     max_tokens: int
     requests: int
+    images: int = 0
+    image_size: str = ""
+    thinking: bool | None = None
     label: str = ""
 
     @property
     def id(self) -> str:
-        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``; an open-loop point's cell is
-        named by its load (``label``: ``rate-10``, ``trace-mooncake``), the id of every line about it."""
-        return self.label or f"d{self.depth}-s{self.streams}-{self.prompt}"
+        """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``, then ``-i{images}-{W}x{H}`` when
+        the requests carry images and ``-think`` / ``-nothink`` when the sweep sets thinking per cell. An open-loop
+        point's cell is named by its load (``label``: ``rate-10``, ``trace-mooncake``), the id of every line about
+        it."""
+        if self.label:
+            return self.label
+        base = f"d{self.depth}-s{self.streams}-{self.prompt}"
+        if self.images:
+            base += f"-i{self.images}-{self.image_size}"
+        if self.thinking is not None:
+            base += "-think" if self.thinking else "-nothink"
+        return base
+
+    @property
+    def image_wh(self) -> tuple[int, int]:
+        """``(width, height)`` of each image; ``(0, 0)`` without images."""
+        if not self.images:
+            return 0, 0
+        w, _, h = parse_image_size(self.image_size, f"cell {self.id}").partition("x")
+        return int(w), int(h)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,6 +208,12 @@ class Profile:
     thinking: bool = False
     prefix_cache: bool = False
     force_length: bool = True
+    images: int = 0
+    image_size: str = "512x512"
+    image_format: str = "jpeg"
+    image_source: str = "noise"
+    tools: str = ""
+    tool_choice: str = ""
     sweeps: tuple[Sweep, ...] = (Sweep(),)
     gate: tuple[Rule, ...] = ()
     gate_budget_waves: int = 0
@@ -160,14 +227,15 @@ class Profile:
         seen: set[str] = set()
         out: list[Cell] = []
         for sw in self.sweeps:
-            for d in sw.depths:
-                for s in sw.streams:
-                    for p in sw.prompts:
-                        req = sw.requests if sw.requests is not None else self.requests_for_depth(d)
-                        c = Cell(sw.name, d, s, p, sw.max_tokens or self.max_tokens, req)
-                        if c.id not in seen:
-                            seen.add(c.id)
-                            out.append(c)
+            images = sw.images if sw.images is not None else (self.images,)
+            sizes = sw.image_sizes if sw.image_sizes is not None else (self.image_size,)
+            thinks: tuple[bool | None, ...] = sw.thinking if sw.thinking is not None else (None,)
+            for d, s, p, n, size, th in itertools.product(sw.depths, sw.streams, sw.prompts, images, sizes, thinks):
+                req = sw.requests if sw.requests is not None else self.requests_for_depth(d)
+                c = Cell(sw.name, d, s, p, sw.max_tokens or self.max_tokens, req, n, size if n else "", th)
+                if c.id not in seen:
+                    seen.add(c.id)
+                    out.append(c)
         return out
 
     @property
@@ -194,12 +262,17 @@ class Profile:
         sweep. Raises ConfigError on a bad value."""
         sweeps = self.sweeps
         flags = {"depths": "--depths", "streams": "--streams", "prompts": "--prompt", "max_tokens": "--max-tokens",
-                 "requests": "--repeats"}
+                 "requests": "--repeats", "images": "--images", "image_sizes": "--image-size"}
         given = tuple(f for k, f in flags.items() if kw.get(k) is not None)
-        sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts") if kw.get(k) is not None}
+        sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts", "images", "image_sizes")
+                    if kw.get(k) is not None}
         for k in list(kw):
             if kw[k] is None:
                 del kw[k]
+        if "images" in sweep_kw:  # the first value is also the open-loop modes' (one point, one workload)
+            kw["images"] = sweep_kw["images"][0]
+        if "image_sizes" in sweep_kw:
+            kw["image_size"] = sweep_kw["image_sizes"][0]
         if sweep_kw:
             sweep_kw = {k: tuple(v) for k, v in sweep_kw.items()}
             if "prompts" in sweep_kw:
@@ -207,6 +280,8 @@ class Profile:
             sweeps = tuple(replace(sw, **sweep_kw) for sw in sweeps)
         if "max_tokens" in kw:
             sweeps = tuple(replace(sw, max_tokens=None) for sw in sweeps)
+        if "thinking" in kw:  # --thinking on|off: every cell, whatever the sweeps say
+            sweeps = tuple(replace(sw, thinking=None) for sw in sweeps)
         p = replace(self, sweeps=sweeps, overrides=tuple(dict.fromkeys(self.overrides + given)), **kw)
         _validate_numbers(p, "override")
         return p
@@ -231,6 +306,27 @@ def _check_prompts(v: list[str], where: str) -> None:
     for p in v:
         if p not in PROMPT_KINDS:
             raise ConfigError(f"{where}: unknown prompt type {p!r} (choose from {', '.join(PROMPT_KINDS)})")
+
+
+def _parse_sweep_images(d: dict[str, Any], where: str) -> dict[str, Any]:
+    """A sweep's ``images`` (counts >= 0) and ``image_sizes`` (``"WxH"``)."""
+    kw: dict[str, Any] = {}
+    if "images" in d:
+        _type_check(where, "images", d["images"], list)
+        for n in d["images"]:
+            _type_check(where, "images", n, int)
+            if n < 0:
+                raise ConfigError(f"{where}: images must be >= 0, got {n}")
+        kw["images"] = tuple(d["images"])
+    if "image_sizes" in d:
+        _type_check(where, "image_sizes", d["image_sizes"], list)
+        kw["image_sizes"] = tuple(parse_image_size(str(x), f"{where}: image_sizes") for x in d["image_sizes"])
+    if "thinking" in d:
+        _type_check(where, "thinking", d["thinking"], list)
+        for v in d["thinking"]:
+            _type_check(where, "thinking", v, bool)
+        kw["thinking"] = tuple(d["thinking"])
+    return kw
 
 
 def _parse_sweep(d: dict[str, Any], where: str) -> Sweep:
@@ -258,13 +354,14 @@ def _parse_sweep(d: dict[str, Any], where: str) -> Sweep:
         _type_check(where, "prompts", d["prompts"], list)
         _check_prompts(d["prompts"], f"{where}: prompts")
         kw["prompts"] = tuple(d["prompts"])
+    kw.update(_parse_sweep_images(d, where))
     for k in ("max_tokens", "requests"):
         if k in d:
             _type_check(where, k, d[k], int)
             if d[k] < 1:
                 raise ConfigError(f"{where}: {k} must be >= 1, got {d[k]}")
             kw[k] = d[k]
-    for k in ("depths", "streams", "prompts"):
+    for k in ("depths", "streams", "prompts", "images", "image_sizes", "thinking"):
         if k in kw and not kw[k]:
             raise ConfigError(f"{where}: {k} is empty")
     return Sweep(**kw)
@@ -288,6 +385,27 @@ def _validate_numbers(p: Profile, where: str) -> None:
     for key, ok, want in checks:
         if not ok:
             raise ConfigError(f"{where}: {key} must be {want}, got {getattr(p, key)!r}")
+    _validate_workload(p, where)
+
+
+def _validate_workload(p: Profile, where: str) -> None:
+    """Images, tools and their combinations (docs/workloads.md)."""
+    if p.images < 0:
+        raise ConfigError(f"{where}: images must be >= 0, got {p.images}")
+    parse_image_size(p.image_size, f"{where}: image_size")
+    if p.image_format not in IMAGE_FORMATS:
+        raise ConfigError(f"{where}: image_format must be one of {', '.join(IMAGE_FORMATS)}, got {p.image_format!r}")
+    if not p.image_source:
+        raise ConfigError(f"{where}: image_source must be 'noise' or a folder of images")
+    if p.endpoint != "chat" and any(c.images for c in p.cells()):
+        raise ConfigError(f"{where}: images need the chat endpoint (--endpoint chat); /completions takes text only")
+    if p.tool_choice and not p.tools:
+        raise ConfigError(f"{where}: tool_choice {p.tool_choice!r} needs tools (--tools builtin or a JSON file)")
+    if p.tools and p.endpoint != "chat":
+        raise ConfigError(f"{where}: tools need the chat endpoint (--endpoint chat)")
+    from bench.config.tools import load_tools, tool_choice_value
+
+    tool_choice_value(p.tool_choice, load_tools(p.tools))  # a bad file or choice fails when the profile is read
 
 
 def parse_profile(data: dict[str, Any], name: str, source: str = "") -> Profile:

@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bench.client import RequestSpec
+from bench.client import RequestSpec, image_rejection
 from bench.client.turns import scheduled_task
+from bench.errors import ServerError
 from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor, workers_lag
 from bench.session.workers import sleep_until
@@ -161,9 +162,9 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         try:
             if sem is not None:
                 async with sem:
-                    rec = await session.send(texts[k], p.output_tokens, tag, meta)
+                    rec = await _send_one(session, texts[k], p.output_tokens, tag, meta, k)
             else:
-                rec = await session.send(texts[k], p.output_tokens, tag, meta)
+                rec = await _send_one(session, texts[k], p.output_tokens, tag, meta, k)
         except asyncio.CancelledError:
             rec = _cut_record(session, k, p, sched, why[0], meta)
             cut[0] += 1
@@ -193,8 +194,24 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
             gc.enable()
             gc.collect()
     done = [r for r in records if r is not None]
+    _refuse_rejected_images(done)
     span = max((p.at_s for p in plan), default=0.0)
     return PointRun(done, t0, span, lags, inflight, cut[0], lag)
+
+
+async def _send_one(session: Session, text: str, output_tokens: int, tag: str, meta: dict[str, Any],
+                    k: int) -> RequestRecord:
+    """Request ``k`` of a plan at its due time. Its images are built first (a send lag, not part of TTFT), in a
+    thread, off the loop that stamps the other streams' reads; a refusal of them is checked after the point."""
+    images = await asyncio.to_thread(session.image_urls, f"{tag}-{k}") if session.profile.images else []
+    return await session.send(text, output_tokens, tag, meta, images=images, refuse_images=False)
+
+
+def _refuse_rejected_images(records: Sequence[RequestRecord]) -> None:
+    """Stop after a point whose requests' images the server refused (one line naming ``--images``)."""
+    line = next((x for x in map(image_rejection, records) if x is not None), None)
+    if line is not None:
+        raise ServerError(line)
 
 
 def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
@@ -218,12 +235,13 @@ async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequen
     for k, (p, text) in enumerate(zip(plan, texts)):
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens, "max_tokens": p.output_tokens}
         specs.append(RequestSpec(f"{session.run_id}-{tag}-w{k:06d}", session.profile.endpoint,
-                                 session.body(text, p.output_tokens), meta))
+                                 session.body(text, p.output_tokens, session.image_urls(f"{tag}-{k}")), meta))
     offsets = [round(p.at_s * 1e9) for p in plan]
     assert session.pool is not None, "run_plan_pool needs the session's pool"
     recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)
     for r in recs:
         session.write(r)
+    _refuse_rejected_images(recs)
     t0 = min((r.scheduled_ns for r in recs if r.scheduled_ns is not None), default=0)
     lags = [int(r.meta.pop("dispatch_lag_ns")) for r in recs if "dispatch_lag_ns" in r.meta]  # lost: never sent
     span = max((p.at_s for p in plan), default=0.0)

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.measure.phases import phase_rates
 from bench.measure.tokens import estimate_tokens, event_token_counts
 from bench.records import Event, RequestRecord
 from bench.stats import percentile
@@ -48,6 +49,12 @@ class RequestMetrics:
         queue_ms: client-side queueing before send.
         upload_ms: send -> the server had the body read, parsed and tokenized, where the server reports it (bench
             sim); None elsewhere.
+        ttft_reasoning_ms / ttft_content_ms / ttft_tool_ms: send -> the first event carrying reasoning / answer
+            content / a tool-call fragment; None if none came.
+        reasoning_tok_s / content_tok_s / tool_tok_s: decode over that phase's own events (bench.measure.phases).
+        tool_call: a tool-call fragment came. tool_call_missing: the request forced a call (``tool_choice``
+            ``required`` or a function) and none came.
+        images / image_bytes: what the request carried.
     """
 
     request_id: str
@@ -78,6 +85,16 @@ class RequestMetrics:
     finish_reason: str | None
     status: int | None
     upload_ms: float | None = None
+    ttft_reasoning_ms: float | None = None
+    ttft_content_ms: float | None = None
+    ttft_tool_ms: float | None = None
+    reasoning_tok_s: float | None = None
+    content_tok_s: float | None = None
+    tool_tok_s: float | None = None
+    tool_call: bool = False
+    tool_call_missing: bool = False
+    images: int = 0
+    image_bytes: int = 0
     itl_ms: list[float] = field(default_factory=list, repr=False)
 
     def to_dict(self, with_itl: bool = False) -> dict[str, Any]:
@@ -219,7 +236,19 @@ def request_metrics(rec: RequestRecord) -> RequestMetrics:
         finish_reason=rec.finish_reason,
         status=rec.status,
         itl_ms=itl,
+        **_workload_fields(rec, text_events, per_event),
     )
+
+
+def _workload_fields(rec: RequestRecord, text_events: list[Event], per_event: list[float]) -> dict[str, Any]:
+    """The phases' starts and rates (bench.measure.phases), the tool call and the images of one request."""
+    phases = phase_rates(text_events, per_event)
+    tool_call = any(e.tool for e in text_events)
+    return {"ttft_reasoning_ms": rec.ttft_reasoning_ms, "ttft_content_ms": rec.ttft_content_ms,
+            "ttft_tool_ms": rec.ttft_tool_ms, "reasoning_tok_s": phases.reasoning_tok_s,
+            "content_tok_s": phases.content_tok_s, "tool_tok_s": phases.tool_tok_s, "tool_call": tool_call,
+            "tool_call_missing": rec.ok and rec.tool_forced and not tool_call, "images": rec.images,
+            "image_bytes": rec.image_bytes}
 
 
 def ok_metrics_by_wave(metrics: Sequence[RequestMetrics],

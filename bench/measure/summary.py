@@ -32,6 +32,28 @@ OVERHEAD_FLAG_SHARE = 0.30
 PROMPT_MISS_WARN_PCT = 2.0
 CLIENT_CPU_WARN_PCT = 70.0
 SERVER_GAP_WARN_SHARE = 0.20
+PHASE_KEYS = ("ttft_reasoning_ms", "ttft_content_ms", "reasoning_tok_s", "content_tok_s", "ttft_tool_ms",
+              "tool_tok_s", "upload_ms")
+
+
+def _workload(res: CellResult, cell: Cell, records: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> None:
+    """The cell's tool-call counts and image figures (docs/metrics.md, "Workloads")."""
+    ok = [(r, m) for r, m in zip(records, ms) if m.ok]
+    res.tool_calls = sum(1 for _, m in ok if m.tool_call)
+    res.tool_calls_forced = sum(1 for r, _ in ok if r.tool_forced)
+    res.tool_calls_missing = sum(1 for _, m in ok if m.tool_call_missing)
+    if res.tool_calls_missing:
+        res.warnings.append(f"{cell.id}: {res.tool_calls_missing} of {res.tool_calls_forced} request(s) forced to "
+                            "call a tool answered without a tool call (does the server parse tool calls? vLLM: "
+                            "--enable-auto-tool-choice --tool-call-parser)")
+    res.images, res.image_size = cell.images, cell.image_size
+    if not cell.images:
+        return
+    res.image_bytes = summarize([float(m.image_bytes) for _, m in ok]).to_dict()
+    per_image = [(m.prompt_tokens - int(r.meta["counted_tokens"])) / m.images for r, m in ok
+                 if m.images and m.prompt_tokens is not None and isinstance(r.meta.get("counted_tokens"), int)]
+    if per_image:
+        res.image_prompt_tokens = round(sorted(per_image)[len(per_image) // 2], 1)
 
 
 def wave_aggregate_decode(recs: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> float | None:
@@ -107,8 +129,9 @@ def summarize_cell(
     )
     for key in ("decode_tok_s", "ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "prompt_tok_s", "prompt_tok_s_corrected",
                 "server_prefill_tok_s", "server_decode_tok_s", "ttft_minus_server_prompt_ms",
-                "aggregate_decode_tok_s"):
+                "aggregate_decode_tok_s", *PHASE_KEYS):
         setattr(res, key, summarize(samples[key]).to_dict())
+    _workload(res, cell, records, ms)
     res.itl_ms = summarize([x for m in ok for x in m.itl_ms]).to_dict()
     res.prompt_tokens = summarize([m.prompt_tokens for m in ok]).to_dict()
     res.output_tokens = summarize([m.output_tokens for m in ok]).to_dict()
@@ -190,12 +213,13 @@ def _samples(ok: Sequence[RequestMetrics], rates: dict[str, Any], agg: list[floa
         **{k: list(rates[k]) for k in ("prompt_tok_s", "prompt_tok_s_corrected", "server_prefill_tok_s",
                                        "server_decode_tok_s", "ttft_minus_server_prompt_ms")},
         "aggregate_decode_tok_s": list(agg),
+        **{k: [getattr(m, k) for m in ok] for k in PHASE_KEYS},
     }
     return {k: [round(v, 4) for v in vs if v is not None] for k, vs in samples.items()}
 
 
 def _prompt_miss(ok: Sequence[RequestMetrics], target: int | None) -> float | None:
-    pts = [m.prompt_tokens for m in ok if m.prompt_tokens] if target else []
+    pts = [m.prompt_tokens for m in ok if m.prompt_tokens and not m.images] if target else []
     return max(abs(p - target) / target * 100 for p in pts) if pts and target else None
 
 

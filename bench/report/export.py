@@ -53,6 +53,13 @@ CSV_COLUMNS: list[tuple[str, str, str | None]] = [
     ("gpu_mem_clock_mhz_p50", "gpu", "mem_clock_mhz_p50"), ("gpu_throttle_share", "gpu", "throttle_share"),
     ("goodput_rps", "goodput", "rps"), ("goodput_tok_s", "goodput", "tok_s"),
     ("slo_met_fraction", "goodput", "met_fraction"), ("slo_met", "slo_met", None),
+    ("images", "images", None), ("image_size", "image_size", None), ("image_bytes_p50", "image_bytes", "median"),
+    ("image_prompt_tokens", "image_prompt_tokens", None), ("upload_ms_p50", "upload_ms", "median"),
+    ("ttft_reasoning_ms_p50", "ttft_reasoning_ms", "median"), ("ttft_content_ms_p50", "ttft_content_ms", "median"),
+    ("reasoning_tok_s_p50", "reasoning_tok_s", "median"), ("content_tok_s_p50", "content_tok_s", "median"),
+    ("ttft_tool_ms_p50", "ttft_tool_ms", "median"), ("tool_tok_s_p50", "tool_tok_s", "median"),
+    ("tool_calls", "tool_calls", None), ("tool_calls_forced", "tool_calls_forced", None),
+    ("tool_calls_missing", "tool_calls_missing", None),
 ]
 
 
@@ -164,6 +171,12 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
+    with_think = any(c.stat("reasoning_tok_s") is not None for c in results.cells)
+    if with_think:
+        head.append("think / answer tok/s")
+    with_tools = any(c.tool_calls or c.tool_calls_forced for c in results.cells)
+    if with_tools:
+        head.append("tool calls (missing)")
     with_gpu = any(c.gpu for c in results.cells)
     if with_gpu:
         head.append("tok/J")
@@ -178,7 +191,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
         ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
         noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
         rows.append([
-            _depth(c.depth), str(c.streams), c.prompt, f"{c.requests_ok}/{c.requests_failed}",
+            _depth(c.depth), str(c.streams), c.prompt + (f" +{c.images} img {c.image_size}" if c.images else ""),
+            f"{c.requests_ok}/{c.requests_failed}",
             f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}"
             + _pct(c.roofline, "decode_pct_of_limit", c.streams == 1),
             _n(c.stat("aggregate_decode_tok_s")) + _pct(c.roofline, "decode_pct_of_limit", c.streams > 1),
@@ -187,7 +201,9 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             + _pct(c.roofline, "prefill_pct_of_limit", bool(c.depth)),
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
-        ] + ([gpu_field(c)] if with_gpu else []) + ([slo_field(c)] if with_slo else []))
+        ] + ([f"{_n(c.stat('reasoning_tok_s'))} / {_n(c.stat('content_tok_s'))}"] if with_think else [])
+            + ([f"{c.tool_calls} ({c.tool_calls_missing})"] if with_tools else [])
+            + ([gpu_field(c)] if with_gpu else []) + ([slo_field(c)] if with_slo else []))
     return head, rows
 
 

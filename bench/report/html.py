@@ -149,9 +149,10 @@ def _run_info(s: Source) -> str:
             ("server", f"{srv.get('backend') or 'unknown backend'} {srv.get('version') or ''}".strip()),
             ("context size", srv.get("context_size")), ("profile", prof.get("name")),
             ("settings", ", ".join(f"{k}={st[k]}" for k in ("max_tokens", "requests", "warmup", "endpoint",
-                                                               "thinking", "prefix_cache") if k in st)),
-            ("created", r.get("created")), ("duration s", _fmt(run.get("duration_s"), 0, None)),
-            ("fixed overhead ms", _fmt(run.get("overhead_ms"), 1, None)), ("bench", r.get("bench_version")),
+                                                               "thinking", "prefix_cache", "images", "image_size",
+                                                               "tools", "tool_choice") if st.get(k) not in (None, ""))),
+            ("created", r.get("created")), ("duration s", _fmt(run.get("duration_s"), 0, "")),
+            ("fixed overhead ms", _fmt(run.get("overhead_ms"), 1, "")), ("bench", r.get("bench_version")),
             ("machine", (r.get("machine") or {}).get("hostname")),
             ("roofline", _spec_line(spec) if spec else None)]
     warns = "".join(f"<li class='warn'>{html.escape(str(w))}</li>" for w in r.get("warnings") or [])
@@ -173,7 +174,7 @@ def _spec_line(spec: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
-def _fmt(v: Any, digits: int = 1, missing: Any = "-") -> Any:
+def _fmt(v: Any, digits: int = 1, missing: str = "-") -> str:
     return missing if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:,.{digits}f}"
 
 
@@ -193,6 +194,27 @@ def _roofline_table(s: Source) -> str:
                     f"<td>{_fmt(pt, 0)}</td><td>{_fmt(rf.get('prefill_tok_s_limit'), 0)}</td>"
                     f"<td>{_fmt(rf.get('prefill_pct_of_limit'))}</td></tr>")
     return f"<h3>{html.escape(s.name)}: % of the physical limit (roofline)</h3><table>{head}{''.join(rows)}</table>"
+
+
+def _workload_table(s: Source) -> str:
+    """Images, thinking and tool calls per cell (docs/workloads.md), when a cell has any of them."""
+    def med(c: dict[str, Any], k: str, digits: int = 1) -> str:
+        return _fmt((c.get(k) or {}).get("median"), digits)
+
+    cells = [c for c in s.results.get("cells", []) if c.get("images") or c.get("tool_calls_forced")
+             or c.get("tool_calls") or (c.get("reasoning_tok_s") or {}).get("median") is not None]
+    if not cells:
+        return ""
+    head = ("<tr><th>cell</th><th>images</th><th>image bytes p50</th><th>tokens per image</th><th>upload ms p50</th>"
+            "<th>TTFT ms p50</th><th>first reasoning ms</th><th>first content ms</th><th>reasoning tok/s</th>"
+            "<th>content tok/s</th><th>first tool call ms</th><th>tool calls (missing)</th></tr>")
+    rows = [f"<tr><td>{html.escape(str(c.get('id')))}</td><td>{c.get('images') or 0}</td>"
+            f"<td>{med(c, 'image_bytes', 0)}</td><td>{_fmt(c.get('image_prompt_tokens'))}</td>"
+            f"<td>{med(c, 'upload_ms')}</td><td>{med(c, 'ttft_ms')}</td><td>{med(c, 'ttft_reasoning_ms')}</td>"
+            f"<td>{med(c, 'ttft_content_ms')}</td><td>{med(c, 'reasoning_tok_s')}</td><td>{med(c, 'content_tok_s')}</td>"
+            f"<td>{med(c, 'ttft_tool_ms')}</td><td>{c.get('tool_calls', 0)} ({c.get('tool_calls_missing', 0)})</td></tr>"
+            for c in cells]
+    return f"<h3>{html.escape(s.name)}</h3><table>{head}{''.join(rows)}</table>"
 
 
 def _gate_section(name: str, gate: dict[str, Any]) -> str:
@@ -246,6 +268,9 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
     for key, head in (("decode_vs_streams", "Decode vs concurrent streams"), ("depth", "Prefill and decode vs depth")):
         if key in figs:
             parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]
+    work = [t for t in (_workload_table(s) for s in sources) if t]
+    if work:
+        parts += ["<h2>Images, thinking and tool calls (docs/workloads.md)</h2>"] + work
     roof = [t for t in (_roofline_table(s) for s in sources) if t]
     if roof:
         parts += ["<h2>Against the physical limit (roofline, docs/roofline.md)</h2>"] + roof

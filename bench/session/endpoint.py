@@ -30,9 +30,11 @@ import httpx
 
 from bench.client import (
     ClientSettings,
+    ImageSet,
     RequestSpec,
     StreamTap,
     discover_model,
+    image_rejection,
     make_http_client,
     require_ok,
     root_url,
@@ -40,6 +42,7 @@ from bench.client import (
 )
 from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
 from bench.config.profile import Cell, Profile, profile_settings
+from bench.config.tools import load_tools, tool_choice_value
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO
@@ -121,7 +124,10 @@ class Session:
         self.template_overhead_tokens = 0
         self.template_cached_tokens = 0
         self.overhead_ms: float | None = None
-        self.body_opts = BodyOptions(profile.endpoint, profile.temperature, profile.thinking, profile.force_length)
+        tools = load_tools(profile.tools)
+        self.body_opts = BodyOptions(profile.endpoint, profile.temperature, profile.thinking, profile.force_length,
+                                     tools=tools, tool_choice=tool_choice_value(profile.tool_choice, tools))
+        self._image_sets: dict[tuple[int, int, int], ImageSet] = {}
         self.run_id = uuid.uuid4().hex[:8]
         self.planner = Planner(self.run_id, profile)
         self.writer: RecordWriter | None = None
@@ -231,26 +237,65 @@ class Session:
             self.writer.write(rec)
 
 
-    def body(self, text: str, max_tokens: int) -> dict[str, Any]:
-        """The JSON body for a prompt with the capabilities the server accepted so far."""
-        return request_body(self.body_opts, text, max_tokens)
+    def body(self, text: str, max_tokens: int, images: Sequence[str] = (),
+             history: Sequence[dict[str, Any]] = (), thinking: bool | None = None) -> dict[str, Any]:
+        """The JSON body for a prompt (with its images and earlier turns; ``thinking``: the cell's switch, None
+        for the profile's) with the capabilities the server accepted so far."""
+        opts = self.body_opts if thinking is None else replace(self.body_opts, thinking=thinking)
+        return request_body(opts, text, max_tokens, image_urls=images, history=history)
+
+    def image_urls(self, request_id: str, count: int | None = None, wh: tuple[int, int] | None = None) -> list[str]:
+        """The images of one request as data URLs, unique to it (seeded by the run and ``request_id``): ``count``
+        of ``wh`` pixels, by default the profile's ``images`` and ``image_size``. Not timed: build them before
+        sending."""
+        p = self.profile
+        n = p.images if count is None else count
+        if n <= 0:
+            return []
+        w, h = wh if wh is not None else (int(x) for x in p.image_size.split("x"))
+        key = (n, w, h)
+        if key not in self._image_sets:
+            self._image_sets[key] = ImageSet(n, w, h, p.image_format, p.image_source)
+        return self._image_sets[key].urls(f"{self.run_id}/{request_id}")
 
     # ---- sending ------------------------------------------------------------------------------------------------
     async def send(self, text: str, max_tokens: int, tag: str, meta: dict[str, Any],
-                   tap: StreamTap | None = None, request_id: str | None = None) -> RequestRecord:
-        """One request, with the capability fallbacks of the module docstring (rejected attempts are written)."""
+                   tap: StreamTap | None = None, request_id: str | None = None, *, images: Sequence[str] = (),
+                   history: Sequence[dict[str, Any]] = (), thinking: bool | None = None,
+                   refuse_images: bool = True) -> RequestRecord:
+        """One request, with the capability fallbacks of the module docstring (rejected attempts are written).
+
+        Raises:
+            ServerError: the server refused the request's images (one line naming ``--images``); with
+                ``refuse_images=False`` the failed record is returned instead (open loop: checked after the point).
+        """
         rid = request_id or self.planner.next_id(tag)[0]
-        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens), meta)
+        spec = RequestSpec(rid, self.profile.endpoint, self.body(text, max_tokens, images, history, thinking), meta)
         rec = await stream_request(self.client, self.base, spec, model=self.model, secret=self.settings.api_key,
                                    tap=tap)
         for attempt in (1, 2):
             if rec.status not in (400, 422) or not self._drop_rejected_field(spec, rec):
                 break
             self.write(rec)  # the rejected attempt stays on disk, as a failure
-            spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint, self.body(text, max_tokens), meta)
+            spec = RequestSpec(f"{rid}-retry{attempt}", self.profile.endpoint,
+                               self.body(text, max_tokens, images, history, thinking), meta)
             rec = await stream_request(self.client, self.base, spec, model=self.model,
                                        secret=self.settings.api_key, tap=tap)
+        if images and refuse_images:
+            self.refuse_rejected_images(rec)
         return rec
+
+    def refuse_rejected_images(self, rec: RequestRecord) -> None:
+        """Stop the run when the server answered a request with images by an HTTP error about images.
+
+        Raises:
+            ServerError: ``the server does not accept image input (...): run without --images, ...``.
+        """
+        line = image_rejection(rec)
+        if line is None:
+            return
+        self.write(rec)
+        raise ServerError(line)
 
     def _drop_rejected_field(self, spec: RequestSpec, rec: RequestRecord) -> bool:
         """Drop the optional field a 400/422 rejected; False when the error is not about one (e.g. context)."""

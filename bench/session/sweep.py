@@ -101,16 +101,18 @@ class Sweep:
     # ---- cells --------------------------------------------------------------------------------------------------
     async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
         texts = [await self.session.realize(r) for r in reqs]
+        images = [self.session.image_urls(r.request_id, r.images, r.image_wh) for r in reqs]  # before the wave
         measured = bool(reqs) and reqs[0].phase == "measure"
         if self.session.pool is not None and measured:
-            return await self._wave_in_workers(cell, reqs, texts)
+            return await self._wave_in_workers(cell, reqs, texts, images)
         taps = [StreamTap() for _ in reqs]
         if self.session.observer is not None and measured:
             self.session.observer.wave_started(cell, taps)
 
         async def one(i: int) -> RequestRecord:
             r = reqs[i]
-            rec = await self.session.send(texts[i], r.max_tokens, r.phase, r.meta, tap=taps[i], request_id=r.request_id)
+            rec = await self.session.send(texts[i], r.max_tokens, r.phase, r.meta, tap=taps[i], request_id=r.request_id,
+                                          images=images[i], thinking=r.thinking)
             self.session.write(rec)
             if self.session.observer is not None and measured:
                 self.session.observer.request_done(cell, rec.ok)
@@ -127,14 +129,19 @@ class Sweep:
                 gc.enable()
                 gc.collect()
 
-    async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str]) -> list[RequestRecord]:
+    async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str],
+                               images: list[list[str]]) -> list[RequestRecord]:
         """One measured wave spread over the worker processes (records on one clock; no live counters)."""
-        specs = [RequestSpec(r.request_id, self.session.profile.endpoint, self.session.body(t, r.max_tokens), r.meta)
-                 for r, t in zip(reqs, texts)]
+        body = self.session.body
+        specs = [RequestSpec(r.request_id, self.session.profile.endpoint,
+                             body(t, r.max_tokens, im, thinking=r.thinking), r.meta)
+                 for r, t, im in zip(reqs, texts, images)]
         pool = self.session.pool
         assert pool is not None, "a wave in workers needs the session's pool"
         recs = await pool.arun(specs)
         for rec in recs:
+            if rec.images:
+                self.session.refuse_rejected_images(rec)
             self.session.write(rec)
             if self.session.observer is not None:
                 self.session.observer.request_done(cell, rec.ok)

@@ -19,9 +19,11 @@ from bench.sim.runner import running_sim, serve
 from bench.sim.server import create_app
 from bench.sim.text import count_tokens, tokenize
 from bench.sim.truth import (
+    calls_tool,
     expected_cached_tokens,
     expected_decode_tok_s,
     expected_e2e_ms,
+    expected_encode_ms,
     expected_error_count,
     expected_events,
     expected_itl_ms,
@@ -53,4 +55,6 @@ __all__ = [
     "expected_cached_tokens",
     "expected_error_count",
     "output_length",
+    "expected_encode_ms",
+    "calls_tool",
 ]

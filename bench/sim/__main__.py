@@ -7,7 +7,7 @@ import dataclasses
 import sys
 from typing import Any, NoReturn
 
-from bench.sim.config import ERROR_KINDS, FIELD_HELP, SimConfig, load_config
+from bench.sim.config import ERROR_KINDS, FIELD_HELP, REASONING_FIELDS, SimConfig, load_config
 from bench.sim.runner import serve
 
 __all__ = ["main", "build_parser", "config_from_args"]
@@ -48,6 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
             kw.update(type=_tokens_per_event, metavar="K[,K...]")
         elif f.name == "error_kind":
             kw.update(choices=ERROR_KINDS)
+        elif f.name == "reasoning_field":
+            kw.update(choices=REASONING_FIELDS)
         elif isinstance(f.default, bool):
             kw.update(action=argparse.BooleanOptionalAction)
         elif isinstance(f.default, int):

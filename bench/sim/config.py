@@ -15,9 +15,10 @@ import tomllib
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["SimConfig", "load_config", "FIELD_HELP", "ERROR_KINDS"]
+__all__ = ["SimConfig", "load_config", "FIELD_HELP", "ERROR_KINDS", "REASONING_FIELDS"]
 
 ERROR_KINDS = ("429", "503", "stream")
+REASONING_FIELDS = ("reasoning_content", "reasoning", "both")
 USAGE_MODES = ("final", "every_chunk", "never")
 
 
@@ -74,6 +75,22 @@ class SimConfig:
     )
     reasoning_tokens: int = _f(
         0, "tokens", "first N output tokens of a chat request are streamed as delta.reasoning_content"
+    )
+    reasoning_field: str = _f(
+        "reasoning_content", "'reasoning_content'|'reasoning'|'both'",
+        "the delta key reasoning text goes under; 'both' sends the same text under both keys (as some vLLM "
+        "versions do)",
+    )
+
+    # -- image input and tool calls --------------------------------------------------------------
+    images: bool = _f(True, "bool", "accept image_url content parts; off: reject them with HTTP 500 as "
+                      "llama-server without a projector (--mmproj) does")
+    image_tokens: int = _f(256, "tokens", "prompt tokens each image_url content part adds")
+    image_encode_ms: float = _f(0.0, "ms", "encoder time per image, spent after admission and before prefill")
+    tool_call_prob: float = _f(
+        0.0, "probability per request",
+        "chance that a chat request offering tools (tool_choice not 'none') answers with a tool call: its output "
+        "after the reasoning goes out as delta.tool_calls argument fragments (seeded per request)",
     )
 
     # -- prefix cache --------------------------------------------------------------------------
@@ -152,6 +169,12 @@ class SimConfig:
         else:
             need(is_int(tpe) and tpe >= 1, "tokens_per_event", "must be an int >= 1 or a list of them")
         need(is_int(self.reasoning_tokens) and self.reasoning_tokens >= 0, "reasoning_tokens", "must be an int >= 0")
+        need(self.reasoning_field in REASONING_FIELDS, "reasoning_field",
+             f"must be one of {', '.join(REASONING_FIELDS)}")
+        need(isinstance(self.images, bool), "images", "must be true or false")
+        need(is_int(self.image_tokens) and self.image_tokens >= 0, "image_tokens", "must be an int >= 0")
+        need(is_num(self.image_encode_ms) and self.image_encode_ms >= 0, "image_encode_ms", "must be >= 0 ms")
+        need(is_num(self.tool_call_prob) and 0 <= self.tool_call_prob <= 1, "tool_call_prob", "must be in [0, 1]")
         need(isinstance(self.prefix_cache, bool), "prefix_cache", "must be true or false")
         need(is_int(self.prefix_block_tokens) and self.prefix_block_tokens >= 1, "prefix_block_tokens",
              "must be an int >= 1")

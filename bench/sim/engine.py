@@ -16,7 +16,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from bench.sim.config import SimConfig
-from bench.sim.truth import jitter_factor, output_length, prefill_ns, step_ns
+from bench.sim.truth import encode_ns, jitter_factor, output_length, prefill_ns, step_ns
 
 __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 
@@ -89,7 +89,8 @@ class Seq:
     __slots__ = (
         "no", "prompt_ids", "prompt_tokens", "cached_tokens", "out_len", "finish_reason", "reasoning_tokens",
         "error_after", "arrival_ns", "admit_ns", "prefill_end_ns", "first_sched_ns", "first_write_ns",
-        "last_sched_ns", "last_event_ns", "emitted", "events", "sink", "done", "state", "tpe_rng",
+        "last_sched_ns", "last_event_ns", "emitted", "events", "sink", "done", "state", "tpe_rng", "images",
+        "tool_name",
     )
 
     def __init__(
@@ -102,6 +103,8 @@ class Seq:
         reasoning: bool,
         stream_error: bool,
         sink: Sink | None,
+        images: int = 0,
+        tool_name: str | None = None,
     ) -> None:
         self.no = no
         self.prompt_ids = prompt_ids
@@ -109,7 +112,9 @@ class Seq:
         self.cached_tokens = 0
         out_len, finish = output_length(cfg, no, max_tokens)
         self.out_len = out_len
-        self.finish_reason = finish
+        self.images = images
+        self.tool_name = tool_name  # answers with a call of this tool (its output after the reasoning)
+        self.finish_reason = "tool_calls" if tool_name is not None else finish
         self.reasoning_tokens = min(cfg.reasoning_tokens, out_len) if reasoning else 0
         # in-stream error: this many tokens go out, then the error replaces the next event
         self.error_after: int | None = min(cfg.error_after_tokens, out_len - 1) if stream_error else None
@@ -140,6 +145,8 @@ class Seq:
             "events": self.events,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,
+            "images": self.images,
+            "tool_call": self.tool_name is not None,
         }
 
 
@@ -227,7 +234,8 @@ class Engine:
         if cfg.prefix_cache:
             seq.cached_tokens = self._cache_lookup_insert(seq.prompt_ids)
         seq.prompt_ids = []  # not needed any more
-        seq.prefill_end_ns = t + prefill_ns(cfg, seq.prompt_tokens - seq.cached_tokens, seq.prompt_tokens)
+        seq.prefill_end_ns = (t + encode_ns(cfg, seq.images)
+                              + prefill_ns(cfg, seq.prompt_tokens - seq.cached_tokens, seq.prompt_tokens))
         seq.state = "prefill"
         self.stats.queue.observe((t - seq.arrival_ns) / 1e9)
         heapq.heappush(self.prefilling, (seq.prefill_end_ns, seq.no, seq))
@@ -337,7 +345,7 @@ class Engine:
             _finish(seq, "aborted")
             return True
         if final:
-            stats.success[seq.finish_reason] += 1
+            stats.success[seq.finish_reason] = stats.success.get(seq.finish_reason, 0) + 1
             stats.e2e.observe(((now if sink is not None else t) - seq.arrival_ns) / 1e9)
             _finish(seq, "finished")
             return True

@@ -7,14 +7,14 @@ import json
 import socket
 import time
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from aiohttp import web
 
 from bench.sim.config import SimConfig
 from bench.sim.engine import Engine, Histogram, Seq
-from bench.sim.text import chat_prompt_tokens, output_words, tokenize
-from bench.sim.truth import fails
+from bench.sim.text import chat_prompt, chat_prompt_tokens, output_words, tokenize
+from bench.sim.truth import calls_tool, fails
 
 __all__ = ["create_app", "ENGINE_KEY"]
 
@@ -23,6 +23,8 @@ _TASK_KEY: web.AppKey[asyncio.Task[None]] = web.AppKey("bench_sim_task", asyncio
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 _DONE = "data: [DONE]\n\n"
+# what llama-server without a multimodal projector answers to an image part (HTTP 500)
+NO_IMAGES_MESSAGE = "image input is not supported - hint: if this is unexpected, you may need to provide the mmproj"
 
 
 # ------------------------------------------------------------------------------------------------
@@ -69,10 +71,39 @@ def _completion_prompt_ids(prompt: Any) -> list[int]:
     raise _BadRequest("'prompt' must be a string or a list of token ids (one prompt per request)")
 
 
-def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> tuple[list[int], int, bool, bool]:
-    """``(prompt ids, max_tokens, stream, include_usage)`` of a generation request; raises _BadRequest."""
+class _Gen(NamedTuple):
+    """A generation request as parsed: prompt ids, images in it, output length asked, streaming, usage asked,
+    and the tool it could call (None: it offers none, or ``tool_choice`` is ``"none"``)."""
+
+    ids: list[int]
+    images: int
+    max_tokens: int
+    stream: bool
+    include_usage: bool
+    tool: str | None
+    thinks: bool  # chat, and thinking not switched off (chat_template_kwargs.enable_thinking false)
+
+
+def _offered_tool(body: dict[str, Any]) -> str | None:
+    """The name of the tool a request could call: the one ``tool_choice`` names, else the first of ``tools``."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if not isinstance(tools, list) or not tools or choice == "none":
+        return None
+    if isinstance(choice, dict) and isinstance(choice.get("function"), dict):
+        name = choice["function"].get("name")
+        if isinstance(name, str) and name:
+            return name
+    first = tools[0].get("function") if isinstance(tools[0], dict) else None
+    name = first.get("name") if isinstance(first, dict) else None
+    return name if isinstance(name, str) and name else "tool"
+
+
+def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> _Gen:
+    """The generation request in ``body``; raises _BadRequest."""
+    images = 0
     if chat:
-        ids = chat_prompt_tokens(body.get("messages"))
+        ids, images = chat_prompt(body.get("messages"), cfg.image_tokens)
     else:
         if "prompt" not in body:
             raise _BadRequest("'prompt' is required")
@@ -93,7 +124,40 @@ def _parse_generate(cfg: SimConfig, body: dict[str, Any], chat: bool) -> tuple[l
     stream = bool(body.get("stream"))
     so = body.get("stream_options")
     include_usage = stream and isinstance(so, dict) and bool(so.get("include_usage"))
-    return ids, max_tokens, stream, include_usage
+    kwargs = body.get("chat_template_kwargs")
+    off = isinstance(kwargs, dict) and kwargs.get("enable_thinking") is False
+    return _Gen(ids, images, max_tokens, stream, include_usage, _offered_tool(body) if chat else None,
+                chat and not off)
+
+
+def _reasoning_keys(cfg: SimConfig) -> tuple[str, ...]:
+    return ("reasoning_content", "reasoning") if cfg.reasoning_field == "both" else (cfg.reasoning_field,)
+
+
+def _tool_fragment(seq: Seq, first: bool, text: str) -> dict[str, Any]:
+    """One streamed ``delta.tool_calls`` entry: the first carries the call's id and the function's name."""
+    if first:
+        return {"index": 0, "id": f"call_{seq.no:08x}", "type": "function",
+                "function": {"name": seq.tool_name, "arguments": text}}
+    return {"index": 0, "function": {"arguments": text}}
+
+
+def _delta(seq: Seq, start: int, ntok: int, rkeys: tuple[str, ...]) -> str:
+    """The ``delta`` of one chat event carrying output tokens ``start .. start+ntok-1``: reasoning (under each of
+    ``rkeys``) while in the reasoning phase, then content, or tool-call argument fragments for a tool call."""
+    no, r_end = seq.no, seq.reasoning_tokens
+    nr = max(0, min(r_end, start + ntok) - start)
+    parts = []
+    if nr:
+        text = _dumps(output_words(no, start, nr))
+        parts += [f'"{k}":{text}' for k in rkeys]
+    if ntok > nr:
+        words = output_words(no, start + nr, ntok - nr)
+        if seq.tool_name is not None:
+            parts.append('"tool_calls":' + _dumps([_tool_fragment(seq, start + nr == r_end, words)]))
+        else:
+            parts.append('"content":' + _dumps(words))
+    return '"delta":{' + ",".join(parts) + "}"
 
 
 def _usage(seq: Seq) -> dict[str, Any]:
@@ -113,10 +177,13 @@ class StreamSink:
     """Writes SSE events straight to the connection's transport (one ``transport.write`` per event, framed as
     an HTTP/1.1 chunk when the response is chunked): the step loop never awaits a slow client."""
 
-    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk")
+    __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk",
+                 "rkeys")
 
     def __init__(self, writer: Any, transport: Any, chat: bool, rid: str, created: int, model: str,
-                 include_usage: bool, usage_mode: str = "final") -> None:
+                 include_usage: bool, usage_mode: str = "final",
+                 rkeys: tuple[str, ...] = ("reasoning_content",)) -> None:
+        self.rkeys = rkeys
         self.writer = writer
         self.transport = transport
         self.chunked = bool(getattr(writer, "chunked", False))
@@ -153,18 +220,7 @@ class StreamSink:
     async def event(self, seq: Seq, sched_ns: int, start: int, ntok: int, final: bool) -> bool:
         no = seq.no
         if self.chat:
-            r_end = seq.reasoning_tokens
-            if start + ntok <= r_end:
-                delta = '"delta":{"reasoning_content":' + _dumps(output_words(no, start, ntok)) + "}"
-            elif start >= r_end:
-                delta = '"delta":{"content":' + _dumps(output_words(no, start, ntok)) + "}"
-            else:
-                nr = r_end - start
-                delta = (
-                    '"delta":{"reasoning_content":' + _dumps(output_words(no, start, nr))
-                    + ',"content":' + _dumps(output_words(no, r_end, ntok - nr)) + "}"
-                )
-            choice = delta + ',"finish_reason":null}]'
+            choice = _delta(seq, start, ntok, self.rkeys) + ',"finish_reason":null}]'
         else:
             choice = '"text":' + _dumps(output_words(no, start, ntok)) + ',"logprobs":null,"finish_reason":null}]'
         tail = self._final(seq) if final else ""
@@ -234,7 +290,7 @@ class _Handlers:
             elif isinstance(body.get("prompt"), str):
                 ids = tokenize(body["prompt"])
             elif "messages" in body:
-                ids = chat_prompt_tokens(body["messages"])
+                ids = chat_prompt_tokens(body["messages"], self.cfg.image_tokens)
             else:
                 raise _BadRequest("give 'content' or 'prompt' (a string) or 'messages'")
         except (_BadRequest, ValueError) as e:
@@ -260,9 +316,12 @@ class _Handlers:
         if not isinstance(body, dict):
             return _error_response(400, "body must be a JSON object", "invalid_request_error")
         try:
-            ids, max_tokens, stream, include_usage = _parse_generate(cfg, body, chat)
+            gen = _parse_generate(cfg, body, chat)
         except (_BadRequest, ValueError) as e:
             return _error_response(400, str(e), "invalid_request_error")
+        if gen.images and not cfg.images:
+            return _error_response(500, NO_IMAGES_MESSAGE, "server_error")
+        ids, max_tokens, stream, include_usage = gen.ids, gen.max_tokens, gen.stream, gen.include_usage
 
         no = engine.next_request_no()
         failing = fails(cfg, no)
@@ -272,12 +331,14 @@ class _Handlers:
                 return _error_response(429, f"bench sim: simulated rate limit (request {no})", "rate_limit_error")
             return _error_response(503, f"bench sim: simulated overload (request {no})", "service_unavailable")
 
+        tool = gen.tool if gen.tool is not None and calls_tool(cfg, no) else None
         rid = f"{'chatcmpl' if chat else 'cmpl'}-sim{no:08x}"
         created = int(time.time())
         _nodelay(request)
 
         if not stream:
-            seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=None)
+            seq = Seq(cfg, no, ids, max_tokens, reasoning=gen.thinks, stream_error=failing, sink=None, images=gen.images,
+                      tool_name=tool)
             engine.submit(seq, perf_counter_ns())
             await self._await_done(seq)
             if seq.state == "error":
@@ -291,8 +352,10 @@ class _Handlers:
             "Cache-Control": "no-cache",
         })
         writer = await resp.prepare(request)
-        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode)
-        seq = Seq(cfg, no, ids, max_tokens, reasoning=chat, stream_error=failing, sink=sink)
+        sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode,
+                          _reasoning_keys(cfg))
+        seq = Seq(cfg, no, ids, max_tokens, reasoning=gen.thinks, stream_error=failing, sink=sink, images=gen.images,
+                  tool_name=tool)
         arrival = perf_counter_ns()
         if chat and not await sink.write(sink.role_chunk(arrival)):
             return resp
@@ -314,9 +377,15 @@ class _Handlers:
     def _whole(self, seq: Seq, rid: str, created: int, chat: bool) -> dict[str, Any]:
         r = seq.reasoning_tokens
         if chat:
-            msg: dict[str, Any] = {"role": "assistant", "content": output_words(seq.no, r, seq.emitted - r)}
+            answer = output_words(seq.no, r, seq.emitted - r)
+            msg: dict[str, Any] = {"role": "assistant", "content": answer}
+            if seq.tool_name is not None:
+                msg["content"] = None
+                msg["tool_calls"] = [{"id": f"call_{seq.no:08x}", "type": "function",
+                                      "function": {"name": seq.tool_name, "arguments": answer}}]
             if r:
-                msg["reasoning_content"] = output_words(seq.no, 0, r)
+                for key in _reasoning_keys(self.cfg):
+                    msg[key] = output_words(seq.no, 0, r)
             choice: dict[str, Any] = {"index": 0, "message": msg, "logprobs": None,
                                       "finish_reason": seq.finish_reason}
             obj = "chat.completion"

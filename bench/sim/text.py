@@ -17,7 +17,8 @@ import zlib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["tokenize", "count_tokens", "token_id", "output_words", "WORDS", "chat_prompt_tokens"]
+__all__ = ["tokenize", "count_tokens", "token_id", "output_words", "WORDS", "chat_prompt_tokens", "chat_prompt",
+           "image_token_ids"]
 
 _TOKEN_RE = re.compile(r"\s*(\S+)")
 
@@ -49,34 +50,59 @@ def count_tokens(text: str) -> int:
     return sum(1 for _ in _TOKEN_RE.finditer(text))
 
 
-def _content_text(content: Any) -> Iterable[str]:
+def image_token_ids(url: str, count: int) -> list[int]:
+    """The ``count`` prompt token ids an image stands for: derived from ``zlib.crc32`` of its URL, so the same
+    image gives the same ids (a prefix cache can match it) and different images differ."""
+    h = zlib.crc32(url.encode("utf-8"))
+    return [(h * 2654435761 + i * 40503) & 0x7FFFFFFF for i in range(count)]
+
+
+def _content_parts(content: Any) -> Iterable[tuple[str, str]]:
+    """``("text", text)`` and ``("image", url)`` items of one message's content, in order."""
     if content is None:
         return
     if isinstance(content, str):
-        yield content
+        yield "text", content
         return
     if isinstance(content, list):
         for part in content:
             if isinstance(part, str):
-                yield part
+                yield "text", part
             elif isinstance(part, dict) and isinstance(part.get("text"), str):
-                yield part["text"]
+                yield "text", part["text"]
+            elif isinstance(part, dict) and part.get("type") == "image_url":
+                img = part.get("image_url")
+                url = img.get("url") if isinstance(img, dict) else img
+                if not isinstance(url, str) or not url:
+                    raise ValueError("an image_url part needs image_url.url (a string)")
+                yield "image", url
         return
     raise ValueError("message content must be a string, a list of parts, or null")
 
 
-def chat_prompt_tokens(messages: Any) -> list[int]:
-    """Prompt tokens of a chat request: the tokens of every message's content (each text tokenized on its
-    own, in order) concatenated. Roles, names and the chat template add no tokens."""
+def chat_prompt(messages: Any, image_tokens: int = 0) -> tuple[list[int], int]:
+    """``(prompt token ids, images)`` of a chat request: the tokens of every message's content parts in order
+    (each text tokenized on its own; each ``image_url`` part ``image_tokens`` ids from :func:`image_token_ids`).
+    Roles, names and the chat template add no tokens."""
     if not isinstance(messages, list) or not messages:
         raise ValueError("'messages' must be a non-empty list")
     out: list[int] = []
+    images = 0
     for msg in messages:
         if not isinstance(msg, dict):
             raise ValueError("each message must be an object")
-        for text in _content_text(msg.get("content")):
-            out.extend(tokenize(text))
-    return out
+        for kind, value in _content_parts(msg.get("content")):
+            if kind == "text":
+                out.extend(tokenize(value))
+            else:
+                images += 1
+                out.extend(image_token_ids(value, image_tokens))
+    return out, images
+
+
+def chat_prompt_tokens(messages: Any, image_tokens: int = 0) -> list[int]:
+    """Prompt token ids of a chat request (:func:`chat_prompt`)."""
+    return chat_prompt(messages, image_tokens)[0]
 
 
 def output_words(request_no: int, start: int, count: int) -> str:

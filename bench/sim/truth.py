@@ -24,6 +24,9 @@ __all__ = [
     "prefill_rate_tok_s",
     "expected_prefill_ms",
     "prefill_ns",
+    "expected_encode_ms",
+    "encode_ns",
+    "calls_tool",
     "expected_itl_ms",
     "mean_tokens_per_event",
     "expected_decode_tok_s",
@@ -101,6 +104,24 @@ def prefill_ns(cfg: SimConfig, uncached_tokens: int, prompt_tokens: int) -> int:
     return round(expected_prefill_ms(cfg, uncached_tokens, prompt_tokens) * 1e6)
 
 
+def expected_encode_ms(cfg: SimConfig, images: int) -> float:
+    """Image encoding before prefill: ``images * image_encode_ms`` ms, times :func:`drift_factor` (never cached)."""
+    return max(0, images) * cfg.image_encode_ms * drift_factor(cfg)
+
+
+def encode_ns(cfg: SimConfig, images: int) -> int:
+    return round(expected_encode_ms(cfg, images) * 1e6)
+
+
+def calls_tool(cfg: SimConfig, request_no: int) -> bool:
+    """Whether chat request ``request_no``, when it offers tools (``tool_choice`` not ``"none"``), answers with a
+    tool call: ``Random(f"tool/{seed}/{request_no}").random() < tool_call_prob`` (whatever ``tool_choice`` says, so
+    a forced call can be missing)."""
+    if cfg.tool_call_prob <= 0:
+        return False
+    return random.Random(f"tool/{cfg.seed}/{request_no}").random() < cfg.tool_call_prob
+
+
 def expected_itl_ms(cfg: SimConfig, batch: int = 1) -> float:
     """Time between two consecutive events of one sequence while ``batch`` sequences decode together: t(batch)."""
     return step_ms(cfg, batch)
@@ -125,9 +146,11 @@ def expected_events(cfg: SimConfig, output_tokens: int) -> int:
     return math.ceil(output_tokens / cfg.tokens_per_event)
 
 
-def expected_ttft_ms(cfg: SimConfig, prompt_tokens: int, cached_tokens: int = 0) -> float:
-    """Isolated request: arrival (server clock) -> first token event = prefill + t(1)."""
-    return expected_prefill_ms(cfg, prompt_tokens - cached_tokens, prompt_tokens) + step_ms(cfg, 1)
+def expected_ttft_ms(cfg: SimConfig, prompt_tokens: int, cached_tokens: int = 0, images: int = 0) -> float:
+    """Isolated request: arrival (server clock) -> first token event = image encoding + prefill + t(1).
+    ``prompt_tokens`` includes the ``image_tokens`` of each image."""
+    return (expected_encode_ms(cfg, images) + expected_prefill_ms(cfg, prompt_tokens - cached_tokens, prompt_tokens)
+            + step_ms(cfg, 1))
 
 
 def expected_e2e_ms(cfg: SimConfig, prompt_tokens: int, output_tokens: int, cached_tokens: int = 0) -> float:

@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.client import ClientSettings, RequestSpec, discover_model, root_url
+from bench.client import ClientSettings, ImageSet, RequestSpec, discover_model, root_url
 from bench.client.border import admit
 from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord
@@ -194,6 +194,17 @@ class _Checker:
         n = sum(1 for _, o in _json_events(list(cap.reads)) if isinstance(o, dict) and _delta(o).get("tool_calls"))
         return "none" if n == 0 else "one_chunk" if n == 1 else "streamed"
 
+    async def images(self, text_prompt_tokens: int | None) -> dict[str, Any]:
+        """One chat request with one small noise image: accepted or not, and the prompt tokens it added."""
+        url = ImageSet(1, 64, 64, "jpeg").urls(uuid.uuid4().hex)[0]
+        parts = [{"type": "text", "text": "Tell me about lighthouses."}, {"type": "image_url", "image_url": {"url": url}}]
+        rec = (await self.send("chat", {"messages": [{"role": "user", "content": parts}], "max_tokens": 4})).record
+        if not rec.ok:
+            return {"images": "rejected", "images_error": (rec.error or "")[:200], "image_tokens": None}
+        pt = request_metrics(rec).prompt_tokens
+        added = pt - text_prompt_tokens if pt is not None and text_prompt_tokens is not None else None
+        return {"images": "accepted", "images_error": None, "image_tokens": added}
+
     async def prefix_cache(self) -> dict[str, Any]:
         nonce = uuid.uuid4().hex
         words = " ".join(f"{nonce[i % 32]}{i}" for i in range(200))
@@ -246,6 +257,7 @@ async def check_endpoint(base: str, settings: ClientSettings, model: str | None 
         rep.update(lg)
         rep.update(await ck.min_tokens())
         rep["tool_calls"] = await ck.tool_calls()
+        rep.update(await ck.images(rep.get("chat_prompt_tokens")))
         rep.update(await ck.prefix_cache())
         content_tokens = await ck.tokenize("Tell me about lighthouses.")
         rep["tokenize"] = content_tokens is not None
@@ -271,6 +283,8 @@ def _does(rep: dict[str, Any]) -> dict[str, str]:
         "role_first_chunk": "not a token: TTFT waits for text",
         "reasoning_fields": "reasoning counts as output (TTFT), TTFC is content",
         "tool_calls": "tool-call arguments count as output",
+        "images": "--images sends image_url parts" if rep.get("images") == "accepted"
+        else "--images stops with one line naming it",
         "tokenize": "prompts sized by the server's tokenizer" if rep.get("tokenize")
         else "prompts sized by estimate, checked by usage",
         "metrics": "server_metrics per cell" if rep.get("metrics") else "no server view per cell",
@@ -295,6 +309,7 @@ def report_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
         "role_first_chunk": _yes(rep.get("role_first_chunk")),
         "reasoning_fields": ", ".join(rep.get("reasoning_fields") or []) or "none",
         "tool_calls": str(rep.get("tool_calls")),
+        "images": str(rep.get("images")) + (f" ({rep['image_tokens']} tok)" if rep.get("image_tokens") else ""),
         "tokenize": _yes(rep.get("tokenize")),
         "metrics": (rep.get("metrics_backend") or "yes") if rep.get("metrics") else "no",
         "context_tokens": str(rep.get("context_tokens") or "?"),

@@ -12,19 +12,45 @@ probe reports the cached tokens and marks prefill as not measured (``prefill_mea
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, replace
 from typing import Any
 
+from bench.client.images import ImageSet
 from bench.config.plan import BodyOptions, request_body
+from bench.config.profile import Profile
+from bench.config.tools import load_tools, tool_choice_value
 from bench.prompts import unique_prefix
 
-__all__ = ["PROBE_PROMPT", "PROBE_COMPLETION_PROMPT", "probe_body", "probe_report"]
+__all__ = ["PROBE_PROMPT", "PROBE_COMPLETION_PROMPT", "ProbeWorkload", "probe_body", "probe_report",
+           "probe_workload"]
+
+
+@dataclass(frozen=True)
+class ProbeWorkload:
+    """What a probe carries besides its prompt: images, tools and the thinking switch (None: not sent)."""
+
+    images: ImageSet | None = None
+    opts: BodyOptions = BodyOptions(force_length=False, template_kwargs=False)
+
+
+def probe_workload(endpoint_kind: str, overrides: dict[str, Any], thinking: str | None) -> ProbeWorkload:
+    """The probe's workload from the workload flags (``bench.cli.common.workload_overrides``), checked as a
+    profile's are. Raises ConfigError naming the flag."""
+    p = Profile(name="probe", endpoint=endpoint_kind).with_overrides(**overrides)
+    tools = load_tools(p.tools)
+    opts = BodyOptions(endpoint_kind, force_length=False, template_kwargs=thinking is not None,
+                       thinking=thinking == "on", tools=tools, tool_choice=tool_choice_value(p.tool_choice, tools))
+    w, _, h = p.image_size.partition("x")
+    images = ImageSet(p.images, int(w), int(h), p.image_format, p.image_source) if p.images else None
+    return ProbeWorkload(images, opts)
 
 PROBE_PROMPT = "Write a short story about a lighthouse keeper who finds a message in a bottle."
 PROBE_COMPLETION_PROMPT = "The lighthouse keeper climbed the stairs at dusk, and as the lamp came alive he saw"
 
 
 def probe_body(endpoint_kind: str, prompt_text: str | None, max_tokens: int, *, same_prompt: bool = False,
-               probe_id: str | None = None, backend: str | None = None) -> dict[str, Any]:
+               probe_id: str | None = None, backend: str | None = None,
+               work: ProbeWorkload | None = None) -> dict[str, Any]:
     """The JSON body of a probe (without ``model``/``stream``, which the client adds).
 
     ``endpoint_kind`` is ``chat`` (one user message) or ``completions``; ``prompt_text`` defaults to
@@ -34,9 +60,12 @@ def probe_body(endpoint_kind: str, prompt_text: str | None, max_tokens: int, *, 
     """
     default = PROBE_PROMPT if endpoint_kind == "chat" else PROBE_COMPLETION_PROMPT
     text = prompt_text or default
+    probe_id = probe_id or uuid.uuid4().hex[:8]
     if not same_prompt:
-        text = unique_prefix(probe_id or uuid.uuid4().hex[:8], 0) + text
-    body = request_body(BodyOptions(endpoint_kind, force_length=False, template_kwargs=False), text, max_tokens)
+        text = unique_prefix(probe_id, 0) + text
+    work = work or ProbeWorkload()
+    urls = work.images.urls(probe_id) if work.images is not None else []
+    body = request_body(replace(work.opts, endpoint=endpoint_kind), text, max_tokens, image_urls=urls)
     if not same_prompt and backend == "llama.cpp":
         body["cache_prompt"] = False  # llama.cpp's own field: not even the template header from the cache
     return body

@@ -140,6 +140,13 @@ ev += [{"at_ms": 400, "data": sse(chat({}, "stop", usage(3, 15)))}, done(401)]
 case("reasoning-no-details", "10 reasoning_content tokens then 5 content tokens; usage has no completion_tokens_details",
      ev, {"ok": True, "ttft_ms": [75, 125], "ttfc_ms": [275, 325], "output_tokens": 15, "reasoning_tokens": 10,
           "reasoning_tokens_estimated": True})
+ev = [{"at_ms": 100 + 10 * i, "data": sse(chat({"reasoning_content": w, "reasoning": w}))} for i, w in enumerate(W)]
+ev += [{"at_ms": 300 + 10 * i, "data": sse(chat({"content": w}))} for i, w in enumerate(W[:5])]
+ev += [{"at_ms": 400, "data": sse(chat({}, "stop"))}, done(401)]
+case("reasoning-both-keys", "the same reasoning text under reasoning_content and reasoning (some vLLM versions), "
+     "then 5 content tokens, no usage: each reasoning token counted once", ev,
+     {"ok": True, "ttft_ms": [75, 125], "ttfc_ms": [275, 325], "output_tokens": 15, "output_tokens_estimated": True,
+      "reasoning_tokens": 10, "reasoning_tokens_estimated": True})
 
 if __name__ == "__main__":
     OUT.mkdir(exist_ok=True)
