@@ -113,9 +113,8 @@ def summarize_cell(
     errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
-    warnings = _warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
-    warnings += _short_warning(cell, records, ms)
-    warnings += _client_warnings(cell, ms, client_cpu_pct)
+    warnings = (_warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
+                + _short_warning(cell, records, ms) + _client_warnings(cell, ms, client_cpu_pct))
     samples = _samples(ok, rates, agg)
     res = CellResult(
         id=cell.id, sweep=cell.sweep, depth=cell.depth, streams=cell.streams, prompt=cell.prompt,
