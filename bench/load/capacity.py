@@ -7,16 +7,21 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
 1. Probe: short points (``probe_s`` at most, about ``probe_requests`` requests) from ``start`` up by ``factor``
    until one misses the SLO or saturates, then geometric bisection while ``hi / lo > 1 + probe_resolution``.
    Probes only bracket; they start from an empty engine and are too short to enter the estimate.
-2. Refine: points of the full duration around the current estimate (first the bracket's middle, then the
-   fitted boundary times ``1 -+ spread`` in turn; before there is a fit, the middle of the refine points'
-   bracket), each measured after its start-up transient (``--warmup``, default ``REFINE_WARMUP_SHARE`` of it).
-3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every steady refine point: logit(share over
-   the limit) linear in log(realized arrival rate of the window), each point weighted by its effective number of
-   requests (n / integrated autocorrelation time), dispersion scaled up by the points' own Pearson chi-square;
-   the boundary is where the fitted share is ``alpha`` and ``interval`` is its Fieller interval at
-   ``confidence`` (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the
-   interval's width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the
-   point or time budget runs out (then the answer is the interval earned so far, marked in ``note``).
+2. Refine: points of the full duration, each measured after its start-up transient (``--warmup``, default
+   ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
+   empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
+   side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
+   below ``(1 + spread)^2`` times the lowest probe that missed.
+3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every refine point not saturated:
+   logit(share over the limit) linear in log(realized arrival rate of the window), each point weighted by its
+   requests (not by its own autocorrelation, which grows with its share and would bias the fit), the
+   dispersion from the points' Pearson scatter around the model (the pooled autocorrelation time a floor),
+   Student-t with points - 2 degrees of freedom; the boundary is where the fitted share is ``alpha`` and
+   ``interval`` is its Fieller interval at ``confidence`` (Bonferroni over objectives; the boundary is the
+   lowest objective's). Refining stops when the interval's width ``hi / lo - 1`` is at most ``target_width``
+   after ``min_refine`` (= ``MIN_CALIBRATED``) refine points, or when the point or time budget runs out (then
+   the answer is the interval earned so far, marked in ``note``; with fewer than ``MIN_CALIBRATED`` points no
+   level is stated; a fit that does not bound the boundary answers the range of refine loads tried).
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
@@ -65,7 +70,7 @@ class SearchSettings:
     time_budget_s: float | None = None
     probe_s: float = 6.0
     probe_resolution: float = 0.5
-    min_refine: int = 2
+    min_refine: int = 4
     spread: float = 0.06
 
     def check(self) -> None:
@@ -126,6 +131,7 @@ RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, du
 REFINE_WARMUP_SHARE = 0.4
 PROBE_REQUESTS = 5
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
+DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
 
 
 def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None) -> Any:
@@ -182,9 +188,7 @@ class _Search:
         span = float((s.get("schedule") or {}).get("span_s") or 0.0)
         self.overhead_s = max(self.overhead_s, self.clock() - began - span)
         p = Point(load, trial, s, phase)
-        best_below = max((q.completed_rps for q in self.points if q.load < load), default=0.0)
-        sat = not p.steady and p.completed_rps <= 1.02 * best_below
-        s["saturated"] = sat
+        s["saturated"] = saturated(p, self.points, self.ss.by)
         self.points.append(p)
         return p
 
@@ -227,9 +231,10 @@ class _Bracketing(_Search):
 
     def passes(self, p: Point) -> bool:
         """A point of the bracketing: it met the SLO (for a probe: every objective held; a probe starts from an
-        empty engine and is too short for the steadiness test) and was not saturated."""
+        empty engine and is too short for the steadiness test) and, for rates, was not saturated (a concurrency
+        point that saturates but meets the SLO passes: ``saturated_at`` reports it)."""
         held = all(v["held"] for v in (p.summary.get("slo") or {}).values()) if p.phase == "probe" else p.slo_met
-        return held and not p.summary.get("saturated")
+        return held and not (self.ss.by == "rate" and p.summary.get("saturated"))
 
     def bracket(self) -> tuple[float | None, float | None]:
         """``lo``: the highest tested load at and below which every trial met the SLO; ``hi``: the lowest tested
@@ -298,7 +303,8 @@ class _RateSearch(_Bracketing):
     def fits(self) -> dict[str, Fit | str | None]:
         """Per objective: its :class:`Fit` over the steady refine points, ``"never over"`` when no request of them
         exceeded its limit, or None when they do not yet allow a fit."""
-        pts = [p for p in self.points if p.phase == "refine" and p.steady and p.summary.get("slo_model")]
+        pts = [p for p in self.points if p.phase == "refine" and p.summary.get("slo_model")
+               and not p.summary.get("saturated")]
         if not pts:
             return {}
         keys = list(pts[0].summary["slo_model"])
@@ -339,34 +345,42 @@ class _RateSearch(_Bracketing):
         return not p.steady or any(m["share"] is not None and m["share"] > m["alpha"] for m in model.values())
 
     def _next_load(self, side: int) -> float:
-        """Around the fitted boundary (``side``: above or below it by ``spread``); with no fit yet, the geometric
-        middle of the refine bracket, an open side stepping out by ``(1 + spread)^4``."""
-        b, _, _ = self.estimate()
+        """Around the fitted boundary (``side``: above or below it by ``spread``); with no bounded fit yet, the geometric
+        middle of the refine bracket, an open side stepping out by ``(1 + spread)^2``."""
+        b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
-        if b is not None and (top is None or b < top * step):
+        if (b is not None and ilo is not None and ihi is not None and (top is None or b < top * step)
+                and not self.deterministic()):
             return b * step if side > 0 else b / step
         if low is None:
-            return min(p.load for p in self.points if p.phase == "refine") / step ** 4
+            return min(p.load for p in self.points if p.phase == "refine") / step ** 2
         if top is None:
-            return low * step ** 4
+            return low * step ** 2
         return math.sqrt(low * top)
 
     def _done(self, n: int) -> bool:
-        b, ilo, ihi = self.estimate()
-        if b is None or not ilo or not ihi:  # no fit: the refine bracket narrowed to the target instead
+        if not any(isinstance(f, Fit) for f in self.fits().values()) or self.deterministic():
+            # no fit at all (every share 0 or 1, as under constant arrivals): the refine bracket narrowed instead
             low, top = self.refine_bracket()
             return low is not None and top is not None and top / low - 1 <= self.ss.target_width
-        return n >= self.ss.min_refine and ihi / ilo - 1 <= self.ss.target_width
+        b, ilo, ihi = self.estimate()
+        return (b is not None and ilo is not None and ihi is not None and n >= self.ss.min_refine
+                and ihi / ilo - 1 <= self.ss.target_width)
 
     async def refine(self, lo: float, hi: float) -> None:
-        x, side, n = math.sqrt(lo * hi), 1, 0
+        # the first refine point at the highest probe that held: a probe starts from an empty engine and is short,
+        # so it passes above the steady-state boundary more often than below it
+        # refine loads stay below (1 + spread)^2 times the lowest probe that missed (a far-off fit would otherwise
+        # send a point to a load whose drain outlasts any budget)
+        x, side, n = lo, 1, 0
+        cap = min(self.ss.max_load, hi * (1.0 + self.ss.spread) ** 2)
         while True:
             await self.trial(x, phase="refine")
             n += 1
             if self._done(n):
                 return
-            x = min(self.ss.max_load, max(self.ss.start / 4, self._next_load(side)))
+            x = min(cap, max(self.ss.start / 4, self._next_load(side)))
             side = -side
 
     async def run(self) -> dict[str, Any]:
@@ -381,6 +395,36 @@ class _RateSearch(_Bracketing):
             note = self._stop_note(e)
         return self.answer(lo, hi, note)
 
+    def deterministic(self) -> bool:
+        """Every fit's points scatter far less than independent requests would (Pearson chi-square / (points - 2)
+        below ``DETERMINISTIC_SCATTER``; Poisson points scatter 23-65 times binomial on the sim): the points'
+        error is their window's, not noise, and the refine bracket is the answer."""
+        fits = [f for f in self.fits().values() if isinstance(f, Fit)]
+        return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER for f in fits)
+
+    def monotone(self) -> bool:
+        """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share
+        is all but a function of its load): then the refine bracket is the answer when no fit bounds it."""
+        ref = sorted((p for p in self.points if p.phase == "refine" and p.summary.get("slo_model")),
+                     key=lambda p: p.load)
+        for key in (ref[0].summary["slo_model"] if ref else {}):
+            shares = [float(p.summary["slo_model"][key]["share"] or 0.0) for p in ref]
+            if any(b < a for a, b in zip(shares, shares[1:])):
+                return False
+        return True
+
+    def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float, float]:
+        """The fit's bounded ends, an open one replaced by the lowest refine load under the limit (the highest
+        over it); with no such refine load, the probes' bracket end or the extreme load tried."""
+        ref = [p for p in self.points if p.phase == "refine"]
+        plo, phi = self.bracket()
+        loads = [p.load for p in self.points]
+        lo = ilo if ilo is not None else min((p.load for p in ref if not self._over(p)),
+                                             default=plo if plo is not None else min(loads))
+        hi = ihi if ihi is not None else max((p.load for p in ref if self._over(p)),
+                                             default=phi if phi is not None else max(loads))
+        return min(lo, hi), max(lo, hi)
+
     def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
         b, ilo, ihi = self.estimate()
         method = {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
@@ -389,21 +433,31 @@ class _RateSearch(_Bracketing):
                   "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
                   "fits": {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()}}
         doc: dict[str, Any] = {"method": method, "confidence": self.ss.confidence}
-        if b is not None and ilo is not None and ihi is not None:
+        fits = [f for f in self.fits().values() if isinstance(f, Fit)]
+        if b is not None and ilo is not None and ihi is not None and not self.deterministic():
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
-            fitted = sum(1 for p in self.points if p.phase == "refine" and p.steady)
+            fitted = min(f.points for f in fits)
             if fitted < MIN_CALIBRATED:
                 doc["confidence"] = None
                 note = (note + "; " if note else "") + (
-                    f"the interval comes from {fitted} steady refine points, fewer than {MIN_CALIBRATED}: its "
-                    "spread is not checked against the points' own, so no level is stated (raise --time-budget)")
+                    f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: their scatter "
+                    "cannot check its spread, so no level is stated (raise --time-budget)")
+        elif fits and b is not None and not self.monotone() and not self.deterministic():
+            olo, ohi = self.outer_range(ilo, ihi)
+            doc.update({"boundary": round(min(max(b, olo), ohi), 6), "interval": [round(olo, 6), round(ohi, 6)],
+                        "safe": round(olo, 6), "confidence": None})
+            note = (note + "; " if note else "") + (
+                "the fit does not bound the boundary at this level: the interval is the range of the refine "
+                "loads tried (lowest under the limit to highest over it), with no stated confidence")
         else:
             blo, bhi = self.refine_bracket()
             if blo is None or bhi is None:
                 blo, bhi = self.bracket()
                 kind = "single probe points"
             else:
-                kind = "refine points (each of their shares was 0 or 1, or they allow no fit)"
+                kind = ("refine points (their shares rise with the load or scatter less than independent "
+                        "requests would: a deterministic response, as under constant arrivals)" if fits
+                        else "refine points (no fit)")
             if lo is None and blo is None:
                 note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
             elif hi is None and bhi is None:
@@ -452,19 +506,44 @@ async def search(ss: SearchSettings, run_point: RunPoint,
     ss.check()
     s: _Bracketing = _RateSearch(ss, run_point, clock) if ss.by == "rate" else _Bracketing(ss, run_point, clock)
     doc = await s.run()
-    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points),
+    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points, ss.by),
             "time_budget_s": ss.time_budget_s, "elapsed_s": round(clock() - s.t0, 3),
             "points": [point_entry(p) for p in s.points]}
 
 
-def _resaturate(points: list[Point]) -> float | None:
-    """The saturation flags again, once every point ran: not steady, and completed no more than 2 % above the
-    best completed throughput of any lower load (during the search only the points before it were known).
+def _resaturate(points: list[Point], by: str) -> float | None:
+    """The saturation flags again (:func:`saturated`), once every point ran (during the search only the points
+    before it were known).
     Returns the lowest saturated load."""
     for p in points:
-        best_below = max((q.completed_rps for q in points if q.load < p.load), default=0.0)
-        p.summary["saturated"] = not p.steady and p.completed_rps <= 1.02 * best_below
+        p.summary["saturated"] = saturated(p, points, by)
     return min((p.load for p in points if p.summary["saturated"]), default=None)
+
+
+FLAT_SHARE = 0.25  # --by concurrency: at most this share of the added streams turned into throughput
+
+
+def _e2e_median(p: Point) -> float | None:
+    v = ((p.summary.get("latency") or {}).get("e2e_ms") or {}).get("from_send") or {}
+    return v.get("median")
+
+
+def saturated(p: Point, points: list[Point], by: str) -> bool:
+    """``--by rate``: not steady, and completed no more than 2 % above the best completed throughput of any lower
+    load. ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire):
+    against the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
+    ``FLAT_SHARE * g`` more throughput (it flattened) and each stream's median E2E grew by at least ``g / 2`` (the
+    added streams queue: Little's law; skipped where the summaries carry no latency)."""
+    below = [q for q in points if q.load < p.load]
+    if not below:
+        return False
+    q = max(below, key=lambda x: x.completed_rps)
+    if by == "rate":
+        return not p.steady and p.completed_rps <= 1.02 * q.completed_rps
+    g = p.load / q.load - 1
+    flat = p.completed_rps <= q.completed_rps * (1 + FLAT_SHARE * g)
+    rp, rq = _e2e_median(p), _e2e_median(q)
+    return flat and (rp is None or rq is None or rp >= rq * (1 + g / 2))
 
 
 def point_entry(p: Point) -> dict[str, Any]:

@@ -5,8 +5,8 @@
 * :func:`rise_test`: the steadiness test: a rise of the second half of the window over the first, in units of
   its autocorrelation-aware standard error, and large against the level (docs/load.md, "Saturation rule").
 * :func:`fit_boundary`: the model across points: logit(share over the limit) linear in log(realized rate),
-  quasi-binomial weights, and the load where the fitted share crosses ``alpha = 1 - q / 100``, with a Fieller
-  interval.
+  binomial weights (requests), dispersion from the points' scatter, and the load where the fitted share
+  crosses ``alpha = 1 - q / 100``, with a Fieller interval.
 """
 
 from __future__ import annotations
@@ -91,12 +91,40 @@ def _detrended_var(t: np.ndarray, y: np.ndarray) -> float:
 
 
 def t_quantile(p: float, df: float) -> float:
-    """Student-t quantile (Cornish-Fisher expansion in 1/df around the normal one; within 1 % for df >= 3)."""
+    """Student-t quantile: exact (bisection on the closed-form distribution function of Abramowitz & Stegun
+    26.7.3-4) for a whole ``df`` up to 30, the Cornish-Fisher expansion in 1/df around the normal quantile
+    (within 0.1 % there) above; the normal one for df <= 0 or infinite."""
     z = NormalDist().inv_cdf(p)
     if df <= 0 or math.isinf(df):
         return z
+    nu = round(df)
+    if abs(df - nu) < 1e-9 and nu <= 30:
+        target, lo, hi = abs(2 * p - 1), 0.0, 1e6
+        for _ in range(200):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if _t_central(mid, nu) < target else (lo, mid)
+        return math.copysign(0.5 * (lo + hi), p - 0.5)
     return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def _t_central(t: float, nu: int) -> float:
+    """P(|T| <= t) for Student's t with ``nu`` (whole) degrees of freedom."""
+    th = math.atan(t / math.sqrt(nu))
+    c2, s = math.cos(th) ** 2, math.sin(th)
+    if nu % 2 == 0:
+        term, acc = 1.0, 1.0
+        for j in range(2, nu, 2):
+            term *= c2 * (j - 1) / j
+            acc += term
+        return s * acc
+    if nu == 1:
+        return 2 * th / math.pi
+    term, acc = math.cos(th), math.cos(th)
+    for j in range(3, nu - 1, 2):
+        term *= c2 * (j - 1) / j
+        acc += term
+    return 2 / math.pi * (th + s * acc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,10 +140,12 @@ class Fit:
     points: int
     phi: float
     df: float
+    scatter: float | None = None  # the points' Pearson chi-square / (points - 2): their variance over binomial
 
     def to_dict(self) -> dict[str, Any]:
         return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
                 "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
+                "scatter": None if self.scatter is None else round(self.scatter, 3),
                 "df": round(self.df, 1)}
 
 
@@ -133,7 +163,7 @@ def _irls(x: np.ndarray, k: np.ndarray, n: np.ndarray, w_eff: np.ndarray) -> tup
     beta = np.linalg.lstsq(X * np.sqrt(W0)[:, None], z0 * np.sqrt(W0), rcond=None)[0]
     for _ in range(50):
         eta = X @ beta
-        p = np.clip(1.0 / (1.0 + np.exp(-eta)), 1e-9, 1 - 1e-9)
+        p = np.clip(1.0 / (1.0 + np.exp(-np.clip(eta, -50, 50))), 1e-9, 1 - 1e-9)
         W = w_eff * n * p * (1 - p)
         z = eta + (k / n - p) / (p * (1 - p))
         new = np.linalg.lstsq(X * np.sqrt(W)[:, None], z * np.sqrt(W), rcond=None)[0]
@@ -142,7 +172,7 @@ def _irls(x: np.ndarray, k: np.ndarray, n: np.ndarray, w_eff: np.ndarray) -> tup
             break
         beta = new
     eta = X @ beta
-    p = np.clip(1.0 / (1.0 + np.exp(-eta)), 1e-9, 1 - 1e-9)
+    p = np.clip(1.0 / (1.0 + np.exp(-np.clip(eta, -50, 50))), 1e-9, 1 - 1e-9)
     W = w_eff * n * p * (1 - p)
     cov = np.linalg.pinv((X * W[:, None]).T @ X)
     return beta, cov
@@ -152,11 +182,14 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
     """The crossing of ``share = alpha`` by the model logit(share) = a + b log(rate) fitted to the points
     (``rates``: each point's realized arrival rate in its window; ``stats``: its :func:`exceedance` dict).
 
-    Each point counts ``n / tau`` effective requests (its autocorrelation); the fit's dispersion is then also
-    scaled by the Pearson chi-square of the points around the model when it exceeds 1 (points that disagree more
-    than their own spread say widen the interval). The interval is Fieller's for ``(logit(alpha) - a) / b`` at
-    ``level`` with Student-t quantiles; an end is None when the data do not bound it. None with fewer than two
-    distinct rates or no request."""
+    Each point weighs by its ``n`` requests alone. The dispersion (variance over binomial) is the points'
+    Pearson chi-square around the model / (points - 2), at least the pooled integrated autocorrelation time
+    (``n``-weighted mean of the points' ``tau``: within one window it comes out 1.6-3.6 times too small on the sim,
+    so it is only a floor); the interval is Fieller's for ``(logit(alpha) - a) / b`` at ``level`` with
+    Student-t quantiles of points - 2 degrees of freedom (two points: the floor alone, with ``n / (SOKAL_C
+    tau)`` degrees of freedom; :mod:`bench.load.capacity` states no level then); an end is None when the data
+    do not bound it. None with fewer than two distinct rates or no request.
+    """
     x = np.log(np.asarray(rates, dtype=float))
     n = np.asarray([s["n"] for s in stats], dtype=float)
     k = np.asarray([s["over"] for s in stats], dtype=float)
@@ -165,27 +198,28 @@ def fit_boundary(rates: Sequence[float], stats: Sequence[dict[str, Any]], alpha:
     x, n, k, tau = x[ok], n[ok], k[ok], tau[ok]
     if x.size < 2 or np.ptp(x) <= 0:
         return None
-    # a point whose share is 0 or 1 has no autocorrelation estimate of its own: it gets the pooled one
+    # every point weighs by its requests alone: a point's own autocorrelation time grows with its share (a queue
+    # episode makes both), so weighing by n / tau would pull the fit towards the points that came out low
     informative = (k > 0) & (k < n)
     pooled = float(np.sum(tau[informative] * n[informative]) / np.sum(n[informative])) if informative.any() else 1.0
-    tau = np.where(informative, tau, pooled)
-    beta, cov = _irls(x, k, n, 1.0 / tau)
+    beta, cov = _irls(x, k, n, np.ones_like(n))
     a, b = float(beta[0]), float(beta[1])
-    p = 1.0 / (1.0 + np.exp(-(a + b * x)))
+    p = 1.0 / (1.0 + np.exp(-np.clip(a + b * x, -50, 50)))
     p = np.clip(p, 1e-9, 1 - 1e-9)
-    pearson = float(np.sum((k - n * p) ** 2 / (n * p * (1 - p) * tau)))
+    # dispersion: the points' own scatter around the model (Pearson chi-square / (points - 2)); the pooled
+    # within-point autocorrelation time is only a floor (measured on the sim it is 1.6-3.6 times too small: a
+    # 30-s window holds too few queue episodes to see their correlation)
     df_pts = x.size - 2
-    phi = max(1.0, pearson / df_pts) if df_pts > 0 else 1.0
+    pearson = float(np.sum((k - n * p) ** 2 / (n * p * (1 - p))))
+    phi = max(pooled, pearson / df_pts) if df_pts > 0 else pooled
     cov = cov * phi
-    # degrees of freedom: the independent stretches (SOKAL_C autocorrelation times long) behind the per-point
-    # dispersions, or the points when the Pearson scale took over
-    df = float(np.sum(n / (SOKAL_C * tau))) if phi <= 1.0 else float(max(df_pts, 1))
+    df = float(df_pts) if df_pts > 0 else float(np.sum(n / (SOKAL_C * pooled)))
     L = math.log(alpha / (1 - alpha))
     tq = t_quantile(0.5 + level / 2, df)
     lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
     theta = (L - a) / b if b > 0 else None
     est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
-    return Fit(est, lo, hi, a, b, int(x.size), phi * pooled, df)
+    return Fit(est, lo, hi, a, b, int(x.size), phi, df, pearson / df_pts if df_pts > 0 else None)
 
 
 def _fieller(num: float, b: float, vaa: float, vbb: float, vab: float, tq: float) -> tuple[float | None, float | None]:

@@ -77,6 +77,7 @@ class PointRun:
     cut: int = 0
     lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.session.loop_lag; the worst worker's)
     workers: int = 1  # processes or Ray actors that sent the schedule
+    lost: int = 0  # of ``cut``: requests cut because their Ray node was lost (in flight or not yet sent)
 
 
 class _Counters:
@@ -228,9 +229,10 @@ def _inflight(records: Sequence[RequestRecord]) -> list[tuple[int, int]]:
 async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequence[str], *, tag: str) -> PointRun:
     """:func:`run_plan` through the session's pool: worker processes (``--workers N``) or Ray actors (``--ray``).
     The plan is dealt round-robin; each worker keeps its share's schedule (on the shared clock; a Ray actor on its
-    host's clock, converted both ways by :mod:`bench.session.ray_actors`). No concurrency cap, no live counters, no cut (the
-    workers wait for every request; a lost Ray actor's requests come back as ``worker_lost`` failures); dispatch
-    lags come back in each record's meta, each worker's loop lag with the records (the point's lag: the worst)."""
+    host's clock, converted both ways by :mod:`bench.session.ray_actors`). No concurrency cap, no live counters; the
+    workers wait for every request, so the only cut requests are those of a lost Ray node (in flight or not yet
+    sent: ``worker_lost`` records with their due times, counted in ``cut`` and ``lost``); dispatch lags come back
+    in each record's meta, each worker's loop lag with the records (the point's lag: the worst)."""
     specs = []
     for k, (p, text) in enumerate(zip(plan, texts)):
         meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens, "max_tokens": p.output_tokens}
@@ -238,15 +240,14 @@ async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequen
                                  session.body(text, p.output_tokens, session.image_urls(f"{tag}-{k}")), meta))
     offsets = [round(p.at_s * 1e9) for p in plan]
     assert session.pool is not None, "run_plan_pool needs the session's pool"
-    recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets)
-    for r in recs:
-        session.write(r)
+    recs = await session.pool.arun(specs, start_delay_s=START_DELAY_S, offsets=offsets, on_record=session.write)
     _refuse_rejected_images(recs)
     t0 = min((r.scheduled_ns for r in recs if r.scheduled_ns is not None), default=0)
     lags = [int(r.meta.pop("dispatch_lag_ns")) for r in recs if "dispatch_lag_ns" in r.meta]  # lost: never sent
     span = max((p.at_s for p in plan), default=0.0)
     lag = workers_lag(getattr(session.pool, "last_lag_ns", None) or [])
-    return PointRun(list(recs), t0, span, lags, _inflight(recs), 0, lag, session.workers)
+    lost = sum(1 for r in recs if r.error_kind == "worker_lost")
+    return PointRun(list(recs), t0, span, lags, _inflight(recs), lost, lag, session.workers, lost)
 
 
 def point_window(run: PointRun, warmup_s: float, cooldown_s: float) -> tuple[float, float]:

@@ -304,8 +304,9 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
             f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): {who} did not get the CPU "
             f"in time; send from more processes (--workers {more_workers(sc, workers)}, if the machine has the "
             "cores), or lower --rate")
-    if s["counts"]["cut"]:
-        s["warnings"].append(f"{s['id']}: {s['counts']['cut']} requests were still in flight {ls.drain_s:g} s after "
+    drained = s["counts"]["cut"] - run.lost  # a lost node's cut requests: its own warning (run warnings)
+    if drained:
+        s["warnings"].append(f"{s['id']}: {drained} requests were still in flight {ls.drain_s:g} s after "
                              "the last send and were cut (counted as failures); raise --drain to wait for them")
     if not s["steady"] and ls.mode == "rate":
         s["warnings"].append(f"{s['id']}: not in a steady state: TTFT and requests in flight kept rising over the "
@@ -456,6 +457,25 @@ async def measure_load(session: Session, ls: LoadSettings, plan: list[Planned] |
     return summary
 
 
+def latency_lines(lat: dict[str, Any]) -> list[str]:
+    """TTFT and E2E p50 / p90 / p99 of a point's window, from the send and from the schedule (the send lag
+    added: what a user who arrived on schedule waited, corrected for coordinated omission), labelled."""
+    def f(v: Any) -> str:
+        return "-" if v is None else f"{v:.1f}"
+
+    out = []
+    for key, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):
+        d = lat.get(key) or {}
+        if not d:
+            continue
+        for label, v in (("from send:    ", d.get("from_send") or {}), ("from schedule:", d.get("from_schedule") or {})):
+            out.append(f"  {name:4} ms p50 / p90 / p99, {label} "
+                       + " / ".join(f(v.get(q)) for q in ("median", "p90", "p99")))
+    if out:
+        out.append("  (from schedule: send lag included, corrected for coordinated omission)")
+    return out
+
+
 def describe_point(s: dict[str, Any]) -> list[str]:
     """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
     if s.get("mode") == "sessions":
@@ -470,6 +490,7 @@ def describe_point(s: dict[str, Any]) -> list[str]:
              f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {num(w['from_s'], 1)}-"
              f"{num(w['to_s'], 1)} s ({w['requests']} of {c['planned']} requests), steady: "
              f"{'yes' if s['steady'] else 'no (saturated)'}"]
+    lines += latency_lines(s.get("latency") or {})
     if "goodput" in s:
         g = s["goodput"]
         met = g["met_fraction"]

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.config.profile import Cell
+from bench.errors import ErrorKind
 from bench.measure.metrics import RequestMetrics, request_metrics
 from bench.measure.noise import cell_noise, noise_warnings, wave_medians
 from bench.records import RequestRecord
@@ -32,6 +33,7 @@ OVERHEAD_FLAG_SHARE = 0.30
 PROMPT_MISS_WARN_PCT = 2.0
 CLIENT_CPU_WARN_PCT = 70.0
 SERVER_GAP_WARN_SHARE = 0.20
+LOST = ErrorKind.WORKER_LOST.value  # a request of a Ray node lost mid-run: cut, not failed
 PHASE_KEYS = ("ttft_reasoning_ms", "ttft_content_ms", "reasoning_tok_s", "content_tok_s", "ttft_tool_ms",
               "tool_tok_s", "upload_ms")
 
@@ -110,7 +112,7 @@ def summarize_cell(
     """
     ms = _metrics_of(records, metrics)
     ok = [m for m in ms if m.ok]
-    errors = Counter(m.error_kind or "unknown" for m in ms if not m.ok)
+    cut, errors = _failures(ms)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
     warnings = (_warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
@@ -118,13 +120,13 @@ def summarize_cell(
     samples = _samples(ok, rates, agg)
     res = CellResult(
         id=cell.id, sweep=cell.sweep, depth=cell.depth, streams=cell.streams, prompt=cell.prompt,
-        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok), errors=dict(errors),
+        max_tokens=cell.max_tokens, requests_ok=len(ok), requests_failed=len(ms) - len(ok) - cut, errors=dict(errors),
         waves=len(waves), overhead_ms=overhead_ms, overhead_share=rates["share"], overhead_flag=rates["flag"],
         prompt_target=depth_target_tokens, prompt_miss_pct=_prompt_miss(ok, depth_target_tokens),
         output_tokens_estimated=sum(1 for m in ok if m.output_tokens_estimated),
         cached_tokens=sum(m.cached_tokens for m in ok), reasoning_tokens=sum(m.reasoning_tokens for m in ok),
         client_cpu_pct=None if client_cpu_pct is None else round(client_cpu_pct, 1),
-        samples=samples, warnings=warnings,
+        samples=samples, warnings=warnings, requests_cut=cut,
     )
     for key in ("decode_tok_s", "ttft_ms", "ttfc_ms", "tpot_ms", "e2e_ms", "prompt_tok_s", "prompt_tok_s_corrected",
                 "server_prefill_tok_s", "server_decode_tok_s", "ttft_minus_server_prompt_ms",
@@ -139,6 +141,13 @@ def summarize_cell(
     res.noise = cell_noise(wave_medians(ms, waves), samples["decode_tok_s"], target_ci)
     res.warnings += noise_warnings(cell.id, res.noise, max_waves)
     return res
+
+
+def _failures(ms: Sequence[RequestMetrics]) -> tuple[int, Counter[str]]:
+    """``(cut, errors by kind)``: a lost Ray node's requests are cut (the server did not fail them), the other
+    failures counted by kind."""
+    cut = sum(1 for m in ms if m.error_kind == LOST)
+    return cut, Counter(m.error_kind or "unknown" for m in ms if not m.ok and m.error_kind != LOST)
 
 
 def _metrics_of(records: Sequence[RequestRecord], metrics: Sequence[RequestMetrics] | None) -> list[RequestMetrics]:
@@ -242,8 +251,9 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
                        "cached prefix, so prefill is partly not measured")
     if any(m.output_tokens_estimated for m in ok):
         out.append(f"{cell.id}: the server sent no usage; output tokens are estimated")
-    if len(ok) < len(ms):
-        out.append(f"{cell.id}: {len(ms) - len(ok)} of {len(ms)} requests failed ({dict(errors)})")
+    failed = sum(errors.values())
+    if failed:
+        out.append(f"{cell.id}: {failed} of {len(ms)} requests failed ({dict(errors)})")
     return out
 
 

@@ -84,7 +84,8 @@ class ReaderPool(Protocol):
     def start(self) -> ReaderPool: ...
 
     async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = ...,
-                   offsets: Sequence[int] | None = None) -> list[RequestRecord]: ...
+                   offsets: Sequence[int] | None = None,
+                   on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]: ...
 
     def close(self) -> None: ...
 
@@ -432,7 +433,7 @@ class Session:
         """The typed results document of the cells so far (``complete`` once every cell is in)."""
         p = self.profile
         settings = profile_settings(p)
-        warnings = list(self.warnings) + [w for c in cells for w in c.warnings]
+        warnings = list(self.warnings) + _pool_warnings(self.pool) + [w for c in cells for w in c.warnings]
         now = datetime.now(UTC)
         run = RunInfo(
             id=self.run_id, started=self.started.isoformat(timespec="seconds"),
@@ -441,7 +442,7 @@ class Session:
             template_overhead_tokens=self.template_overhead_tokens,
             template_cached_tokens=self.template_cached_tokens, forced_length=self.force_length,
             workers=self.workers, workers_auto=self.workers_auto, sizing=self.sizing or None,
-            stamp_clock=clock_report(), ray=_ray_section(self.pool), drift=self.drift,
+            stamp_clock=clock_report(), ray=_ray_section(self.pool), nodes=_nodes(self.pool), drift=self.drift,
         )
         return Results(
             profile=ProfileInfo(p.name, p.source, settings),
@@ -453,11 +454,22 @@ class Session:
 
 
 def _ray_section(pool: ReaderPool | None) -> dict[str, Any] | None:
-    """``{"address", "nodes"}`` when the waves ran on Ray (bench.session.ray_actors), else None."""
-    report = getattr(pool, "nodes_report", None)
-    if report is None:
+    """``{"address"}`` when the waves ran on Ray (bench.session.ray_actors), else None."""
+    if getattr(pool, "nodes_report", None) is None:
         return None
-    return {"address": getattr(pool, "address", None), "nodes": report()}
+    return {"address": getattr(pool, "address", None)}
+
+
+def _nodes(pool: ReaderPool | None) -> list[dict[str, Any]] | None:
+    """The Ray nodes that sent the load, each with its clock offset and uncertainty (``run.nodes``), else None."""
+    report = getattr(pool, "nodes_report", None)
+    return None if report is None else list(report())
+
+
+def _pool_warnings(pool: ReaderPool | None) -> list[str]:
+    """The pool's own warnings (a Ray node lost mid-run: one line each)."""
+    warn = getattr(pool, "warnings", None)
+    return list(warn()) if callable(warn) else []
 
 
 def machine_info() -> dict[str, Any]:

@@ -29,13 +29,20 @@ through Ray, NTP-style: ``offset = t_actor - (t_send + t_back) / 2`` from the ro
   how much it was moved.
 
 :meth:`RayPool.nodes_report` names the nodes, their actors and each node's offset with its uncertainty (the run
-section of results.json, ``run.ray``).
+section of results.json, ``run.nodes``).
 
-Failures. Records stream back as each request finishes (a Ray streaming generator), so an actor or node lost
-mid-wave loses only its requests still in flight (in open loop also those not yet sent): each becomes a failed
-record (``error_kind = "worker_lost"``, the error names the node; in open loop with its ``scheduled_ns``), never
-silently dropped; the lost actor gets no later wave (the others take its share; a wave with no actor left is all
-failed records).
+Failures. Records stream back as each request finishes (a Ray streaming generator; ``on_record`` gets each as it
+comes), so an actor or node lost mid-wave loses only its requests still in flight (in open loop also those not
+yet sent): each becomes a cut record (``error_kind = "worker_lost"``, the error names the node; in open loop with
+its ``scheduled_ns``), counted as cut, never as a server failure and never silently dropped; the lost actor gets
+no later wave (the others take its share; a wave with no actor left is all cut records); :meth:`RayPool.warnings`
+names each lost node once.
+
+Joining. A Ray driver joins through a Ray node on its own machine; with a non-loopback ADDRESS bench picks the
+local node at the address this machine reaches the head from (:func:`driver_ip`), so the actors on other hosts
+reach the driver back (a driver's machine that is not a load host runs ``ray start --num-cpus 0``; nodes without
+CPUs get no actor). Before the first wave each actor makes its client, probes the kernel's receive stamps and
+opens a connection to the server (``warm``), so the first requests of an open-loop share go on time.
 """
 
 from __future__ import annotations
@@ -55,7 +62,7 @@ from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor
 from bench.session.workers import share_records, split_specs
 
-__all__ = ["RayPool", "estimate_offset", "OFFSET_ROUNDS"]
+__all__ = ["RayPool", "estimate_offset", "driver_ip", "OFFSET_ROUNDS"]
 
 OFFSET_ROUNDS = 8
 DEFAULT_START_DELAY_S = 0.25  # a wave's start time this far ahead on the driver's clock (covers Ray's dispatch)
@@ -80,6 +87,26 @@ class BenchActor:
         node_ip: Callable[[], str] = ray.util.get_node_ip_address  # untyped in ray
         return {"node_id": ctx.get_node_id(), "host": socket.gethostname(), "pid": os.getpid(),
                 "ip": node_ip(), "bench": str(Path(__file__).resolve().parents[1])}
+
+    async def warm(self) -> bool:
+        """Do once, before any wave, what the first request would do late: make the client, probe the kernel's
+        receive stamps (and keep them on) and open a TCP connection to the server (its route and ARP entry).
+        Returns whether the server's port took the connection."""
+        from urllib.parse import urlsplit
+
+        from bench.transport.kernel_stamps import kernel_stamps_supported
+
+        if self.client is None:
+            self.client = make_http_client(self.settings, self.concurrency)
+        kernel_stamps_supported()
+        u = urlsplit(self.base)
+        try:
+            _, w = await asyncio.wait_for(asyncio.open_connection(u.hostname, u.port or (443 if u.scheme == "https"
+                                                                                         else 80)), 10)
+        except (OSError, TimeoutError):
+            return False
+        w.close()
+        return True
 
     async def clock(self) -> int:
         """This host's ``perf_counter_ns`` now (for the offset estimate)."""
@@ -130,8 +157,8 @@ def _lost_record(spec: RequestSpec, model: str, node: str, why: str, scheduled_n
     an open-loop share; it was in flight or not yet sent)."""
     rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=scheduled_ns or 0,
                         meta={**spec.meta, "node": node}, scheduled_ns=scheduled_ns)
-    rec.error = (f"bench's Ray actor on node {node} was lost mid-run; the request was in flight or not yet sent "
-                 f"({why})")
+    rec.error = (f"cut: bench's Ray actor on node {node} was lost mid-run; the request was in flight or not yet "
+                 f"sent ({why})")
     rec.error_kind = "worker_lost"
     return rec
 
@@ -174,13 +201,7 @@ class RayPool:
             return self
         ray = _import_ray(self.address)
         if not ray.is_initialized():
-            env = {"py_modules": [str(Path(__file__).resolve().parents[1])]} if self.ship_code else {}
-            try:
-                extra = {} if self.address else {"include_dashboard": False}  # only for a Ray started here
-                ray.init(address=self.address, runtime_env=env, log_to_driver=False, **extra)
-            except Exception as e:  # noqa: BLE001 - ray raises many kinds (ConnectionError, RuntimeError...)
-                raise RayClusterError(f"cannot join the Ray cluster at {self.address or 'RAY_ADDRESS'}: {e}") from None
-            self._inited = True
+            self._join(ray)
         per = -(-self.concurrency // self.workers) + 4
         cls = ray.remote(num_cpus=0, max_restarts=0, max_concurrency=max(64, per * 2))(BenchActor)
         nodes = _alive_nodes(ray)
@@ -188,10 +209,33 @@ class RayPool:
             self.base, self.model, self.settings, per) for k in range(self.workers)]
         try:
             self.info = [dict(x, alive=True) for x in ray.get([a.hello.remote() for a in self.actors], timeout=120)]
+            for x, reached in zip(self.info, ray.get([a.warm.remote() for a in self.actors], timeout=60)):
+                x["reached_server"] = bool(reached)
         except Exception as e:  # noqa: BLE001
             self.close()
             raise RayClusterError(f"bench's Ray actors did not start: {e}") from None
         return self
+
+    def _join(self, ray: Any) -> None:
+        """``ray.init`` on this machine's Ray node: the one at the address this machine reaches the head from
+        (:func:`driver_ip`), so that the actors on other hosts reach the driver back at an address of its own."""
+        env = {"py_modules": [str(Path(__file__).resolve().parents[1])]} if self.ship_code else {}
+        extra: dict[str, Any] = {} if self.address else {"include_dashboard": False}  # only for a Ray started here
+        ip = driver_ip(self.address)
+        if ip is not None:
+            extra["_node_ip_address"] = ip
+        _cluster_errors_to_stderr()
+        try:
+            ray.init(address=self.address, runtime_env=env, log_to_driver=False, **extra)
+        except Exception as e:  # noqa: BLE001 - ray raises many kinds (ConnectionError, RuntimeError...)
+            msg = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+            if ip is not None and "No node info found" in msg:
+                msg = (f"no Ray node of the cluster runs on this machine at {ip} (the address it reaches the head "
+                       f"from); a Ray driver joins through a node of its own machine: run bench on a node of the "
+                       f"cluster, or start one here first: ray start --address {self.address} --num-cpus 0 "
+                       f"--node-ip-address {ip}")
+            raise RayClusterError(f"cannot join the Ray cluster at {self.address or 'RAY_ADDRESS'}: {msg}") from None
+        self._inited = True
 
     def close(self) -> None:
         """Stop the actors (and leave the cluster when this pool joined it). Idempotent."""
@@ -233,29 +277,46 @@ class RayPool:
         await asyncio.gather(*(one(i) for i in live))
 
     def nodes_report(self) -> list[dict[str, Any]]:
-        """Per node: id, host, ip, actors (total and lost) and the offset with the smallest uncertainty (ns)."""
+        """Per node: id, host, ip, actors (total and lost), the offset with the smallest uncertainty (ns) and,
+        for a node lost mid-run, ``cut`` (its requests in flight or not yet sent) and ``kept`` (its finished
+        requests of the wave it was lost in)."""
         nodes: dict[str, dict[str, Any]] = {}
         for x in self.info:
             n = nodes.setdefault(x["node_id"], {"node_id": x["node_id"], "host": x["host"], "ip": x["ip"],
                                                 "actors": 0, "lost_actors": 0, "offset_ns": None,
-                                                "uncertainty_ns": None})
+                                                "uncertainty_ns": None, "cut": 0, "kept": 0})
             n["actors"] += 1
             n["lost_actors"] += 0 if x["alive"] else 1
+            n["cut"] += int(x.get("cut", 0))
+            n["kept"] += int(x.get("kept", 0))
             unc = x.get("uncertainty_ns")
             if unc is not None and (n["uncertainty_ns"] is None or unc < n["uncertainty_ns"]):
                 n["offset_ns"], n["uncertainty_ns"] = x["offset_ns"], unc
         return list(nodes.values())
 
+    def warnings(self) -> list[str]:
+        """One line per node lost mid-run: what was kept, what was cut, and what to do."""
+        out = []
+        for n in self.nodes_report():
+            if n["lost_actors"]:
+                left = sum(1 for x in self.info if x["alive"])
+                out.append(f"Ray node {n['node_id'][:12]} ({n['ip']}) was lost mid-run: {n['cut']} of its requests "
+                           f"in flight or not yet sent were cut, its {n['kept']} finished in that wave kept; {left} actor(s) "
+                           "took the later waves. Check the node (ray status) and run again for a full run")
+        return out
+
     # -- waves -------------------------------------------------------------------------------------------------
     async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
-                   offsets: Sequence[int] | None = None) -> list[RequestRecord]:
+                   offsets: Sequence[int] | None = None,
+                   on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
         """One wave over the live actors, all starting at one driver-clock time ``start_delay_s`` from now.
         Returns the records in the order of ``specs``, on the driver's clock; lost requests are failed records.
 
         ``offsets`` (ns, sorted, one per spec) makes it an open-loop schedule, as :meth:`WorkerPool.run
         <bench.session.workers.WorkerPool.run>`: spec i is due at the start + ``offsets[i]`` on the driver's clock; the
         actor it is dealt to sends it at that instant on its own clock, and its record's ``scheduled_ns`` is the
-        driver-clock due time."""
+        driver-clock due time. ``on_record`` is called with each record as it comes back (a lost request's
+        record when its actor is found lost), so a results folder has them before the wave ends."""
         specs = list(specs)
         if not specs:
             return []
@@ -266,11 +327,15 @@ class RayPool:
         start = time.perf_counter_ns() + int(start_delay_s * 1e9)
         offs = None if offsets is None else [int(x) for x in offsets]
         if not live:
-            return [_lost_record(s, self.model, "?", "no live actor left", _due(start, offs, j))
+            lost = [_lost_record(s, self.model, "?", "no live actor left", _due(start, offs, j))
                     for j, s in enumerate(specs)]
+            if on_record is not None:
+                for r in lost:
+                    on_record(r)
+            return lost
         shares = split_specs(specs, len(live))
         out: list[RequestRecord | None] = [None] * len(specs)
-        done = await asyncio.gather(*(self._share(live[k], specs, idx, start, offs, out)
+        done = await asyncio.gather(*(self._share(live[k], specs, idx, start, offs, out, on_record)
                                       for k, idx in enumerate(shares)))
         self.last_cpu_s = [float(d["cpu_s"]) for d in done if d is not None]
         self.last_lag_ns = [[] for _ in self.actors]
@@ -279,7 +344,8 @@ class RayPool:
         return out  # type: ignore[return-value]
 
     async def _share(self, i: int, specs: list[RequestSpec], idx: list[int], start: int, offsets: list[int] | None,
-                     out: list[RequestRecord | None]) -> dict[str, Any] | None:
+                     out: list[RequestRecord | None],
+                     on_record: Callable[[RequestRecord], None] | None = None) -> dict[str, Any] | None:
         """Run actor i's share (``specs[j]`` for j in ``idx``; in open loop due at ``start + offsets[j]``) and fill
         ``out`` at ``idx``; returns the actor's closing ``{"cpu_s", "lag_ns"}`` (None when it was lost)."""
         info = self.info[i]
@@ -297,11 +363,17 @@ class RayPool:
                     continue
                 rec = _to_driver_clock(RequestRecord.from_dict(d), off, info["node_id"])
                 out[pos.pop(rec.request_id)] = rec
+                if on_record is not None:
+                    on_record(rec)
         except Exception as e:  # noqa: BLE001 - RayActorError, ActorDiedError, node failures...
             info["alive"] = False
             why = (str(e).strip() or type(e).__name__).splitlines()[0][:200]
             for j in pos.values():
-                out[j] = _lost_record(specs[j], self.model, info["node_id"], why, _due(start, offsets, j))
+                out[j] = lost = _lost_record(specs[j], self.model, info["node_id"], why, _due(start, offsets, j))
+                if on_record is not None:
+                    on_record(lost)
+            info["cut"] = info.get("cut", 0) + len(pos)
+            info["kept"] = info.get("kept", 0) + len(idx) - len(pos)
             return None
         return tail
 
@@ -323,9 +395,51 @@ def _to_driver_clock(rec: RequestRecord, off: int, node: str) -> RequestRecord:
     return rec
 
 
+def _cluster_errors_to_stderr() -> None:
+    """Ray's driver prints the cluster's error messages (``(raylet) The node ... has been marked dead``) on
+    stdout, which ``--json`` keeps for the results document alone: they go to stderr instead (bench reports a
+    lost node in its own warning). Done once per process, before ``ray.init`` starts the thread that prints."""
+    try:
+        import ray._private.worker as rw
+    except ImportError:  # another ray layout: its messages stay where ray puts them
+        return
+    orig = getattr(rw, "print_to_stdstream", None)
+    if orig is None or getattr(orig, "bench_stderr", False):
+        return
+
+    def to_stderr(data: dict[str, Any], ignore_prefix: bool) -> None:
+        orig({**data, "is_err": True}, ignore_prefix)
+
+    to_stderr.bench_stderr = True  # type: ignore[attr-defined]
+    rw.print_to_stdstream = to_stderr
+
+
 def _alive_nodes(ray: Any) -> list[str]:
-    """Ids of the cluster's live nodes, in a stable order."""
-    return sorted(n["NodeID"] for n in ray.nodes() if n.get("Alive"))
+    """Ids of the cluster's live nodes that offer CPUs, in a stable order (a node started with ``--num-cpus 0``
+    hosts a driver, not load: it gets no actor unless no node offers CPUs)."""
+    live = [n for n in ray.nodes() if n.get("Alive")]
+    working = [n for n in live if float((n.get("Resources") or {}).get("CPU", 0)) > 0] or live
+    return sorted(n["NodeID"] for n in working)
+
+
+def driver_ip(address: str | None) -> str | None:
+    """The address this machine reaches the Ray head ``address`` (``host:port``) from: the source address of a
+    UDP socket connected there (nothing is sent). None for no address or a loopback one (a one-machine cluster,
+    where Ray's own choice holds) or when it cannot be told."""
+    if not address or "://" in address:
+        return None
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    if not host or host in _LOOPBACK or not port.isdigit():
+        return None
+    try:
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        with socket.socket(fam, socket.SOCK_DGRAM) as s:
+            s.connect((host, int(port)))
+            ip = str(s.getsockname()[0])
+    except OSError:
+        return None
+    return None if ip.startswith("127.") or ip == "::1" else ip
 
 
 def _on_node(ray: Any, nodes: list[str], k: int) -> Any:

@@ -46,7 +46,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
@@ -369,10 +369,16 @@ class WorkerPool:
         return out  # type: ignore[return-value]
 
     async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
-                   offsets: Sequence[int] | None = None) -> list[RequestRecord]:
-        """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free."""
-        return await asyncio.get_running_loop().run_in_executor(
+                   offsets: Sequence[int] | None = None,
+                   on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
+        """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free.
+        ``on_record`` is called with each record (here once the wave is over, in order)."""
+        recs = await asyncio.get_running_loop().run_in_executor(
             None, lambda: self.run(specs, start_delay_s=start_delay_s, offsets=offsets))
+        if on_record is not None:
+            for r in recs:
+                on_record(r)
+        return recs
 
 
 def run_requests_multiproc(base: str, specs: list[RequestSpec], *, model: str, settings: ClientSettings,
