@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
-from bench.config.profile import Profile
+from bench.config.profile import Profile, profile_settings
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import (
     Rule,
@@ -113,14 +113,13 @@ async def _open(got: dict[str, str], out: RunOutput, on_stop: Callable[[], objec
 
 def _not_started(base: str, profile: Profile, model: str | None, load: dict[str, Any] | None = None) -> Results:
     """The results document of a run interrupted before its first request: no cells, ``run.interrupted``."""
-    from dataclasses import asdict
     from datetime import UTC, datetime
 
     from bench.results import EndpointInfo, ProfileInfo, RunInfo
     from bench.version import __version__
 
     now = datetime.now(UTC).isoformat(timespec="seconds")
-    settings = {k: v for k, v in asdict(profile).items() if k != "source"}
+    settings = profile_settings(profile)
     return Results(profile=ProfileInfo(profile.name, profile.source, settings),
                    endpoint=EndpointInfo(base, model or "", profile.endpoint),
                    run=RunInfo(id="", started=now, interrupted=True), bench_version=__version__, created=now,

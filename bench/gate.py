@@ -328,7 +328,20 @@ def rules_from_results(results: Results) -> list[Rule]:
     tables = results.profile.settings.get("gate") or []
     if not tables:
         return default_rules()
-    return parse_rules(tables, f"profile {results.profile.name or '?'} (from results)")
+    if not isinstance(tables, list):
+        raise ConfigError(f"profile {results.profile.name or '?'} (from results): gate must be a list of tables")
+    return parse_rules([_stored_table(t) for t in tables], f"profile {results.profile.name or '?'} (from results)")
+
+
+def _stored_table(t: Any) -> Any:
+    """A stored rule as a ``[[gate]]`` table: results written by earlier builds stored the parsed :class:`Rule`
+    (``max_change_pct`` and ``index``); that form is turned back into the allowance key of its metric."""
+    if not isinstance(t, Mapping) or "max_change_pct" not in t:
+        return t
+    out = {k: v for k, v in t.items() if k not in ("max_change_pct", "index")}
+    key = "max_drop_pct" if t.get("metric") in HIGHER_BETTER else "max_rise_pct"
+    out[key] = t["max_change_pct"]
+    return out
 
 
 def profile_rules(rules: Sequence[Rule]) -> tuple[list[Rule], bool]:

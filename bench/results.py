@@ -24,9 +24,11 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,8 +39,8 @@ from bench.redaction import redact
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
     "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
-    "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict", "capacity_from_dict", "gate_from_dict",
-    "load_capacity", "load_gate", "save_capacity", "save_gate", "gate_json",
+    "discard_when_failed", "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict",
+    "capacity_from_dict", "gate_from_dict", "load_capacity", "load_gate", "save_capacity", "save_gate", "gate_json",
 ]
 
 SCHEMA_VERSION = 1
@@ -615,3 +617,24 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
         return None
     raise ConfigError(f"--out {d}: already holds a run ({', '.join(held)}); --resume continues an interrupted "
                       "run, --overwrite replaces it, or choose another folder")
+
+
+@contextmanager
+def discard_when_failed(out_dir: str | os.PathLike[str]) -> Iterator[None]:
+    """Around a command that writes into ``out_dir``: when it fails (any exception, Ctrl-C included) having
+    written nothing there (no file, or only empty ones), the folders it made for it are removed again, so that a
+    failed run leaves no empty results folder behind. A folder that held something before is never touched."""
+    d = Path(out_dir).absolute()
+    made = [p for p in (d, *d.parents) if not p.exists()]  # the folders this command will have made
+    try:
+        yield
+    except BaseException:
+        if made and d.is_dir() and all(f.is_file() and f.stat().st_size == 0 for f in d.rglob("*")
+                                       if not f.is_dir()):
+            shutil.rmtree(d, ignore_errors=True)
+            for p in made[1:]:  # the new parents, innermost first, while they are empty
+                try:
+                    p.rmdir()
+                except OSError:
+                    break
+        raise

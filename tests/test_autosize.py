@@ -47,7 +47,7 @@ def test_assess_prefers_read_lag_and_advice_names_the_count() -> None:
     c2 = assess(recs, [], [0.2, 0.4, 11.0], streams=32, cores=16)
     assert c2["lag_source"] == "loop" and c2["workers"] == 3
     msg = advice("d0-s32", c, 1)
-    assert msg is not None and "--workers 3" in msg and "d0-s32" in msg
+    assert msg is not None and "--workers 3" in msg  # the cell's id is put before it with its other warnings
     assert advice("d0-s32", c, 3) is None
     assert lag_summary([])["p99_ms"] is None
 

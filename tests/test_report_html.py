@@ -184,3 +184,107 @@ def test_inputs_folder_and_capacity_alone(run_dir: Path, tmp_path: Path) -> None
         {"load": 4, "slo_met": True, "goodput": {"rps": 3.0}}, {"load": 16, "slo_met": False, "goodput": {"rps": 1.0}}]}))
     page = build_report(*load_inputs([cap]))
     assert "Capacity and the SLO boundary" in page and "Decode vs concurrent streams" not in page
+
+
+# --- issue 31, point 5: the report leads with a table; capacity folders; curves in load order; colours ---------
+
+
+@pytest.fixture(scope="module")
+def capacity_dir(tmp_path_factory) -> Path:
+    """A real `bench capacity --out` folder (a short search by concurrency against bench sim)."""
+    from bench.sim import SimConfig, running_sim
+
+    d = tmp_path_factory.mktemp("cap") / "cap"
+    with running_sim(SimConfig(decode_step_ms=5.0, prefill_tok_s=20000.0)) as url:
+        rc = main(["capacity", url, "--by", "concurrency", "--slo", "ttft_p90=2s", "--max-tokens", "8",
+                   "--max-load", "2", "--trials", "1", "--out", str(d)])
+    assert rc == 0
+    return d
+
+
+def _text(page: str) -> str:
+    import re
+
+    return re.sub(r"<[^>]+>", " ", re.sub(r"<script.*?</script>", "", page, flags=re.S))
+
+
+def test_report_of_a_capacity_folder_leads_with_its_points(capacity_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "cap.html"
+    assert main(["report", str(capacity_dir), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    body = page[page.index("<h1>"):]
+    assert body.index("<table class='figures'>") < body.index("<h2>Runs</h2>")  # the numbers first
+    assert "Figures per point of the capacity search" in page
+    doc = json.loads((capacity_dir / "capacity.json").read_text())
+    loads = [f"<tr><td>{p['load']:g}</td>" for p in sorted(doc["points"], key=lambda p: (p["load"], p["trial"]))]
+    pos = [page.index(x) for x in loads]
+    assert pos == sorted(pos) and len(loads) >= 2
+    text = _text(page)
+    assert "None" not in text and doc["endpoint"]["url"] in text
+
+
+def test_report_table_of_cells_with_markers_explained(run_dir: Path, tmp_path: Path) -> None:
+    import re
+
+    out = tmp_path / "r.html"
+    assert main(["report", str(run_dir), "-o", str(out)]) == 0
+    page = out.read_text(encoding="utf-8")
+    assert "Figures per cell" in page
+    for cid in ("d0-s1-prose", "d0-s2-prose", "d256-s1-prose", "d1024-s1-prose"):
+        assert f"<td>{cid}</td>" in page
+    text = _text(page)
+    if re.search(r"\d\*", text):  # a thin percentile is marked, and the mark explained
+        assert "* fewer samples than the percentile needs" in text
+    assert not re.search(r"\d\.\d{5,}", text), re.findall(r"\S*\d\.\d{5,}\S*", text)[:5]  # no raw floats
+
+
+def test_capacity_curve_in_load_order_and_one_colour_per_depth() -> None:
+    from bench.report.figures import Source, capacity_figure, decode_vs_streams, depth_figure
+
+    cap = {"by": "rate", "points": [{"load": x, "trial": 0, "goodput": {"rps": x}} for x in (1, 8, 2, 4, 3)]}
+    fig = capacity_figure([Source("s", {"cells": []}, capacity=cap)])
+    assert list(fig.data[0].x) == [1, 2, 3, 4, 8]
+
+    def cell(depth: int, streams: int) -> dict:
+        return {"id": f"d{depth}-s{streams}-prose", "depth": depth, "streams": streams, "prompt": "prose",
+                "decode_tok_s": {"median": 10.0, "p10": 9.0, "p90": 11.0},
+                "aggregate_decode_tok_s": {"median": 10.0 * streams}, "prompt_tok_s": {"median": 100.0}}
+
+    two = Source("s", {"cells": [cell(d, n) for d in (0, 1024) for n in (1, 2, 4)]})
+    fig = decode_vs_streams([two])
+    colours = {t.line.color for t in fig.data if t.name.startswith("per stream p50")}
+    assert len(colours) == 2 and fig.layout.showlegend
+    assert depth_figure([Source("s", {"cells": [cell(1024, 1)]})]) is None  # one depth: no one-dot curve
+    assert depth_figure([Source("s", {"cells": [cell(256, 1), cell(1024, 1)]})]) is not None
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+def test_report_sections_in_the_browser(width: int, run_dir: Path, capacity_dir: Path, tmp_path: Path) -> None:
+    """As a reader sees it: each section's screenshot at 1280 and 800 px (kept under $BENCH_SCREENSHOTS when set);
+    the lead table is on screen first, and no table pushes the page wider than the window."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no {CHROMIUM} (apt-get install chromium; .ci/run installs it)")
+    from playwright.sync_api import sync_playwright
+
+    shots = Path(os.environ.get("BENCH_SCREENSHOTS") or tmp_path / "shots")
+    shots.mkdir(parents=True, exist_ok=True)
+    pages = {"run": tmp_path / "run.html", "capacity": tmp_path / "capacity.html"}
+    assert main(["report", str(run_dir), "-o", str(pages["run"])]) == 0
+    assert main(["report", str(capacity_dir), "-o", str(pages["capacity"])]) == 0
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox", "--disable-gpu"])
+        try:
+            page = browser.new_page(viewport={"width": width, "height": 900})
+            for name, path in pages.items():
+                page.goto(path.as_uri(), wait_until="load")
+                first = page.eval_on_selector("h1 ~ h2", "h => h.textContent")
+                assert first.startswith("Figures per"), first
+                assert page.evaluate("document.documentElement.scrollWidth") <= width
+                heads = page.query_selector_all("h2")
+                for i, h in enumerate(heads):
+                    h.scroll_into_view_if_needed()
+                    page.screenshot(path=str(shots / f"{name}-{width}-{i:02d}.png"))
+                assert page.is_visible("table.figures")
+        finally:
+            browser.close()
+    assert len(list(shots.glob(f"*-{width}-*.png"))) >= 4

@@ -195,3 +195,17 @@ def test_run_rejects_a_bad_roofline_flag_before_running(capsys) -> None:
     assert main(["run", "http://127.0.0.1:9/v1", "--bandwidth", "fast"]) == 3
     err = capsys.readouterr().err
     assert "--bandwidth" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_model_size_flag_far_from_the_servers_count_is_warned_about() -> None:
+    from bench.measure.roofline import model_size_note
+
+    server = {"model_meta": {"n_params": 7.385e9, "size": 14.77e9}}
+    mine = roofline_spec_from_options(bandwidth="4.8TB/s", model_params="13b", weight_bits=16.0)
+    note = model_size_note(mine, server)
+    assert note is not None and "13B parameters" in note and "7.38B" in note and "--model-params" in note
+    assert model_size_note(roofline_spec_from_options(bandwidth="4.8TB/s", model_params="7.385b",
+                                                      weight_bits=16.0), server) is None
+    assert model_size_note(mine, {}) is None  # the server said nothing
+    from_server = roofline_spec_from_options(bandwidth="4.8TB/s")
+    assert model_size_note(from_server, server) is None  # nothing given by flag: nothing to check

@@ -23,6 +23,7 @@ from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu
 from bench.cli.history import history, require_store
 from bench.cli.proxy import proxy
 from bench.cli.report import ROOFLINE_KEYS, report, roofline_options, roofline_spec_from_options
+from bench.cli.serve import serve
 from bench.errors import (
     EXIT_BAD_INPUT,
     EXIT_CHECK_FAILED,
@@ -92,8 +93,8 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     """Send one streaming request and print its measurement.
 
     Prints TTFT, time to first content, decode tok/s, ITL, TPOT, E2E, token counts and prefill tok/s of a single
-    request. Exits 0 on success, 4 if the URL is unreachable, 5 if the request failed (the record is still
-    printed).
+    request. Exits 0 on success, 3 if the base URL has no OpenAI API (404), 4 if the URL is unreachable (or
+    https:// meets a server without TLS), 5 if the request failed (the record is still printed).
     """
     from bench.client import RequestSpec, discover_model, make_http_client, require_ok, stream_request
     from bench.measure.metrics import request_metrics
@@ -116,6 +117,8 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
         rec = asyncio.run(go(base))
     from bench.client import image_rejection
 
+    if rec.status == 404:
+        require_ok(rec, base)  # no OpenAI API at that path: one line, exit 3, not a table of dashes
     if (line := image_rejection(rec)) is not None:
         raise ServerError(line)
     d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
@@ -221,7 +224,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
       bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
       bench run URL --trace mooncake.jsonl --speed 2            replay a trace
     """
-    from bench.results import prepare_folder
+    from bench.results import discard_when_failed, prepare_folder
     from bench.session.endpoint import default_out_dir
 
     if ray_address and workers == "auto":
@@ -241,19 +244,21 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     if ls is not None and resume:
         raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
                           "and cannot be continued: run it again with --overwrite (or another --out)")
-    previous = prepare_folder(out, overwrite=overwrite, resume=resume)
-    require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
-    if ls is not None:  # open loop (rate, trace, sessions): bench.load
-        no_gpu_in_open_loop(gpu_kw)
-        if not isinstance(workers, int):
-            raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
-        _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address), out, as_json,
-                    make_report, history_db)
-        return
-    prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
-    results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
-                           workers=workers, resume=previous, ray_address=ray_address)
-    _finish_run(results, out, as_json, make_report, history_db)
+    with discard_when_failed(out):  # a run that fails before writing anything leaves no empty folder
+        previous = prepare_folder(out, overwrite=overwrite, resume=resume)
+        require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
+        if ls is not None:  # open loop (rate, trace, sessions): bench.load
+            no_gpu_in_open_loop(gpu_kw)
+            if not isinstance(workers, int):
+                raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
+            _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
+                                      progress_every=progress_every), out, as_json,
+                        make_report, history_db)
+            return
+        prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
+        results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
+                               workers=workers, resume=previous, ray_address=ray_address)
+        _finish_run(results, out, as_json, make_report, history_db)
 
 
 def _closed_loop(url: str | None, prof: Profile, settings: ClientSettings, out: Path, as_json: bool,
@@ -319,28 +324,13 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
     from bench.errors import RunInterrupted
     from bench.report.console import stderr, stdout
     from bench.report.export import VIEWS
-    from bench.report.progress import PlainObserver, QuietObserver, RichObserver
+    from bench.report.progress import make_observer, observed
+
+    obs = make_observer(len(prof.cells()), stderr, quiet=quiet, every_s=progress_every, width=stdout.width)
 
     async def go() -> Results:
-        obs: Any
-        if not quiet and not sys.stdout.isatty():  # a log: plain lines on stdout
-            obs = PlainObserver(sys.stdout, len(prof.cells()), progress_every, stderr, width=stdout.width)
-        elif quiet or not stderr.is_terminal:
-            return await run_profile(base, prof, settings, out_dir=out, observer=QuietObserver(stderr), views=VIEWS,
-                                     **loop_kw)
-        else:
-            obs = RichObserver(stderr, len(prof.cells()))
-        with obs:
-            async def ticker() -> None:
-                while True:
-                    await asyncio.sleep(min(0.5, progress_every / 4))
-                    obs.tick()
-
-            t = asyncio.create_task(ticker())
-            try:
-                return await run_profile(base, prof, settings, out_dir=out, observer=obs, views=VIEWS, **loop_kw)
-            finally:
-                t.cancel()
+        return await observed(obs, run_profile(base, prof, settings, out_dir=out, observer=obs, views=VIEWS,
+                                               **loop_kw), progress_every)
 
     try:
         return asyncio.run(go())
@@ -355,7 +345,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
 
 
 def _print_results(results: Results, out: Path, as_json: bool, report_path: Path | None = None) -> None:
-    from bench.report.console import results_table, stderr, stdout
+    from bench.report.console import results_note, results_table, stderr, stdout
     from bench.report.export import headline
     from bench.results import to_json
 
@@ -363,6 +353,9 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
         click.echo(to_json(results), nl=False)
         return
     stdout.print(results_table(results, width=stdout.width))
+    note = results_note(results)
+    if note:
+        stdout.print(note, highlight=False, markup=False)
     for h in headline(results):
         stdout.print(f"  {h}", highlight=False)
     for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces
@@ -418,7 +411,7 @@ def sim(ctx: click.Context) -> None:
         raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
 
 
-for _cmd in (gate, compare, ab, report, capacity, history, proxy):
+for _cmd in (gate, compare, ab, report, capacity, history, proxy, serve):
     cli.add_command(_cmd)
 cli.add_command(_cli_check.check)
 cli.add_command(_cli_check.record)

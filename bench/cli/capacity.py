@@ -35,6 +35,17 @@ LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "r
                      "drain", "warmup", "cooldown", "users", "turns", "think")
 
 
+def _one_slo(ctx: click.Context, param: click.Parameter, value: tuple[str, ...]) -> str | None:
+    """``--slo`` given once (every objective in it); given again it is refused, not silently replaced."""
+    if len(value) > 1:
+        raise click.BadParameter(f"given {len(value)} times; put every objective in one --slo, e.g. --slo "
+                                 "ttft_p90=2s,tpot_p90=60ms", param_hint="--slo")
+    return value[0] if value else None
+
+
+_NOT_FOR_CAPACITY = ("rate", "trace", "block_tokens", "speed", "users", "turns", "think")
+
+
 def load_options(f: Any) -> Any:
     """The open-loop options (shared by ``bench run`` and ``bench capacity``)."""
     opts = [
@@ -51,8 +62,8 @@ def load_options(f: Any) -> Any:
         click.option("--output-tokens", help="Output tokens, same forms (default --max-tokens / the profile's)."),
         click.option("--dataset", type=click.Path(dir_okay=False), help="JSONL prompts ({\"prompt\": ...})."),
         click.option("--seed", type=int, help="Seed of the schedule and sizes (default 0)."),
-        click.option("--slo",
-                     help="SLOs: ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s or 'ttft_ms <= 2000 and tpot_ms <= 60'; "
+        click.option("--slo", multiple=True, callback=_one_slo,
+                     help="SLOs (once; every objective in it): ttft_p90=2s,tpot_p90=60ms,e2e_p99=30s or 'ttft_ms <= 2000 and tpot_ms <= 60'; "
                      "goodput and each SLO per point, or per cell of a concurrency run."),
         click.option("--trace", type=click.Path(dir_okay=False), help="Replay a Mooncake JSONL or Azure CSV trace."),
         click.option("--block-tokens", type=click.IntRange(1), help="Tokens per trace hash block (default 512)."),
@@ -60,9 +71,9 @@ def load_options(f: Any) -> Any:
         click.option("--drain", type=float, help="Seconds to wait for requests in flight after the last send "
                      "before cutting them (default 60)."),
         click.option("--warmup", type=float, help="Seconds at the start of a point left out of its statistics "
-                     "(default 20 %% of the span, at most 30)."),
-        click.option("--cooldown", type=float,
-                     help="Seconds at the end of a point left out (default 10 %%, at most 10)."),
+                     "(default 20 % of the span, at most 30; a --trace keeps every request: 0)."),
+        click.option("--cooldown", type=float, help="Seconds at the end of a point left out (default 10 %, at "
+                     "most 10; a --trace: 0)."),
         click.option("--sessions", "users", type=click.IntRange(1), help="Multi-turn mode: this many conversations."),
         click.option("--turns", type=click.IntRange(1), help="Turns per conversation (default 3)."),
         click.option("--think", type=float, help="Seconds between an answer and the next turn (default 1)."),
@@ -123,18 +134,22 @@ def kw_names(given: dict[str, Any]) -> list[str]:
 
 
 def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: ClientSettings, out: Path,
-                  model: str | None,
-                  workers: int = 1, ray_address: str | None = None) -> Any:
+                  model: str | None, workers: int = 1, ray_address: str | None = None, *, quiet: bool = False,
+                  progress_every: float = 30.0) -> Any:
     """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
-    ``ray_address``), return the results document (files written to ``out``)."""
+    ``ray_address``) with the progress of every run (bench.report.progress), return the results document (files
+    written to ``out``)."""
     from bench.driver import run_load
     from bench.load.point import describe_point
-    from bench.report.console import stderr
+    from bench.report.console import stderr, stdout
+    from bench.report.progress import make_observer, observed
 
+    obs = make_observer(1, stderr, quiet=quiet, every_s=progress_every, width=stdout.width)
     with endpoint(url, parallel=max(4, ls.max_concurrency or 16)) as base:
         try:
-            results = asyncio.run(run_load(base, prof, settings, ls, out_dir=out, model=model, workers=workers,
-                                           ray_address=ray_address))
+            results = asyncio.run(observed(obs, run_load(base, prof, settings, ls, out_dir=out, model=model,
+                                                         workers=workers, ray_address=ray_address, observer=obs),
+                                           progress_every))
         except (RunInterrupted, KeyboardInterrupt) as e:
             _interrupted(e, f"finished records kept in {out}/records.jsonl (partial results in {out}/results.json)")
     for cell in results.cells:
@@ -191,6 +206,11 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
 
     if not load_kw.get("slo"):
         raise ConfigError("--slo is needed (e.g. --slo ttft_p90=2s,tpot_p90=60ms)")
+    for k in _NOT_FOR_CAPACITY:
+        if load_kw.get(k) is not None:
+            flag = kw_names({_FLAG_TO_FIELD.get(k, k): 0})[0]
+            raise ConfigError(f"bench capacity: --{flag} does not apply: the search chooses each point's load "
+                              "(--by, --start, --factor, --max-load); for one load of your own: bench run --rate R")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     prof = Profile(name="capacity", endpoint=endpoint_kind, max_tokens=max_tokens, warmup=0)
     prof = prof.with_overrides(**workload_overrides(load_kw))
@@ -203,8 +223,11 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
                         max_points=max_points, confidence=level, target_width=target_width, time_budget_s=time_budget)
     ss.check()
-    _prepare_capacity_folder(Path(out_dir), overwrite)
-    doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
+    from bench.results import discard_when_failed
+
+    with discard_when_failed(out_dir):  # a search that fails before writing anything leaves no empty folder
+        _prepare_capacity_folder(Path(out_dir), overwrite)
+        doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
     _print_capacity(doc, Path(out_dir), as_json)
 
 
@@ -250,7 +273,7 @@ def _interrupted(e: BaseException, kept: str) -> NoReturn:
 def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
     import json
 
-    from bench.load.capacity import curve_rows
+    from bench.report.tables import capacity_answer, curve_rows
 
     if as_json:
         click.echo(json.dumps(doc, indent=1))
@@ -260,11 +283,7 @@ def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
     click.echo("  ".join(h.rjust(w) for h, w in zip(head, widths)))
     for r in rows:
         click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
-    lo, hi = doc["interval"]
-    unit = "req/s" if doc["by"] == "rate" else "in flight"
-    conf = "no stated level" if doc["confidence"] is None else f"confidence {doc['confidence']:.0%}"
-    click.echo(f"capacity ({doc['slo']}): {doc['boundary']} {unit}, interval [{lo}, {hi}] "
-               f"({conf}); saturated at {doc['saturated_at']}")
+    click.echo(capacity_answer(doc))
     if doc.get("note"):
         click.echo(f"note: {doc['note']}", err=True)
     click.echo(f"results: {out}/capacity.json, {out}/points/", err=True)

@@ -80,12 +80,16 @@ _ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models")
 def checked_url(base: str) -> str:
     """The base URL with its port checked; a full endpoint URL pasted by mistake is cut back to its base with a note.
 
+    An ``https://`` URL gets a TLS handshake first (:func:`bench.transport.tls.check_tls`).
+
     Raises:
         ConfigError: the port is not a number or out of range.
+        EndpointUnreachable: ``https://`` to a server that does not speak TLS.
     """
     from urllib.parse import urlsplit
 
     from bench.report.console import stderr
+    from bench.transport.tls import check_tls
 
     try:
         _ = urlsplit(base).port
@@ -96,7 +100,9 @@ def checked_url(base: str) -> str:
             cut = base[: -len(tail)] or base
             stderr.print(f"note: {base} is an endpoint URL; using its base URL {cut} (give the base, e.g. "
                          "http://host:8000/v1)", highlight=False, soft_wrap=True)
-            return cut
+            base = cut
+            break
+    check_tls(base)  # https:// to a plain-HTTP port: one line in seconds, not a connect timeout
     return base
 
 
@@ -109,15 +115,21 @@ def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_d
     if url:
         yield checked_url(normalize_url(url))
         return
+    from bench.errors import EXIT_INTERRUPTED, RunInterrupted
     from bench.report.console import stderr
-    from bench.tools.engine import LocalEngine
+    from bench.tools.engine import INTERRUPT_GRACE_S, LocalEngine
 
-    with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
-        eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir)
-        eng.start()
+    eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir)
     try:
+        with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
+            eng.start()
         stderr.print(f"embedded endpoint: {eng.url}", highlight=False)
         yield eng.url
+    except (KeyboardInterrupt, RunInterrupted, SystemExit) as e:
+        if not isinstance(e, SystemExit) or e.code == EXIT_INTERRUPTED:  # Ctrl-C: say so, stop at once
+            stderr.print("interrupted: stopping the embedded endpoint (llama-server)", highlight=False)
+            eng.stop(grace_s=INTERRUPT_GRACE_S)
+        raise
     finally:
         eng.stop()
 

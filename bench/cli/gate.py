@@ -76,11 +76,13 @@ def _gate_json(verdicts: Sequence[Verdict], rules: Sequence[Rule], extra: dict[s
                       "verdicts": [v.to_dict() for v in verdicts]})
 
 
-def _observer() -> tuple[Any, Callable[[str], None]]:
-    from bench.report.console import stderr
-    from bench.report.progress import QuietObserver
+def _observer(cells: int, quiet: bool = False) -> tuple[Any, Callable[[str], None]]:
+    """The progress of every run (bench.report.progress) and the log of notes (stderr)."""
+    from bench.report.console import stderr, stdout
+    from bench.report.progress import make_observer
 
-    return QuietObserver(stderr), lambda s: stderr.print(s, highlight=False, soft_wrap=True)
+    return (make_observer(cells, stderr, quiet=quiet, width=stdout.width),
+            lambda s: stderr.print(s, highlight=False, soft_wrap=True))
 
 
 def _could_not_run(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -208,7 +210,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.driver import run_gate
     from bench.report.console import stderr
     from bench.report.export import VIEWS
-    from bench.results import to_json, write_atomic
+    from bench.report.progress import observed
+    from bench.results import discard_when_failed, to_json, write_atomic
     from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
@@ -222,15 +225,15 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     gpu_kw = pop_gpu_options(client)
     settings = _settings(**client)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
-    observer, log = _observer()
+    observer, log = _observer(len(prof.cells()), quiet=as_json)
     parallel, ctx = engine_size(prof)
     deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
-    with endpoint(url, parallel=parallel, ctx_size=ctx) as base, gpu_sampler(gpu_kw, base, settings) as gpu:
-        outcome = asyncio.run(run_gate(base, prof, settings, baseline, rules, model=model, out_dir=out,
-                                       force=force, budget_waves=budget["budget_waves"],
-                                       max_waves=budget["max_waves"], deadline=deadline, observer=observer,
-                                       log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"],
-                                       gpu=gpu))
+    with discard_when_failed(out), endpoint(url, parallel=parallel, ctx_size=ctx) as base, \
+            gpu_sampler(gpu_kw, base, settings) as gpu:
+        outcome = asyncio.run(observed(observer, run_gate(
+            base, prof, settings, baseline, rules, model=model, out_dir=out, force=force,
+            budget_waves=budget["budget_waves"], max_waves=budget["max_waves"], deadline=deadline, observer=observer,
+            log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"], gpu=gpu)))
     _warn([f"--force: {d}" for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
@@ -333,7 +336,8 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     from bench.driver import ABRounds, run_ab
     from bench.report.console import stderr
     from bench.report.export import VIEWS
-    from bench.results import write_atomic
+    from bench.report.progress import observed
+    from bench.results import discard_when_failed, write_atomic
 
     t0 = time.monotonic()
     prof = _load_profile(profile_name)
@@ -341,13 +345,15 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     model = client.pop("model")
     settings = _settings(**client)
     base_a, base_b = checked_url(normalize_url(url_a)), checked_url(normalize_url(url_b))
-    observer, _log = _observer()
+    observer, _log = _observer(len(prof.cells()))
     rounds = None
     if max_time is not None or max_waves is not None:
         rounds = ABRounds(rules, t0 + max_time - SUMMARY_RESERVE_S if max_time else None, max_waves)
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)
-    ra, rb = asyncio.run(run_ab(base_a, base_b, prof, settings, model_a=model, model_b=model_b or model,
-                                observer=observer, out_a=out_a, out_b=out_b, views=VIEWS, rounds=rounds))
+    with discard_when_failed(out_dir or "."):
+        ra, rb = asyncio.run(observed(observer, run_ab(base_a, base_b, prof, settings, model_a=model,
+                                                       model_b=model_b or model, observer=observer, out_a=out_a,
+                                                       out_b=out_b, views=VIEWS, rounds=rounds)))
     _warn(check_comparable(ra, rb, force=True), prefix="note: ")
     verdicts = _print_ab(ra, rb, rules, base_a, base_b, rounds)
     if out_dir:

@@ -253,6 +253,8 @@ async def discover_model(client: httpx.AsyncClient, base: str, secret: str | Non
                           "--setup-timeout") from None
     except httpx.HTTPError as e:
         raise ServerError(f"GET {base}/models failed: {exc_line(e)}") from None
+    if r.status_code == 404:
+        raise ConfigError(no_api_message(base))
     if r.status_code >= 400:
         msg = error_from_body(r.status_code, r.headers.get("content-type", ""), r.content)
         raise ServerError(f"GET {base}/models: {msg}; pass --model")
@@ -261,6 +263,14 @@ async def discover_model(client: httpx.AsyncClient, base: str, secret: str | Non
         return str(data[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise ServerError(f"GET {base}/models returned no model list; pass --model") from None
+
+
+def no_api_message(base: str, call: str = "GET /models") -> str:
+    """The one line for a base URL whose ``/models`` (or a request's path) answers 404: most often a typo in the
+    path (``/v11``, a missing ``/v1``). ``call``: ``METHOD /path`` below the base URL."""
+    method, _, path = call.partition(" ")
+    return (f"no OpenAI API at that base URL: {method} {base}{path} answered 404 (not found); is the base URL "
+            "right (http://host:8000/v1)?")
 
 
 def exc_line(e: BaseException) -> str:

@@ -37,11 +37,20 @@ from typing import Any
 
 import httpx
 
-from bench.client.endpoint import _ERR_BODY_LIMIT, RequestSpec, StreamTap, _http_kind, error_from_body, exc_line, log
+from bench.client.endpoint import (
+    _ERR_BODY_LIMIT,
+    RequestSpec,
+    StreamTap,
+    _http_kind,
+    error_from_body,
+    exc_line,
+    log,
+    no_api_message,
+)
 from bench.client.events import _parse_sliced, _parse_whole
 from bench.client.images import body_images
 from bench.client.turns import take_turn
-from bench.errors import EndpointUnreachable, ServerError, UnreadableResponse
+from bench.errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
 from bench.records import RequestRecord
 from bench.redaction import add_secret
 from bench.transport.http import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
@@ -355,15 +364,19 @@ def _record_failure(rec: RequestRecord, e: BaseException, base: str) -> None:
         rec.error, rec.error_kind = f"{type(e).__name__}: {exc_line(e)}", "protocol"
 
 
-def require_ok(rec: RequestRecord) -> None:
-    """Raise the error matching a failed record (used by ``bench probe``).
+def require_ok(rec: RequestRecord, base: str = "", what: str = "request") -> None:
+    """Raise the error matching a failed record (``bench probe``, a run's set-up probes).
 
     Raises:
         EndpointUnreachable: connection failure.
+        ConfigError: the request's path answered 404 (no OpenAI API at ``base``: a typo in the URL's path).
         ServerError: any other failure.
     """
     if rec.ok:
         return
     if rec.error_kind == "connect":
         raise EndpointUnreachable(rec.error or "cannot connect")
-    raise ServerError(f"request failed: {rec.error}")
+    if rec.status == 404 and base:
+        path = "/chat/completions" if rec.endpoint == "chat" else "/completions"
+        raise ConfigError(no_api_message(base, f"POST {path}"))
+    raise ServerError(f"{what} failed: {rec.error}")

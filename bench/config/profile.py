@@ -21,8 +21,9 @@ from bench.prompts.content import KINDS as PROMPT_KINDS
 if TYPE_CHECKING:
     from bench.gate import Rule
 
-__all__ = ["Profile", "Sweep", "Cell", "load_profile", "parse_profile", "parse_depth", "parse_depths", "parse_ints",
-           "parse_image_size", "parse_image_sizes", "parse_counts", "PROFILES_DIR", "IMAGE_FORMATS", "TOOL_CHOICES"]
+__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "parse_profile", "parse_depth",
+           "parse_depths", "parse_ints", "parse_image_size", "parse_image_sizes", "parse_counts", "PROFILES_DIR",
+           "IMAGE_FORMATS", "TOOL_CHOICES"]
 
 def _profiles_dir() -> Path:
     """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
@@ -144,11 +145,16 @@ class Cell:
     images: int = 0
     image_size: str = ""
     thinking: bool | None = None
+    label: str = ""
 
     @property
     def id(self) -> str:
         """Stable id used in results and gates: ``d{depth}-s{streams}-{prompt}``, then ``-i{images}-{W}x{H}`` when
-        the requests carry images and ``-think`` / ``-nothink`` when the sweep sets thinking per cell."""
+        the requests carry images and ``-think`` / ``-nothink`` when the sweep sets thinking per cell. An open-loop
+        point's cell is named by its load (``label``: ``rate-10``, ``trace-mooncake``), the id of every line about
+        it."""
+        if self.label:
+            return self.label
         base = f"d{self.depth}-s{self.streams}-{self.prompt}"
         if self.images:
             base += f"-i{self.images}-{self.image_size}"
@@ -183,6 +189,8 @@ class Profile:
         mode: ``"concurrency"`` (waves of N streams: the sweeps) or an open-loop mode, ``"rate"`` / ``"trace"``
             (docs/load.md), whose settings are the ``[load]`` table (``load``: its key/value pairs). In concurrency
             mode only its ``slo`` is read: each cell's goodput and SLOs (:attr:`slo`).
+        overrides: the command-line flags that changed the cells (``--streams``, ``--depths``...), named in the
+            results' header so that it does not claim the profile's cells; not a TOML key.
     """
 
     name: str = "custom"
@@ -212,6 +220,7 @@ class Profile:
     mode: str = "concurrency"
     load: tuple[tuple[str, Any], ...] = ()
     source: str = ""
+    overrides: tuple[str, ...] = ()
 
     def cells(self) -> list[Cell]:
         """All cells in run order (sweep by sweep; depth, then streams, then prompt); duplicates dropped."""
@@ -252,6 +261,9 @@ class Profile:
         """A copy with command-line overrides; ``depths``/``streams``/``prompts``/``max_tokens`` apply to every
         sweep. Raises ConfigError on a bad value."""
         sweeps = self.sweeps
+        flags = {"depths": "--depths", "streams": "--streams", "prompts": "--prompt", "max_tokens": "--max-tokens",
+                 "requests": "--repeats", "images": "--images", "image_sizes": "--image-size"}
+        given = tuple(f for k, f in flags.items() if kw.get(k) is not None)
         sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts", "images", "image_sizes")
                     if kw.get(k) is not None}
         for k in list(kw):
@@ -270,7 +282,7 @@ class Profile:
             sweeps = tuple(replace(sw, max_tokens=None) for sw in sweeps)
         if "thinking" in kw:  # --thinking on|off: every cell, whatever the sweeps say
             sweeps = tuple(replace(sw, thinking=None) for sw in sweeps)
-        p = replace(self, sweeps=sweeps, **kw)
+        p = replace(self, sweeps=sweeps, overrides=tuple(dict.fromkeys(self.overrides + given)), **kw)
         _validate_numbers(p, "override")
         return p
 
@@ -278,6 +290,7 @@ class Profile:
 _TOP = {f.name: f for f in fields(Profile)} | {"sweep": None}
 _TOP.pop("sweeps")
 _TOP.pop("source")
+_TOP.pop("overrides")
 _SWEEP = {f.name for f in fields(Sweep)}
 
 
@@ -468,6 +481,16 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
     except (ConfigError, TypeError) as e:
         raise ConfigError(f"{where}: load: {e}") from None
     return tuple(sorted(d.items()))
+
+
+def profile_settings(profile: Profile) -> dict[str, Any]:
+    """The profile as stored in a results document (``profile.settings``): every field but ``source``, the gate
+    rules as the ``[[gate]]`` tables they were read from, so that :func:`bench.gate.parse_rules` reads them back."""
+    from dataclasses import asdict
+
+    out = {k: v for k, v in asdict(profile).items() if k not in ("source", "gate")}
+    out["gate"] = [r.to_dict() for r in profile.gate]
+    return out
 
 
 def load_profile(name_or_path: str) -> Profile:

@@ -41,6 +41,7 @@ from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
 from bench.load.estimate import Fit, fit_boundary
+from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
 __all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS"]
 
@@ -560,20 +561,3 @@ def point_entry(p: Point) -> dict[str, Any]:
         "send_lag_p99_ms": s.get("schedule", {}).get("send_lag_ms", {}).get("p99"),
         "dir": s.get("dir"),
     }
-
-
-def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """The curve as a table (sorted by load): throughput vs latency, per-user vs aggregate tok/s."""
-    head = ["load", "trial", "achieved/s", "done/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s", "total tok/s",
-            "goodput/s", "SLO", "steady"]
-
-    def f(v: Any, d: int = 1) -> str:
-        return "-" if v is None else f"{v:.{d}f}"
-
-    rows = []
-    for p in sorted(doc["points"], key=lambda x: (x["load"], x["trial"])):
-        g = p.get("goodput") or {}
-        rows.append([f"{p['load']:g}", str(p["trial"]), f(p["achieved_rps"], 2), f(p["completed_rps"], 2),
-                     f(p["ttft_p90_ms"]), f(p["tpot_p50_ms"], 2), f(p["per_user_tok_s"]), f(p["aggregate_tok_s"]),
-                     f(g.get("rps"), 2), "met" if p["slo_met"] else "missed", "yes" if p["steady"] else "no"])
-    return head, rows

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from bench.load.capacity import Point, SearchSettings, point_entry, point_settings, search
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, run_point
-from bench.measure.metrics import request_metrics
-from bench.measure.slo import SLO, meets
 from bench.records import RecordWriter
+from bench.report.progress import CapacityProgress as Progress
 from bench.results import save_capacity, write_atomic
 
 if TYPE_CHECKING:
@@ -28,55 +26,6 @@ if TYPE_CHECKING:
 __all__ = ["search_capacity", "Progress", "PER_SLOT_REQUESTS"]
 
 PER_SLOT_REQUESTS = 8
-
-
-class Progress:
-    """Live counters of the point in flight, printed on ``stream``: one rewritten line on a terminal, a plain
-    line every ``plain_every_s`` otherwise."""
-
-    def __init__(self, stream: TextIO | None, slo: SLO, *, tty: bool, plain_every_s: float = 5.0) -> None:
-        self.stream, self.slo, self.tty, self.every = stream, slo, tty, plain_every_s
-        self.sent = self.done = self.ok = self.met = 0
-        self.label, self.point_no, self.t_start, self.t_end = "", 0, 0.0, 0.0
-        self.cap: int | None = None
-        self._last = 0.0
-
-    def begin(self, label: str, span_s: float, cap: int | None = None) -> None:
-        self.cap = cap
-        self.sent = self.done = self.ok = self.met = 0
-        self.point_no += 1
-        self.label, self.t_start = label, time.monotonic()
-        self.t_end = self.t_start + span_s
-
-    def on_done(self, rec: Any) -> None:
-        self.met += meets(rec, request_metrics(rec), self.slo)
-
-    def line(self) -> str:
-        left = max(0.0, self.t_end - time.monotonic())
-        att = f"{100.0 * self.met / self.done:.0f} %" if self.done else "-"
-        busy = self.sent - self.done if self.cap is None else min(self.cap, self.sent - self.done)
-        return (f"point {self.point_no} {self.label}: in flight {busy}, sent {self.sent}, done "
-                f"{self.done}, SLO met so far {att}, schedule left {left:.0f} s")
-
-    def tick(self) -> None:
-        if self.stream is None:
-            return
-        now = time.monotonic()
-        if self.tty:
-            self.stream.write("\r\x1b[2K" + self.line())
-        elif now - self._last >= self.every:
-            self.stream.write(self.line() + "\n")
-            self._last = now
-        self.stream.flush()
-
-    def end(self, summary: dict[str, Any]) -> None:
-        if self.stream is None:
-            return
-        verdict = "met" if summary.get("slo_met") else "missed"
-        sched = summary.get("schedule", {})
-        self.stream.write(("\r\x1b[2K" if self.tty else "") + f"point {self.point_no} {self.label}: SLO {verdict}, "
-                          f"achieved {sched.get('achieved_rps')} req/s, steady {summary.get('steady')}\n")
-        self.stream.flush()
 
 
 def _concurrency_plan(ls: LoadSettings, cap: int, default_max_tokens: int) -> list[Planned]:

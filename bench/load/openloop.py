@@ -159,7 +159,7 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
 
     async def one(k: int, sched: int) -> None:
         p = plan[k]
-        meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
+        meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens, "max_tokens": p.output_tokens}
         try:
             if sem is not None:
                 async with sem:
@@ -235,7 +235,7 @@ async def run_plan_pool(session: Session, plan: Sequence[Planned], texts: Sequen
     in each record's meta, each worker's loop lag with the records (the point's lag: the worst)."""
     specs = []
     for k, (p, text) in enumerate(zip(plan, texts)):
-        meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens}
+        meta = {**p.meta, "phase": tag, "k": k, "target_tokens": p.input_tokens, "max_tokens": p.output_tokens}
         specs.append(RequestSpec(f"{session.run_id}-{tag}-w{k:06d}", session.profile.endpoint,
                                  session.body(text, p.output_tokens, session.image_urls(f"{tag}-{k}")), meta))
     offsets = [round(p.at_s * 1e9) for p in plan]

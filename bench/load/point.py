@@ -38,6 +38,8 @@ from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
+from bench.report.tables import num
+from bench.results import cell_from_dict
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
 
@@ -223,11 +225,13 @@ def _finished_in_window(run: PointRun, lo: float, hi: float) -> float | None:
 
 
 def default_window(run: Any, ls: LoadSettings) -> tuple[float, float]:
-    """The steady-state window of an open-loop point (``run``: anything with
-    ``span_s``): ``--warmup`` (default 20 % of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s)
-    left out, or the middle half of a span too short for both."""
-    w0 = ls.warmup_s if ls.warmup_s is not None else min(30.0, 0.2 * run.span_s)
-    w1 = ls.cooldown_s if ls.cooldown_s is not None else min(10.0, 0.1 * run.span_s)
+    """The steady-state window of an open-loop point (``run``: anything with ``span_s``): ``--warmup`` (default 20 %
+    of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s) left out, or the middle half of a span too
+    short for both. A trace replays every request into the statistics (warm-up and cool-down 0 unless given):
+    its start and end are part of the workload it records, not a ramp of bench's."""
+    trace = ls.mode == "trace"
+    w0 = ls.warmup_s if ls.warmup_s is not None else 0.0 if trace else min(30.0, 0.2 * run.span_s)
+    w1 = ls.cooldown_s if ls.cooldown_s is not None else 0.0 if trace else min(10.0, 0.1 * run.span_s)
     return point_window(run, w0, w1)
 
 
@@ -313,22 +317,41 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
                     first_index: int, load: dict[str, Any], counters: Any = None,
                     on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
     """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
+    depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
+    out = int(np.median([p.output_tokens for p in plan])) if plan else 0
+    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan), label=load["id"])
+    observer = getattr(session, "observer", None)
     texts = await build_texts(session, plan, ls.prompt, first_index)
     for p in plan:
         p.meta.setdefault("point", load["id"])
     closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
+    if observer is not None:
+        observer.cell_started(cell, len(plan))
     if getattr(session, "pool", None) is not None and not closed:
         if ls.max_concurrency:
             raise ConfigError("--max-concurrency is not available with --workers > 1 or --ray in open-loop runs")
         run = await run_plan_pool(session, plan, texts, tag=tag)
     else:
         run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
-                             drain_s=ls.drain_s, counters=counters, on_done=on_done, closed=closed)
-    depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
-    out = int(np.median([p.output_tokens for p in plan])) if plan else 0
-    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan))
+                             drain_s=ls.drain_s, counters=counters, on_done=_observed(on_done, observer, cell),
+                             closed=closed)
     summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
+    if observer is not None:
+        observer.cell_done(cell, cell_from_dict(summary, f"point {load['id']}"))
     return run, summary
+
+
+def _observed(on_done: Any, observer: Any, cell: Cell) -> Any:
+    """``on_done`` for each finished record, then the observer's count (the progress of bench.report.progress)."""
+    if observer is None:
+        return on_done
+
+    def done(rec: Any) -> None:
+        if on_done is not None:
+            on_done(rec)
+        observer.request_done(cell, rec.ok)
+
+    return done
 
 
 async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, max_tokens: int) -> dict[str, Any]:
@@ -340,6 +363,11 @@ async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, ma
     sizes = ls.input_sizes.draw(rng_for(ls.seed, "sessions"), ls.users * ls.turns)
     msgs = [[await _sized(session, ls.prompt, int(sizes[u * ls.turns + t]), 7919 * u + t, "", True, overhead=0)
              for t in range(ls.turns)] for u in range(ls.users)]
+    cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, ls.users * ls.turns,
+                label=load_id(ls))
+    observer = getattr(session, "observer", None)
+    if observer is not None:
+        observer.cell_started(cell, ls.users * ls.turns)
     mon = LagMonitor()
     mon.start()
     try:
@@ -347,7 +375,6 @@ async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, ma
                                   tag="measure")
     finally:
         lag = mon.stop()
-    cell = Cell("sessions", int(np.median(sizes)), ls.users, ls.prompt, max_tokens, len(recs))
     ms = [request_metrics(r) for r in recs]
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
                        metrics=ms).to_dict()
@@ -364,6 +391,8 @@ async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, ma
     if slo is not None and span > 0:
         s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = all(v["held"] for v in s["slo"].values())
+    if observer is not None:
+        observer.cell_done(cell, cell_from_dict(s, f"point {s['id']}"))
     return s
 
 
@@ -396,7 +425,7 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
 def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO | None) -> dict[str, Any]:
     """The summary of a point stopped before its schedule ended: the requests that finished (and those cut in
     flight, as failures), no steady-state window and no schedule figures; a warning says what is missing."""
-    cell = Cell(ls.mode, 0, ls.max_concurrency or 0, ls.prompt, 0, planned)
+    cell = Cell(ls.mode, 0, ls.max_concurrency or 0, ls.prompt, 0, planned, label=load_id(ls))
     ms = [request_metrics(r) for r in recs]
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
                        metrics=ms).to_dict()
@@ -454,15 +483,20 @@ def describe_point(s: dict[str, Any]) -> list[str]:
                 f"cached {t['cached_tokens_p50']} ({t['cached_share']}), TTFT p50 {t['ttft_ms_p50']} ms"
                 for t in s["turns"]]
     sc, c, w = s["schedule"], s["counts"], s["window"]
-    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {sc['planned_rps']} req/s, achieved "
-             f"{sc['achieved_rps']} req/s; send lag p50/p99/max {sc['send_lag_ms']['p50']} / "
-             f"{sc['send_lag_ms']['p99']} / {sc['send_lag_ms']['max']} ms",
-             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {w['from_s']}-{w['to_s']} s "
-             f"({w['requests']} requests), steady: {'yes' if s['steady'] else 'no (saturated)'}"]
+    lag = sc["send_lag_ms"]
+    lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {num(sc['planned_rps'])} req/s, achieved "
+             f"{num(sc['achieved_rps'])} req/s; send lag p50/p99/max {num(lag['p50'])} / {num(lag['p99'])} / "
+             f"{num(lag['max'])} ms",
+             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {num(w['from_s'], 1)}-"
+             f"{num(w['to_s'], 1)} s ({w['requests']} of {c['planned']} requests), steady: "
+             f"{'yes' if s['steady'] else 'no (saturated)'}"]
     lines += latency_lines(s.get("latency") or {})
     if "goodput" in s:
         g = s["goodput"]
-        lines.append(f"  goodput {g['rps']} req/s, {g['tok_s']} tok/s, SLO met by {g['met_fraction']} of requests")
+        met = g["met_fraction"]
+        lines.append(f"  goodput {num(g['rps'])} req/s, {num(g['tok_s'])} tok/s; SLO met by "
+                     f"{'-' if met is None else f'{100 * met:.1f} %'} of requests")
         for k, v in s["slo"].items():
-            lines.append(f"  {k}: {v['value']} ms (limit {v['limit_ms']:g}) {'held' if v['held'] else 'MISSED'}")
+            lines.append(f"  {k}: {num(v['value'])} ms (limit {num(v['limit_ms'])} ms) "
+                         f"{'held' if v['held'] else 'MISSED'}")
     return lines

@@ -60,9 +60,44 @@ def read_mooncake(path: Path, block_tokens: int) -> list[Planned]:
         ids = d.get("hash_ids", [])
         if not isinstance(ids, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in ids):
             raise ConfigError(f"--trace: {where}: hash_ids must be a list of ints")
-        nblocks = min(len(ids), -(-n_in // block_tokens))
-        out.append(Planned(ts / 1000.0, n_in, n_out, tuple(ids[:nblocks]), meta={"trace_line": i}))
+        out.append(Planned(ts / 1000.0, n_in, n_out, tuple(ids), meta={"trace_line": i}))
+    _check_blocks(out, path, block_tokens)
     return out
+
+
+_BLOCK_SIZES = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
+
+
+def _fitting(plan: list[Planned]) -> list[int]:
+    """Block sizes for which every request's hash_ids cover its prompt exactly (``ceil(input / size)`` ids)."""
+    with_ids = [p for p in plan if p.blocks]
+    return [b for b in _BLOCK_SIZES if with_ids and all(-(-p.input_tokens // b) == len(p.blocks) for p in with_ids)]
+
+
+def _hint(plan: list[Planned]) -> str:
+    """The block size to pass instead: one the whole file fits (the published traces use 512)."""
+    fit = _fitting(plan)
+    if fit:
+        b = 512 if 512 in fit else fit[0]
+        return f"the file fits --block-tokens {b}" + (" (the published Mooncake traces use 512)" if b == 512 else "")
+    return "give the block size the trace was made with (the published Mooncake traces use 512)"
+
+
+def _check_blocks(plan: list[Planned], path: Path, block_tokens: int) -> None:
+    """Refuse hash_ids inconsistent with ``block_tokens`` (the blocks would be built the wrong length and the
+    trace's prefix sharing lost): a request with more ids than its prompt has blocks, or a file in which no
+    request's ids cover its prompt at this size while another size fits them all. Fewer ids than blocks, in a
+    file that fits, is allowed: the tokens past the last id are the request's own."""
+    with_ids = [p for p in plan if p.blocks]
+    for p in with_ids:
+        fits = -(-p.input_tokens // block_tokens)
+        if len(p.blocks) > fits:
+            raise ConfigError(f"--trace: {path}:{p.meta['trace_line']}: {len(p.blocks)} hash_ids for input_length "
+                              f"{p.input_tokens}, more than its {fits} blocks of --block-tokens {block_tokens}; "
+                              f"{_hint(plan)}")
+    if with_ids and not any(-(-p.input_tokens // block_tokens) == len(p.blocks) for p in with_ids) and _fitting(plan):
+        raise ConfigError(f"--trace: {path}: no request's hash_ids match its input_length in blocks of "
+                          f"--block-tokens {block_tokens}; {_hint(plan)}")
 
 
 def _azure_time(s: str, where: str) -> float:

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from bench.errors import ConfigError
 from bench.results import CellResult
 
-__all__ = ["Hardware", "HARDWARE", "RooflineSpec", "build_spec", "complete_spec", "roofline_for_cell",
+__all__ = ["Hardware", "HARDWARE", "RooflineSpec", "build_spec", "complete_spec", "model_size_note", "roofline_for_cell",
            "decode_limit", "prefill_limit", "apply_roofline", "parse_bandwidth", "parse_flops", "parse_count",
            "parse_bytes"]
 
@@ -232,6 +232,25 @@ def complete_spec(spec: RooflineSpec, server: dict[str, Any] | None) -> Roofline
     return replace(spec, **changes) if changes else spec
 
 
+SIZE_MISMATCH = 0.10
+"""A model size given by flag more than this far (relative) from the server's own count is warned about."""
+
+
+def model_size_note(spec: RooflineSpec, server: dict[str, Any] | None) -> str | None:
+    """A warning when the parameters given by flag (``--model-params`` / ``--active-params``) differ from what the
+    server reports (llama.cpp's ``n_params``) by more than :data:`SIZE_MISMATCH`: the limits use the flags, so a
+    wrong flag moves every percentage. None when they agree or the server says nothing."""
+    meta = (server or {}).get("model_meta") or {}
+    theirs = _num(meta.get("n_params"))
+    if spec.model_source != "user" or not spec.active_params or not theirs:
+        return None
+    if abs(spec.active_params / theirs - 1.0) <= SIZE_MISMATCH:
+        return None
+    return (f"roofline: the flags give {spec.active_params / 1e9:.3g}B parameters per token, the server reports "
+            f"{theirs / 1e9:.3g}B (n_params); the limits use the flags: check --model-params (for an MoE, "
+            "--active-params is the share used per token, and this note can be ignored)")
+
+
 def _num(v: Any) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 else None
 
@@ -320,9 +339,15 @@ class RooflineAnnotator:
     def __init__(self, spec: RooflineSpec) -> None:
         self.spec = spec
         self._warned = False
+        self._checked = False
 
     def __call__(self, session: SessionView, cell: CellResult) -> None:
         spec = complete_spec(self.spec, session.server)
+        if not self._checked:  # once per run: the flags' model size against the server's
+            self._checked = True
+            note = model_size_note(spec, session.server)
+            if note:
+                session.note(note)
         if spec.weight_bytes is None:
             if not self._warned:
                 self._warned = True

@@ -115,8 +115,8 @@ def summarize_cell(
     cut, errors = _failures(ms)
     agg = _aggregates(records, ms, waves)
     rates = _prompt_rates(records, ms, overhead_ms)
-    warnings = _warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
-    warnings += _client_warnings(cell, ms, client_cpu_pct)
+    warnings = (_warnings(cell, ok, ms, errors, rates, overhead_ms, depth_target_tokens, expected_cached_tokens)
+                + _short_warning(cell, records, ms) + _client_warnings(cell, ms, client_cpu_pct))
     samples = _samples(ok, rates, agg)
     res = CellResult(
         id=cell.id, sweep=cell.sweep, depth=cell.depth, streams=cell.streams, prompt=cell.prompt,
@@ -251,13 +251,22 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
                        "cached prefix, so prefill is partly not measured")
     if any(m.output_tokens_estimated for m in ok):
         out.append(f"{cell.id}: the server sent no usage; output tokens are estimated")
-    short = [m for m in ok if m.output_tokens < cell.max_tokens]
-    if short:
-        out.append(f"{cell.id}: {len(short)} request(s) stopped before max_tokens={cell.max_tokens}")
     failed = sum(errors.values())
     if failed:
         out.append(f"{cell.id}: {failed} of {len(ms)} requests failed ({dict(errors)})")
     return out
+
+
+def _short_warning(cell: Cell, records: Sequence[RequestRecord], ms: Sequence[RequestMetrics]) -> list[str]:
+    """Requests that ended before the output each one asked for (its own ``max_tokens`` in the record's meta: a
+    trace's ``output_length``, a dataset's size; else the cell's)."""
+    asked = [int(r.meta.get("max_tokens") or cell.max_tokens) for r, m in zip(records, ms) if m.ok]
+    short = [a for m, a in zip((m for m in ms if m.ok), asked) if m.output_tokens < a]
+    if not short:
+        return []
+    limit = f"max_tokens={asked[0]}" if len(set(asked)) == 1 else "the max_tokens each asked for"
+    return [f"{cell.id}: {len(short)} request(s) stopped before {limit} (the server ended them early: an EOS, a stop "
+            "string or its own limit; the figures hold shorter outputs than planned)"]
 
 
 def _server_gap_warning(cell: Cell, ok: Sequence[RequestMetrics], gap: list[float],

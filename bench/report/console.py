@@ -16,7 +16,7 @@ from rich.text import Text
 from bench.redaction import RedactingStream
 from bench.results import Results
 
-__all__ = ["stdout", "stderr", "request_table", "results_table", "results_text", "console_width"]
+__all__ = ["stdout", "stderr", "request_table", "results_table", "results_note", "results_text", "console_width"]
 
 
 def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
@@ -88,10 +88,10 @@ def results_table(results: Results, width: int | None = None) -> RenderableType:
     With ``width`` narrower than the table needs with every figure whole (:func:`bench.report.export.table_width`),
     a stacked layout instead: one block per cell, ``label value`` fields wrapped at ``width`` (figures never split).
     """
-    from bench.report.export import stacked_lines, table_rows, table_width
+    from bench.report.export import run_title, stacked_lines, table_rows, table_width
 
     head, rows = table_rows(results)
-    title = f"bench: profile {results.profile.name} on {results.endpoint.model}"
+    title = run_title(results)
     if width is not None and width < table_width(head, rows):
         return Group(*(Text(line, no_wrap=True, overflow="ignore") for line in stacked_lines(results, width, title)))
     t = Table(title=title, header_style="bold", show_lines=False)
@@ -104,6 +104,13 @@ def results_table(results: Results, width: int | None = None) -> RenderableType:
     return t
 
 
+def results_note(results: Results) -> str:
+    """The line under the per-cell table explaining the markers it shows (``*``, ``!``, ``~``), or ``""``."""
+    from bench.report.export import markers_note, table_rows
+
+    return markers_note(table_rows(results)[1])
+
+
 def results_text(results: Results, width: int = 80) -> str:
     """What ``bench run`` prints on stdout at the end, as plain text for a ``width``-column terminal: the per-cell
     table (stacked when narrow) and the headline lines (README's sample is this, tested)."""
@@ -113,6 +120,9 @@ def results_text(results: Results, width: int = 80) -> str:
 
     con = Console(width=width, file=io.StringIO(), record=True, color_system=None)
     con.print(results_table(results, width=width))
+    note = results_note(results)
+    if note:
+        con.print(note, highlight=False)
     for h in headline(results):
         con.print(f"  {h}", highlight=False)
     return "\n".join(line.rstrip() for line in con.export_text().splitlines())

@@ -10,7 +10,7 @@ import csv
 import io
 import os
 import textwrap
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from bench.report.layout import pack_fields
 from bench.results import CellResult, Results, to_json, write_atomic
 
 __all__ = ["to_json", "to_csv", "to_markdown", "headline", "table_rows", "write_results", "CSV_COLUMNS", "EXPORTERS",
-           "VIEWS", "table_width", "stacked_lines", "slo_field", "gpu_field"]
+           "VIEWS", "table_width", "stacked_lines", "slo_field", "gpu_field", "MARKERS", "markers_note", "run_title"]
 
 # (column, cell key, stat) ; stat None = the plain value
 CSV_COLUMNS: list[tuple[str, str, str | None]] = [
@@ -129,6 +129,36 @@ def gpu_field(c: CellResult) -> str:
         return "-"
     text = f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.01 else f"{v:.2g}"
     return text + (" est" if g.get("energy_source") != "counter" else "")
+
+
+MARKERS = {
+    "*": "fewer samples than the percentile needs (read it as a bound, not a figure)",
+    "!": "the fixed overhead is over 30 % of TTFT (prompt tok/s understated; see the corrected figure)",
+    "~": "the decode CI is wider than the profile's target_ci (the cell's noise: waves that would meet it)",
+}
+"""The markers of the per-cell table and what each means (printed under every table that shows one)."""
+
+
+def markers_note(rows: Sequence[Sequence[str]]) -> str:
+    """One line explaining the markers that appear in ``rows`` (``""`` when none does)."""
+    used = [m for m in MARKERS if any(_has_marker(v, m) for r in rows for v in r)]
+    return "; ".join(f"{m} {MARKERS[m]}" for m in used)
+
+
+def _has_marker(v: str, m: str) -> bool:
+    return v.endswith(m) or f"{m} (" in v or f" {m} " in v or f"{m}]" in v
+
+
+def run_title(results: Results, code: str = "") -> str:
+    """The header of a run's table: ``bench: profile quick on MODEL``; with the cell-changing flags given
+    (``profile quick with --streams, --depths``), or the open-loop load that replaced the profile's cells
+    (``rate-10 (rate load)``). ``code``: the quote around names (a backtick in Markdown)."""
+    q, model = code, results.endpoint.model
+    if results.load:
+        return f"bench: {q}{results.load.get('id')}{q} ({results.load.get('mode')} load) on {q}{model}{q}"
+    given = results.profile.settings.get("overrides") if isinstance(results.profile.settings, dict) else None
+    with_ = f" with {', '.join(str(g) for g in given)}" if given else ""
+    return f"bench: profile {q}{results.profile.name}{q}{with_} on {q}{model}{q}"
 
 
 def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
@@ -278,7 +308,7 @@ def to_markdown(results: Results) -> str:
     state = "" if run.complete else (" **Interrupted: partial results.**" if run.interrupted
                                      else " **Incomplete: the run did not finish.**")
     lines = [
-        f"### bench: profile `{results.profile.name}` on `{ep.model}`",
+        f"### {run_title(results, '`')}",
         "",
         f"{results.server.get('backend') or 'unknown backend'} at {ep.url}, {ep.kind} endpoint; "
         f"bench {results.bench_version}, {results.created}; fixed overhead {_n(run.overhead_ms, 1)} ms.{state}",
@@ -293,8 +323,9 @@ def to_markdown(results: Results) -> str:
     for r in rows:
         lines.append("| " + " | ".join(r) + " |")
     lines.append("")
-    lines.append("\\* fewer samples than the percentile needs; ! fixed overhead > 30 % of TTFT; ~ the decode CI is "
-                 "wider than the profile's target_ci (the cell's `noise`: waves that would meet it).")
+    note = markers_note(rows)
+    if note:
+        lines.append(note.replace("*", "\\*").replace("~", "\\~") + ".")
     warns = results.warnings
     if warns:
         lines.append("")

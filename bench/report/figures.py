@@ -43,7 +43,8 @@ def _go() -> Any:
 
 def _layout(fig: Any, title: str, x: str, y: str, height: int = 430, **kw: Any) -> Any:
     fig.update_layout(title=title, xaxis_title=x, yaxis_title=y, template="plotly_white", height=height,
-                      margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"font": {"size": 10}}, **kw)
+                      margin={"l": 60, "r": 20, "t": 80, "b": 50}, legend={"font": {"size": 10}}, showlegend=True,
+                      **kw)
     return fig
 
 
@@ -66,7 +67,8 @@ def decode_vs_streams(sources: Sequence[Source]) -> Any:
     """Per-stream decode tok/s (p50 with the p10-p90 band) and aggregate tok/s against concurrent streams."""
     go = _go()
     fig = go.Figure()
-    for si, s in enumerate(sources):
+    k = 0  # one colour per series (run, depth, prompt), each named in the legend
+    for s in sources:
         series: dict[tuple[int, str], list[dict[str, Any]]] = defaultdict(list)
         for c in s.results.get("cells", []):
             series[(c["depth"], c["prompt"])].append(c)
@@ -74,7 +76,8 @@ def decode_vs_streams(sources: Sequence[Source]) -> Any:
             cs = sorted(cs, key=lambda c: c["streams"])
             if len({c["streams"] for c in cs}) < 2:
                 continue
-            _stream_traces(go, fig, cs, f"{s.name}: {prompt}, depth {depth}", COLOURS[si % len(COLOURS)])
+            _stream_traces(go, fig, cs, f"{s.name}: {prompt}, depth {depth}", COLOURS[k % len(COLOURS)])
+            k += 1
     if not fig.data:
         return None
     fig.update_xaxes(type="log", dtick=0.30103)
@@ -110,11 +113,16 @@ def depth_figure(sources: Sequence[Source]) -> Any:
     go = _go()
     fig = make_subplots(rows=1, cols=2, subplot_titles=("Prefill: prompt tok/s (uncached / TTFT)",
                                                         "Decode tok/s after the prompt"))
-    for si, s in enumerate(sources):
+    depths = {c["depth"] for s in sources for c in s.results.get("cells", []) if c["streams"] == 1 and c["depth"] > 0}
+    if len(depths) < 2:
+        return None  # one depth is one dot, not a curve: the per-cell table has its figures
+    k = 0
+    for s in sources:
         one = sorted((c for c in s.results.get("cells", []) if c["streams"] == 1 and c["depth"] > 0),
                      key=lambda c: (c["prompt"], c["depth"]))
-        colour = COLOURS[si % len(COLOURS)]
         for prompt in sorted({c["prompt"] for c in one}):
+            colour = COLOURS[k % len(COLOURS)]
+            k += 1
             cs = [c for c in one if c["prompt"] == prompt]
             xs, label = [c["depth"] for c in cs], f"{s.name}: {prompt}"
             for col, key, lim_key, pct_key in ((1, "prompt_tok_s", "prefill_tok_s_limit", "prefill_pct_of_limit"),
@@ -220,8 +228,9 @@ def capacity_figure(sources: Sequence[Source]) -> Any:
     for si, s in enumerate(sources):
         colour = COLOURS[si % len(COLOURS)]
         cap = s.capacity or {}
-        pts = [p for p in cap.get("points") or [] if isinstance(p, dict) and isinstance(p.get("load"), (int, float))]
-        if pts:
+        pts = sorted((p for p in cap.get("points") or [] if isinstance(p, dict)
+                      and isinstance(p.get("load"), (int, float))), key=lambda p: (p["load"], p.get("trial") or 0))
+        if pts:  # joined in load order, not in the order the search tried them
             fig.add_trace(go.Scatter(
                 x=[p["load"] for p in pts], y=[(p.get("goodput") or {}).get("rps") for p in pts],
                 mode="lines+markers", name=f"{s.name}: goodput req/s ({cap.get('by', 'load')})", line={"color": colour},

@@ -30,6 +30,7 @@ from bench.report.figures import (
     timeline_figure,
 )
 from bench.report.gpu import gpu_figure, gpu_table
+from bench.report.tables import cells_html, points_html
 from bench.results import capacity_from_dict, gate_from_dict, load_capacity, load_gate, results_from_dict, write_atomic
 
 __all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
@@ -38,7 +39,8 @@ _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;ma
 color:#222;padding:0 16px}h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;
 margin-top:32px}table{border-collapse:collapse;font-size:13px;margin:8px 0}td,th{border:1px solid #ddd;
 padding:3px 8px;text-align:right}td:first-child,th:first-child{text-align:left}.warn{color:#a15c00}
-.muted{color:#777;font-size:12px}.reg{color:#c00;font-weight:600}.ok{color:#070}"""
+.muted{color:#777;font-size:12px}.reg{color:#c00;font-weight:600}.ok{color:#070}.scroll{overflow-x:auto}
+table.figures td:nth-child(-n+2){text-align:left;white-space:nowrap}"""
 
 
 def _read_json(path: Path) -> Any:
@@ -69,10 +71,36 @@ def _names(paths: Sequence[Path]) -> list[str]:
     return out
 
 
+_FOLDER_FILES = ("results.json", "capacity.json", "ab.json", "gate.json")
+
+
+def _input_files(p: Path) -> list[Path]:
+    """The files an argument stands for: a file itself; a folder its results.json (the run's), else capacity.json
+    (``bench capacity --out``), else ab.json with ``a/`` and ``b/`` beside it (``bench ab --out``), else gate.json."""
+    if not p.is_dir():
+        return [p]
+    for name in _FOLDER_FILES:
+        if (p / name).is_file():
+            sides = [p / s / "results.json" for s in ("a", "b")] if name == "ab.json" else []
+            return [q for q in sides if q.is_file()] + [p / name]
+    raise ConfigError(f"{p}: no {', '.join(_FOLDER_FILES)} in this folder (give a folder bench run, capacity, "
+                      "gate or ab wrote, or one of its files)")
+
+
+def _capacity_results(doc: dict[str, Any]) -> dict[str, Any]:
+    """What a capacity document says of its run, in a results document's shape (no cells): its endpoint, server
+    and SLO, for the report's run table."""
+    ep: dict[str, Any] = doc["endpoint"] if isinstance(doc.get("endpoint"), dict) else {}
+    return {"cells": [], "endpoint": {**ep, "kind": (doc.get("load") or {}).get("endpoint") or ep.get("kind")},
+            "server": doc.get("server") if isinstance(doc.get("server"), dict) else {},
+            "profile": {"name": f"capacity search ({doc.get('by', 'rate')}, SLO {doc.get('slo')})"},
+            "run": {"id": doc.get("run_id"), "duration_s": doc.get("elapsed_s")}}
+
+
 def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], list[tuple[str, dict[str, Any]]]]:
     """Classify each argument: a results file (``cells``; a folder means its results.json), a capacity document
     (``points``) or a gate document (``verdicts``). Returns ``(sources, gates)``; raises ConfigError otherwise."""
-    files = [Path(p) / "results.json" if Path(p).is_dir() else Path(p) for p in paths]
+    files = [f for p in paths for f in _input_files(Path(p))]
     docs = [(f, _read_json(f)) for f in files]
     sources: list[Source] = []
     gates: list[tuple[str, dict[str, Any]]] = []
@@ -87,9 +115,10 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], 
         if isinstance(d, dict) and "verdicts" in d:
             gates.append((f.name, gate_from_dict(d, f"gate file {f}").to_dict()))
         elif isinstance(d, dict) and "points" in d:
+            cap = capacity_from_dict(d, f"capacity file {f}").to_dict()
             if not sources:
-                sources.append(Source(f.parent.name or f.stem, {"cells": []}))
-            sources[-1].capacity = capacity_from_dict(d, f"capacity file {f}").to_dict()
+                sources.append(Source(f.parent.name or f.stem, _capacity_results(cap)))
+            sources[-1].capacity = cap
         elif not (isinstance(d, dict) and "cells" in d):
             raise ConfigError(f"{f}: not a bench results, capacity or gate file (no 'cells', 'points' or 'verdicts')")
     if not sources and not gates:
@@ -115,14 +144,15 @@ def _run_info(s: Source) -> str:
     ep, srv, run, prof = (r.get(k) or {} for k in ("endpoint", "server", "run", "profile"))
     st = prof.get("settings") or {}
     spec = r.get("roofline_spec") or {}
-    rows = [("model", ep.get("model")), ("endpoint", f"{ep.get('url')} ({ep.get('kind')})"),
+    where = " ".join(str(x) if i == 0 else f"({x})" for i, x in enumerate((ep.get("url"), ep.get("kind"))) if x)
+    rows = [("model", ep.get("model")), ("endpoint", where),
             ("server", f"{srv.get('backend') or 'unknown backend'} {srv.get('version') or ''}".strip()),
             ("context size", srv.get("context_size")), ("profile", prof.get("name")),
             ("settings", ", ".join(f"{k}={st[k]}" for k in ("max_tokens", "requests", "warmup", "endpoint",
                                                                "thinking", "prefix_cache", "images", "image_size",
                                                                "tools", "tool_choice") if st.get(k) not in (None, ""))),
-            ("created", r.get("created")), ("duration s", run.get("duration_s")),
-            ("fixed overhead ms", run.get("overhead_ms")), ("bench", r.get("bench_version")),
+            ("created", r.get("created")), ("duration s", _fmt(run.get("duration_s"), 0, "")),
+            ("fixed overhead ms", _fmt(run.get("overhead_ms"), 1, "")), ("bench", r.get("bench_version")),
             ("machine", (r.get("machine") or {}).get("hostname")),
             ("roofline", _spec_line(spec) if spec else None)]
     warns = "".join(f"<li class='warn'>{html.escape(str(w))}</li>" for w in r.get("warnings") or [])
@@ -144,8 +174,8 @@ def _spec_line(spec: dict[str, Any]) -> str:
     return ", ".join(bits)
 
 
-def _fmt(v: Any, digits: int = 1) -> str:
-    return "-" if not isinstance(v, (int, float)) else f"{v:,.{digits}f}"
+def _fmt(v: Any, digits: int = 1, missing: str = "-") -> str:
+    return missing if not isinstance(v, (int, float)) or isinstance(v, bool) else f"{v:,.{digits}f}"
 
 
 def _roofline_table(s: Source) -> str:
@@ -204,6 +234,19 @@ def _gate_section(name: str, gate: dict[str, Any]) -> str:
             f"<table>{head}{''.join(rows)}</table>" + (_fig_html(fig) if fig is not None else ""))
 
 
+def _figures_tables(sources: Sequence[Source]) -> list[str]:
+    """The report's lead: every run's cells in one table, every capacity search's points in another."""
+    named = [(s.name, results_from_dict(s.results)) for s in sources if s.results.get("cells")]
+    out = []
+    cells = cells_html(named)
+    if cells:
+        out += ["<h2>Figures per cell</h2>", cells]
+    points = [t for t in (points_html(s.name, s.capacity) for s in sources if s.capacity) if t]
+    if points:
+        out += ["<h2>Figures per point of the capacity search</h2>"] + points
+    return out
+
+
 def _figures(sources: Sequence[Source]) -> dict[str, Any]:
     """The main figures by file stem (also the PNG/SVG names); absent when the data has nothing for them."""
     figs = {"decode_vs_streams": decode_vs_streams(sources), "depth": depth_figure(sources),
@@ -220,7 +263,8 @@ def build_report(sources: Sequence[Source], gates: Sequence[tuple[str, dict[str,
 
     title = title or "bench report: " + " vs ".join(s.name for s in sources)
     figs = _figures(sources)
-    parts = [f"<h1>{html.escape(title)}</h1>", "<h2>Runs</h2>"] + [_run_info(s) for s in sources]
+    parts = [f"<h1>{html.escape(title)}</h1>"] + _figures_tables(sources)
+    parts += ["<h2>Runs</h2>"] + [_run_info(s) for s in sources]
     for key, head in (("decode_vs_streams", "Decode vs concurrent streams"), ("depth", "Prefill and decode vs depth")):
         if key in figs:
             parts += [f"<h2>{head}</h2>", _fig_html(figs[key])]

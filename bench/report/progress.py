@@ -5,20 +5,28 @@ job) plain lines, one when each cell starts, one when it ends with its decode fi
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import textwrap
 import time
-from typing import Any, TextIO
+from collections.abc import Awaitable
+from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bench.client import StreamTap
 from bench.config.profile import Cell
+from bench.measure.metrics import request_metrics
+from bench.measure.slo import SLO, meets
+from bench.report.tables import num
 from bench.results import CellResult
 
-__all__ = ["RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S"]
+__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
+           "observed"]
 
 PROGRESS_EVERY_S = 30.0
+T = TypeVar("T")
 
 
 class QuietObserver:
@@ -26,6 +34,15 @@ class QuietObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
+
+    def __enter__(self) -> QuietObserver:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Nothing to stop."""
+
+    def tick(self) -> None:
+        """Nothing to refresh."""
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
         """Nothing to show."""
@@ -187,7 +204,8 @@ class PlainObserver(QuietObserver):
             return
         self.cell_no += 1
         self.cell_id, self.done, self.t0 = cell.id, 0, time.monotonic()
-        self._line(f"{cell.id} started: {total_requests} requests, {cell.streams} stream(s)")
+        streams = f", {cell.streams} stream(s)" if cell.streams and not cell.label else ""
+        self._line(f"{cell.id} started: {total_requests} requests{streams}")
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         """Track the wave's streams for the live rate."""
@@ -210,3 +228,83 @@ class PlainObserver(QuietObserver):
         waiting = sum(1 for t in self.taps if t.started and not t.finished and t.events == 0)
         live = f", {waiting} stream(s) waiting for the first token" if waiting else ""
         self._line(f"{self.cell_id}: {self.done}/{self.total} requests, {_clock(now - self.t0)}{live}")
+
+
+def make_observer(total_cells: int, console: Console, *, quiet: bool = False, every_s: float = PROGRESS_EVERY_S,
+                  width: int | None = None, stream: TextIO | None = None) -> QuietObserver:
+    """The progress of a run, chosen once for every command that measures (run in waves or open loop, gate, ab):
+    plain lines on ``stream`` (stdout) when it is not a terminal (a log, a CI job), a rich display on ``console``
+    (stderr) when that is a terminal, else nothing but warnings. ``quiet`` (``--json``): nothing but warnings."""
+    out = sys.stdout if stream is None else stream
+    if not quiet and not out.isatty():
+        return PlainObserver(out, total_cells, every_s, console, width=width)
+    if quiet or not console.is_terminal:
+        return QuietObserver(console)
+    return RichObserver(console, total_cells)
+
+
+async def observed(observer: QuietObserver, work: Awaitable[T], every_s: float = PROGRESS_EVERY_S) -> T:
+    """Await ``work`` with ``observer`` shown: a live display started and stopped around it, its :meth:`tick`
+    called twice a second (more often for a short ``every_s``), so a plain log gets its line every ``every_s``."""
+    async def ticks() -> None:
+        while True:
+            await asyncio.sleep(min(0.5, every_s / 4))
+            observer.tick()
+
+    with observer:
+        ticker = asyncio.create_task(ticks())
+        try:
+            return await work
+        finally:
+            ticker.cancel()
+
+
+class CapacityProgress:
+    """The progress of ``bench capacity``: live counters of the point in flight (``run_plan`` updates ``sent``,
+    ``done``, ``ok``; :meth:`on_done` scores each record against the SLO), printed on ``stream``: one rewritten line
+    on a terminal, a plain line every ``plain_every_s`` otherwise, and a line as each point ends."""
+
+    def __init__(self, stream: TextIO | None, slo: SLO, *, tty: bool, plain_every_s: float = 5.0) -> None:
+        self.stream, self.slo, self.tty, self.every = stream, slo, tty, plain_every_s
+        self.sent = self.done = self.ok = self.met = 0
+        self.label, self.point_no, self.t_start, self.t_end = "", 0, 0.0, 0.0
+        self.cap: int | None = None
+        self._last = 0.0
+
+    def begin(self, label: str, span_s: float, cap: int | None = None) -> None:
+        self.cap = cap
+        self.sent = self.done = self.ok = self.met = 0
+        self.point_no += 1
+        self.label, self.t_start = label, time.monotonic()
+        self.t_end = self.t_start + span_s
+
+    def on_done(self, rec: Any) -> None:
+        self.met += meets(rec, request_metrics(rec), self.slo)
+
+    def line(self) -> str:
+        left = max(0.0, self.t_end - time.monotonic())
+        att = f"{100.0 * self.met / self.done:.0f} %" if self.done else "-"
+        busy = self.sent - self.done if self.cap is None else min(self.cap, self.sent - self.done)
+        return (f"point {self.point_no} {self.label}: in flight {busy}, sent {self.sent}, done "
+                f"{self.done}, SLO met so far {att}, schedule left {left:.0f} s")
+
+    def tick(self) -> None:
+        if self.stream is None:
+            return
+        now = time.monotonic()
+        if self.tty:
+            self.stream.write("\r\x1b[2K" + self.line())
+        elif now - self._last >= self.every:
+            self.stream.write(self.line() + "\n")
+            self._last = now
+        self.stream.flush()
+
+    def end(self, summary: dict[str, Any]) -> None:
+        if self.stream is None:
+            return
+        verdict = "met" if summary.get("slo_met") else "missed"
+        sched = summary.get("schedule", {})
+        steady = "steady" if summary.get("steady") else "not steady (saturated)"
+        self.stream.write(("\r\x1b[2K" if self.tty else "") + f"point {self.point_no} {self.label}: SLO {verdict}, "
+                          f"achieved {num(sched.get('achieved_rps'))} req/s, {steady}\n")
+        self.stream.flush()

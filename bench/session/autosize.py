@@ -146,9 +146,9 @@ def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
     """The warning when a cell needs more readers than it has (``--workers`` fixed), else None."""
     if choice["workers"] <= workers:
         return None
-    return (f"{cell_id}: bench's reads lagged {choice['lag_p99_ms']:.1f} ms (p99) behind arrival with 1 reading "
-            f"process, over the {choice['budget_ms']:.1f} ms budget (half the gap between events): events may be "
-            f"read together and slow the server; rerun with --workers {choice['workers']} (or --workers auto)")
+    return (f"bench's reads lagged {choice['lag_p99_ms']:.1f} ms (p99) behind arrival with 1 reading process, over "
+            f"the {choice['budget_ms']:.1f} ms budget (half the gap between events): events may be read together "
+            f"and slow the server; rerun with --workers {choice['workers']} (or --workers auto)")
 
 
 def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,

@@ -21,7 +21,7 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -36,11 +36,12 @@ from bench.client import (
     discover_model,
     image_rejection,
     make_http_client,
+    require_ok,
     root_url,
     stream_request,
 )
 from bench.config.plan import BodyOptions, PlannedRequest, Planner, request_body
-from bench.config.profile import Cell, Profile
+from bench.config.profile import Cell, Profile, profile_settings
 from bench.config.tools import load_tools, tool_choice_value
 from bench.errors import ConfigError, EndpointUnreachable, ServerError, TokenizerError
 from bench.measure.metrics import request_metrics
@@ -359,11 +360,9 @@ class Session:
             self.write(rec)
             m = request_metrics(rec)
             if not rec.ok:
-                if rec.error_kind == "connect":
-                    raise EndpointUnreachable(rec.error or "cannot connect")
                 if rec.error_kind == "no_tokens" and tries <= 2 * n + 4:
                     continue
-                raise ServerError(f"probe request failed: {rec.error}")
+                require_ok(rec, self.base, "probe request")
             if not header_known and self.tokenizer_kind == "server" and m.prompt_tokens is not None:
                 self.template_overhead_tokens = max(0, m.prompt_tokens - await self._count(text))
                 header_known = True
@@ -433,7 +432,7 @@ class Session:
     def results(self, cells: list[CellResult], *, complete: bool = False, interrupted: bool = False) -> Results:
         """The typed results document of the cells so far (``complete`` once every cell is in)."""
         p = self.profile
-        settings = {k: v for k, v in asdict(p).items() if k not in ("source",)}
+        settings = profile_settings(p)
         warnings = list(self.warnings) + _pool_warnings(self.pool) + [w for c in cells for w in c.warnings]
         now = datetime.now(UTC)
         run = RunInfo(

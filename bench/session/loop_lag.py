@@ -123,7 +123,8 @@ def lag_warning(lag: dict[str, Any], *, workers: int = 1, streams: int = 1,
     head = f"timestamps lag by up to {p99:.1f} ms (p99 event-loop lag; max {lag.get('max_ms') or p99:.1f} ms): {what}"
     if streams <= workers:
         return (f"{head}; with {streams} stream(s) for {workers} reading process(es) more workers cannot help: "
-                "the machine is busy (give bench a core of its own, e.g. fewer server threads)")
+                "the machine is busy (bench shares its cores with other work: run bench where it has a core of "
+                "its own; a server on this host, once given fewer threads, leaves it one)")
     cap = max(workers + 1, min(streams, os.cpu_count() or 1))
     n = min(max(workers + 1, math.ceil(workers * p99 / limit)), cap)
     return f"{head}; use --workers {n}"

@@ -163,11 +163,8 @@ class Sweep:
             autosize.carry(choice, self.session.sizing.values(), cell.streams)
         self.session.sizing[cell.id] = choice
         have = self.session.workers
-        if not self.session.workers_auto:
-            msg = autosize.advice(cell.id, choice, have)
-            if msg:
-                self.session.note(msg)
-        elif choice["workers"] > have:
+        # a fixed count: the warm-up's advice waits for the measured waves (one lag warning per cell, _lag_note)
+        if self.session.workers_auto and choice["workers"] > have:
             from bench.session.workers import WorkerPool
 
             conc = max((c.streams for c in self.session.profile.cells()), default=1)
@@ -228,6 +225,23 @@ class Sweep:
         self.summarize(run)
         return run
 
+    def _lag_note(self, run: CellRun) -> str | None:
+        """The cell's one lag warning, from one closed set (:func:`bench.session.loop_lag.lag_warning`): the
+        measured waves' event-loop lag when it was over what the stamps can take, else the readers the warm-up
+        probe asked for when the measured waves did not keep up either (:func:`bench.session.autosize.advice`);
+        never both, and none when the measured waves kept up."""
+        from bench.session import autosize as autosize
+
+        cell = run.cell
+        stamps = stamp_context(run.records, run.summary.itl_ms if run.summary else None)
+        note = lag_warning(run.lag, workers=self.session.workers, streams=cell.streams, **stamps) if run.lag else None
+        if note and (self.session.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
+            return note
+        choice = self.session.sizing.get(cell.id)
+        if choice is None or self.session.workers_auto or (choice.get("measured") or {}).get("kept_up", False):
+            return None
+        return autosize.advice(cell.id, choice, self.session.workers)
+
     async def _measured_waves(self, run: CellRun, want: int, fixed: bool, first_wave: int) -> None:
         cell, p, w = run.cell, self.session.profile, 0
         while True:
@@ -261,9 +275,8 @@ class Sweep:
         run.summary.queueing = q
         run.summary.warnings += q.get("warnings") or []
         run.summary.client_lag = run.lag
-        stamps = stamp_context(run.records, run.summary.itl_ms)
-        lag_note = lag_warning(run.lag, workers=self.session.workers, streams=cell.streams, **stamps) if run.lag else None
-        if lag_note and (self.session.pool is None or "workers" in (run.lag or {})):  # a pool's lag: its workers' loops
+        lag_note = self._lag_note(run)
+        if lag_note:
             run.summary.warnings.append(f"{cell.id}: {lag_note}")
         if run.server_metrics:
             self._server_checks(run.server_metrics, ms, run.summary)

@@ -21,7 +21,10 @@ import httpx
 
 from bench.errors import ConfigError, EndpointUnreachable
 
-__all__ = ["LocalEngine", "find_server_binary", "find_model", "free_port"]
+__all__ = ["LocalEngine", "find_server_binary", "find_model", "free_port", "INTERRUPT_GRACE_S"]
+
+INTERRUPT_GRACE_S = 2.0
+"""How long a Ctrl-C'd run waits for the embedded llama-server to exit on SIGTERM before it is killed."""
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
@@ -89,6 +92,7 @@ class LocalEngine:
         log_dir: a folder to keep the server's log in (``llama-server.log``, e.g. the run's results folder); None:
             a temporary file, removed when the server stops normally (kept, and named in the error, when it failed
             to start).
+        port: the loopback port to listen on (0: a free one, chosen when it starts).
 
     Attributes:
         url: the OpenAI base URL (``http://127.0.0.1:PORT/v1``) once started.
@@ -103,13 +107,14 @@ class LocalEngine:
         extra_args: list[str] | None = None,
         startup_timeout_s: float = 180.0,
         log_dir: str | os.PathLike[str] | None = None,
+        port: int = 0,
     ) -> None:
         self.ctx_size = ctx_size
         self.parallel = parallel
         self.threads = threads or os.cpu_count() or 2
         self.extra_args = list(extra_args or [])
         self.startup_timeout_s = startup_timeout_s
-        self.port = 0
+        self.port = port
         self.url = ""
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_dir = Path(log_dir) if log_dir is not None else None
@@ -123,7 +128,7 @@ class LocalEngine:
             EndpointUnreachable: the server exited or did not become healthy in time (the log path is named).
         """
         binary, model = find_server_binary(), find_model()
-        self.port = free_port()
+        self.port = self.port or free_port()
         cmd = [
             str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
             "-c", str(self.ctx_size), "-np", str(self.parallel), "--kv-unified", "-t", str(self.threads),
@@ -156,20 +161,26 @@ class LocalEngine:
         self.stop()
         raise EndpointUnreachable(f"llama-server not healthy after {self.startup_timeout_s:.0f} s; see {self.log_path}")
 
-    def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after 10 s); a temporary log is removed. Idempotent."""
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop the server (SIGTERM, then SIGKILL after ``grace_s``; after a Ctrl-C, a short grace: nothing of
+        the embedded server's is worth waiting for); a temporary log is removed. Idempotent."""
         if self.proc is None:
             return
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
-                self.proc.wait(timeout=10)
+                self.proc.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
         if self.log_dir is None and self.url:  # started fine: nothing left behind in the temp folder
             self.log_path.unlink(missing_ok=True)
+
+    def wait(self) -> int:
+        """Block until the server exits (``bench serve`` runs until Ctrl-C); returns its exit code."""
+        assert self.proc is not None, "start() first"
+        return self.proc.wait()
 
     def __enter__(self) -> LocalEngine:
         self.start()

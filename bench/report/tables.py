@@ -1,0 +1,102 @@
+"""The figures as tables: the per-cell table of a run (the terminal's and the Markdown's rows, with the note on its
+markers) and the per-point table of a capacity search (the curve, sorted by load), as rows of text and as HTML.
+
+The HTML report leads with these tables, as guidellm's and AIPerf's reports do: the numbers first, the plots after.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from typing import Any
+
+from bench.report.export import markers_note, table_rows
+from bench.results import Results
+
+__all__ = ["curve_rows", "html_table", "cells_html", "points_html", "num", "capacity_answer"]
+
+def _f(v: Any, digits: int = 1) -> str:
+    return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:,.{digits}f}"
+
+
+def num(v: Any, digits: int | None = None) -> str:
+    """A figure as printed: ``-`` when missing; ``digits`` decimals, or by size (3 significant figures, at most
+    2 decimals: 1,234 / 56.8 / 1.98 / 0.05); never a raw float."""
+    if not isinstance(v, int | float) or isinstance(v, bool):
+        return "-"
+    if digits is None:
+        a = abs(v)
+        digits = 0 if a >= 100 or v == int(v) else 1 if a >= 10 else 2
+    return f"{v:,.{digits}f}"
+
+
+def capacity_answer(doc: dict[str, Any]) -> str:
+    """The search's answer in one line: ``capacity (SLO): 12.3 req/s, interval [11.8, 12.9] (confidence 95 %);
+    saturated at 20 req/s`` (a load in requests in flight for ``--by concurrency``)."""
+    rate = doc.get("by", "rate") == "rate"
+    unit = "req/s" if rate else "in flight"
+
+    def load(v: Any) -> str:
+        return "open" if v is None else num(v, 2 if rate else 0)
+
+    b, iv = doc.get("boundary"), doc.get("interval")
+    text = f"capacity ({doc.get('slo')}): " + (f"{load(b)} {unit}" if b is not None else "none found")
+    if isinstance(iv, list | tuple) and len(iv) == 2:
+        text += f", interval [{load(iv[0])}, {load(iv[1])}]"
+    conf = doc.get("confidence")
+    text += " (no stated level)" if conf is None else f" (confidence {conf:.0%})"
+    sat = doc.get("saturated_at")
+    return text + (f"; saturated at {load(sat)} {unit}" if sat is not None else "")
+
+
+def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
+    """A capacity search's points as a table, sorted by load then trial: throughput against latency, per-user
+    against aggregate tok/s, goodput and whether the SLO held."""
+    head = ["load", "trial", "achieved/s", "done/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s", "total tok/s",
+            "goodput/s", "SLO", "steady"]
+    rows = []
+    pts = [p for p in doc.get("points") or [] if isinstance(p, dict) and isinstance(p.get("load"), int | float)]
+    for p in sorted(pts, key=lambda x: (x["load"], x.get("trial") or 0)):
+        g = p.get("goodput") or {}
+        rows.append([f"{p['load']:g}", str(p.get("trial", 0)), _f(p.get("achieved_rps"), 2),
+                     _f(p.get("completed_rps"), 2), _f(p.get("ttft_p90_ms")), _f(p.get("tpot_p50_ms"), 2),
+                     _f(p.get("per_user_tok_s")), _f(p.get("aggregate_tok_s")), _f(g.get("rps"), 2),
+                     "met" if p.get("slo_met") else "missed", "yes" if p.get("steady") else "no"])
+    return head, rows
+
+
+def html_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, cls: str = "figures") -> str:
+    """``<table>`` of text cells (escaped); the first columns left-aligned by the page's style."""
+    h = "".join(f"<th>{html.escape(x)}</th>" for x in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(v)}</td>" for v in r) + "</tr>" for r in rows)
+    return (f"<div class='scroll'><table class='{cls}'><thead><tr>{h}</tr></thead><tbody>{body}</tbody></table>"
+            "</div>")
+
+
+def cells_html(named: Sequence[tuple[str, Results]]) -> str:
+    """One table of every run's cells (a ``run`` column first when there are several), the markers explained."""
+    head: list[str] = []
+    rows: list[list[str]] = []
+    for name, res in named:
+        h, rs = table_rows(res)
+        ids = [c.id for c in res.cells]
+        if len(h) > len(head):
+            head = h
+        rows += [([name] if len(named) > 1 else []) + [cid] + r for cid, r in zip(ids, rs)]
+    if not rows:
+        return ""
+    width = len(head) + 1 + (len(named) > 1)
+    rows = [r + ["-"] * (width - len(r)) for r in rows]
+    head = (["run"] if len(named) > 1 else []) + ["cell"] + head
+    note = markers_note(rows)
+    return html_table(head, rows) + (f"<p class='muted'>{html.escape(note)}</p>" if note else "")
+
+
+def points_html(name: str, doc: dict[str, Any]) -> str:
+    """The capacity search's points (sorted by load), its answer above them."""
+    head, rows = curve_rows(doc)
+    if not rows:
+        return ""
+    answer = capacity_answer(doc)
+    return (f"<h3>{html.escape(name)}</h3><p>{html.escape(answer)}</p>" + html_table(head, rows)
+            + (f"<p class='muted'>{html.escape(str(doc['note']))}</p>" if doc.get("note") else ""))

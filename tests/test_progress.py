@@ -1,0 +1,129 @@
+"""Progress of every command that measures (issue 31, point 2): open-loop (``--rate``, ``--trace``), ``gate`` and
+``ab`` runs print the same progress as closed-loop cells (bench.report.progress): plain lines on stdout in a log,
+each line read while bench still runs."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from bench.sim import SimConfig
+
+ROOT = Path(__file__).resolve().parent.parent
+SIM_CONFIG = SimConfig(decode_step_ms=5.0, prefill_tok_s=50000.0)
+
+
+def _piped(args: list[str], cwd: Path) -> dict[str, Any]:
+    """Run bench with stdout a pipe; each stdout line with whether bench was still running when it came."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "80", "HOME": str(cwd)}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, text=True, cwd=cwd)
+    assert proc.stdout is not None and proc.stderr is not None
+    lines: list[tuple[str, bool]] = []
+    for line in iter(proc.stdout.readline, ""):
+        lines.append((line.rstrip("\n"), proc.poll() is None))
+    err = proc.stderr.read()
+    proc.wait(timeout=120)
+    return {"rc": proc.returncode, "lines": lines, "stderr": err}
+
+
+def _progress(run: dict[str, Any]) -> list[tuple[str, bool]]:
+    return [(ln, live) for ln, live in run["lines"] if ln.startswith("bench: [")]
+
+
+def test_rate_run_in_a_log_prints_progress_while_it_runs(sim, tmp_path):
+    run = _piped(["run", sim, "--rate", "4", "--duration", "3", "--max-tokens", "8", "--out", "r",
+                  "--progress-every", "0.5"], tmp_path)
+    assert run["rc"] == 0, run["stderr"]
+    prog = _progress(run)
+    m = re.fullmatch(r"bench: \[1/1\] rate-4 started: (\d+) requests", prog[0][0]) if prog else None
+    assert m, run["lines"]
+    assert prog[0][1]  # read while the schedule ran, not dumped at the end
+    ticks = [ln for ln, live in prog if f"/{m.group(1)} requests" in ln and live]
+    assert ticks, prog  # a line every 0.5 s inside the point
+    assert any(ln.startswith("bench: [1/1] rate-4 done in ") for ln, _ in prog)
+
+
+def test_trace_run_in_a_log_prints_progress(sim, tmp_path):
+    trace = tmp_path / "mini.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 300 * i, "input_length": 64, "output_length": 4}) + "\n"
+                             for i in range(6)))
+    run = _piped(["run", sim, "--trace", str(trace), "--out", "t", "--progress-every", "0.2"], tmp_path)
+    assert run["rc"] == 0, run["stderr"]
+    prog = [ln for ln, _ in _progress(run)]
+    assert prog[0] == "bench: [1/1] trace-mini started: 6 requests"
+    assert prog[-1].startswith("bench: [1/1] trace-mini done in ")
+
+
+PROFILE = """name = "tiny-gate"
+max_tokens = 16
+requests = 4
+warmup = 1
+overhead_probes = 1
+
+[[sweep]]
+depths = [0]
+streams = [1]
+prompts = ["prose"]
+
+[[gate]]
+metric = "decode_tok_s"
+max_drop_pct = 20
+"""
+
+
+@pytest.fixture(scope="module")
+def baseline(sim: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("gate")
+    (d / "tiny.toml").write_text(PROFILE)
+    r = subprocess.run([sys.executable, "-m", "bench", "run", sim, "-p", "tiny.toml", "--out", "base"], cwd=d,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return d
+
+
+def test_gate_in_a_log_prints_progress(sim, baseline):
+    run = _piped(["gate", sim, "-p", "tiny.toml", "--baseline", "base/results.json", "--out", "g"], baseline)
+    assert run["rc"] in (0, 1, 2), run["stderr"]
+    prog = [ln for ln, _ in _progress(run)]
+    assert prog and prog[0].startswith("bench: [1/1] d0-s1-prose started: "), run["lines"]
+    assert any(" done in " in ln for ln in prog)
+
+
+def test_ab_in_a_log_prints_progress(sim, baseline):
+    run = _piped(["ab", sim, sim, "-p", "tiny.toml"], baseline)
+    assert run["rc"] in (0, 1, 2), run["stderr"]
+    prog = [ln for ln, _ in _progress(run)]
+    assert prog and prog[0].startswith("bench: [1/1] d0-s1-prose started: "), run["lines"]
+
+
+def test_gate_json_keeps_stdout_for_the_document(sim, baseline):
+    r = subprocess.run([sys.executable, "-m", "bench", "gate", sim, "-p", "tiny.toml", "--baseline",
+                        "base/results.json", "--out", "gj", "--json"], cwd=baseline, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode in (0, 1, 2), r.stderr
+    assert json.loads(r.stdout)["verdicts"]  # no progress line mixed into the JSON
+
+
+def test_one_progress_is_chosen_for_every_command():
+    import io
+
+    from rich.console import Console
+
+    from bench.report.progress import PlainObserver, QuietObserver, RichObserver, make_observer
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Console(file=Tty(), force_terminal=True)
+    assert type(make_observer(1, term, stream=Tty())) is RichObserver  # a terminal: live
+    assert type(make_observer(1, term, stream=io.StringIO())) is PlainObserver  # a log: plain lines
+    assert type(make_observer(1, term, quiet=True, stream=io.StringIO())) is QuietObserver  # --json

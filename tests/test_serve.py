@@ -1,0 +1,43 @@
+"""``bench serve`` (issue 31, point 8): the embedded endpoint on its own URL, printed first, until Ctrl-C. A stand-in
+llama-server (tests.test_wrong_way.FAKE_SERVER) keeps the test off the real engine."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from bench.tools.engine import free_port
+from tests.test_wrong_way import FAKE_SERVER
+
+
+def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    fake = tmp_path / "llama-server.py"
+    fake.write_text(FAKE_SERVER)
+    launcher = tmp_path / "llama-server"
+    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
+    launcher.chmod(0o755)
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF")
+    port = free_port()
+    env = {**os.environ, "HOME": str(tmp_path), "BENCH_LLAMA_SERVER": str(launcher), "BENCH_MODEL": str(model)}
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--port", str(port), "--parallel", "2"],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    assert url == f"http://127.0.0.1:{port}/v1"
+    assert httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200
+    assert proc.poll() is None  # still serving
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert "stopping the embedded endpoint" in err and "Ctrl-C stops it" in err
+
+
+def test_serve_is_listed_in_the_readme() -> None:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    assert "bench serve" in readme
