@@ -597,3 +597,26 @@ def test_run_against_a_static_exporter_page(tmp_path, capsys) -> None:
     assert g["energy_j"] == pytest.approx(450.0 * g["window_s"], abs=450.0 * 0.0005)  # window_s is rounded to ms
     assert g["tokens_per_joule"] == pytest.approx(32 / g["energy_j"], rel=1e-3)
     assert any("an estimate" in n for n in g["notes"])
+
+
+class FakeNvmlInstant(FakeNvml):
+    """A driver with the instantaneous power field: it answers 900 W where the 1-s average says 700 W (GPU 0);
+    GPU 1's field read fails, so that GPU and every later read fall back to the average."""
+
+    NVML_FI_DEV_POWER_INSTANT = 186
+
+    def nvmlDeviceGetFieldValues(self, h: int, ids: list[int]) -> list[Any]:
+        assert ids == [186]
+        value = type("V", (), {"uiVal": 900_000})()
+        return [type("F", (), {"nvmlReturn": 0 if h == 0 else 999, "valueType": 1, "value": value})()]
+
+
+def test_nvml_power_is_the_instant_field_where_the_driver_has_it() -> None:
+    s = NvmlSampler(FakeNvmlInstant(_sequence()), interval_s=0.01)
+    first = {x.gpu: x.power_w for x in s.read()}
+    assert first == {"0": 900.0, "1": 350.0}  # GPU 0 instant; GPU 1's field failed: the average
+    assert {x.gpu: x.power_w for x in s.read()} == {"0": 700.0, "1": 350.0}  # once failed, the average for all
+    s.close()
+    plain = NvmlSampler(FakeNvml(_sequence()), interval_s=0.01)  # no field at all: the average
+    assert {x.gpu: x.power_w for x in plain.read()} == {"0": 700.0, "1": 350.0}
+    plain.close()

@@ -57,6 +57,8 @@ def shape(r: RequestRecord) -> dict:
     numbering (text, ids and per-event sim fields carry the request number)."""
     d = r.to_dict()
     d.pop("queued_ns"), d.pop("sent_ns"), d.pop("end_ns")
+    for k in [k for k in d if k.startswith("ttft_") and k.endswith("_ms")]:  # times (ttft_content_ms...): present
+        d[k] = d[k] is not None
     d["events"] = [(bool(e[1]), bool(e[2]), e[6]) for e in d["events"]]
     d.pop("usage")
     return d

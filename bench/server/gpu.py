@@ -172,7 +172,7 @@ class NvmlSampler(GpuSampler):
         reasons = [f for f in (getattr(nvml, n, None) for n in ("nvmlDeviceGetCurrentClocksEventReasons",
                                                                   "nvmlDeviceGetCurrentClocksThrottleReasons")) if f]
         self._calls: dict[str, Any] = {
-            "power_w": lambda h: nvml.nvmlDeviceGetPowerUsage(h) / 1000.0,  # mW
+            "power_w": self._power_w,
             "energy_j": lambda h: nvml.nvmlDeviceGetTotalEnergyConsumption(h) / 1000.0,  # mJ
             "sm_clock_mhz": lambda h: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_SM)),
             "mem_clock_mhz": lambda h: float(nvml.nvmlDeviceGetClockInfo(h, nvml.NVML_CLOCK_MEM)),
@@ -185,6 +185,25 @@ class NvmlSampler(GpuSampler):
         for label, h in self.handles:
             self.info[label] = {"name": self._get(label, "name", lambda x: _text(nvml.nvmlDeviceGetName(x)), h),
                                 "uuid": self._get(label, "uuid", lambda x: _text(nvml.nvmlDeviceGetUUID(x)), h)}
+
+    def _power_w(self, h: Any) -> float:
+        """Instantaneous board power (``NVML_FI_DEV_POWER_INSTANT``) where the driver has it: on Ampere and newer
+        ``nvmlDeviceGetPowerUsage`` is a 1-second average, which lags every change of load and made the integrated
+        power disagree with the energy counter by 2.6-17.8 % on the H200
+        (benchmarks/results/gpu-energy-2026-12-02-h200.md); else that average."""
+        nv = self.nv
+        fid = getattr(nv, "NVML_FI_DEV_POWER_INSTANT", None)
+        if fid is not None and hasattr(nv, "nvmlDeviceGetFieldValues") and ("", "instant") not in self._off:
+            try:
+                v = nv.nvmlDeviceGetFieldValues(h, [fid])[0]
+                if v.nvmlReturn == 0:
+                    kind = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}.get(v.valueType)
+                    if kind is not None:
+                        return float(getattr(v.value, kind)) / 1000.0  # mW
+            except nv.NVMLError:
+                pass
+            self._off.add(("", "instant"))  # not answered: the average from now on
+        return float(nv.nvmlDeviceGetPowerUsage(h)) / 1000.0  # mW
 
     def _first(self, calls: Sequence[Any], h: Any) -> int:
         """The first of ``calls`` that answers (an ``NVMLError`` of the last one is raised)."""
