@@ -334,6 +334,12 @@ def test_compare_command(tmp_path, bench_main, capsys):
     assert "model differs" in capsys.readouterr().err
     assert bench_main(["compare", a, other, "--force"]) == 0
     assert bench_main(["compare", a, str(tmp_path / "missing.json")]) == 3
+    capsys.readouterr()
+    noisy = _write(tmp_path / "n.json", results({"d0-s1-prose": {"decode_tok_s": spread(100, 4, 0.2),
+                                                                 "ttft_ms": spread(40)}}))
+    assert bench_main(["compare", a, noisy]) == 0  # undecided: shown and noted, not failed
+    captured = capsys.readouterr()
+    assert "inconclusive" in captured.out and "verdict(s) inconclusive" in captured.err
 
 
 # --- against bench sim ----------------------------------------------------------------------------------------------
