@@ -470,26 +470,28 @@ class Gate:
         return {**d, "rules": list(self.rules), "verdicts": [dataclasses.asdict(v) for v in self.verdicts]}
 
 
+def _document(cls: Any, item_cls: Any, items: str, required: str, kind: str, data: Any, where: str) -> Any:
+    """``cls`` from a parsed document whose list ``items`` holds ``item_cls`` entries (both with types checked;
+    ConfigError naming the key path, e.g. ``capacity.points[3].load``); ``required``: the other key it must have."""
+    if not isinstance(data, dict) or items not in data or required not in data:
+        raise ConfigError(f"{where}: not a bench {kind} file (no {required!r} and {items!r})")
+    if not isinstance(data[items], list):
+        raise ConfigError(f"{where}.{items}: a list of {items} is expected")
+    top = _build(cls, {k: v for k, v in data.items() if k != items}, where)
+    setattr(top, items, [_build(item_cls, x, f"{where}.{items}[{i}]") for i, x in enumerate(data[items])])
+    return top
+
+
 def capacity_from_dict(data: Any, where: str = "capacity") -> Capacity:
     """Validate a parsed ``capacity.json`` (ConfigError naming the bad key path, e.g. ``capacity.points[3].load``)."""
-    if not isinstance(data, dict) or "points" not in data or "by" not in data:
-        raise ConfigError(f"{where}: not a bench capacity file (no 'by' and 'points')")
-    if not isinstance(data["points"], list):
-        raise ConfigError(f"{where}.points: a list of points is expected")
-    top: Capacity = _build(Capacity, {k: v for k, v in data.items() if k != "points"}, where)
-    top.points = [_build(CapacityPoint, p, f"{where}.points[{i}]") for i, p in enumerate(data["points"])]
-    return top
+    doc: Capacity = _document(Capacity, CapacityPoint, "points", "by", "capacity", data, where)
+    return doc
 
 
 def gate_from_dict(data: Any, where: str = "gate") -> Gate:
     """Validate a parsed ``gate.json`` / ``ab.json`` (ConfigError naming the bad key path)."""
-    if not isinstance(data, dict) or "verdicts" not in data or "exit" not in data:
-        raise ConfigError(f"{where}: not a bench gate file (no 'exit' and 'verdicts')")
-    if not isinstance(data["verdicts"], list):
-        raise ConfigError(f"{where}.verdicts: a list of verdicts is expected")
-    top: Gate = _build(Gate, {k: v for k, v in data.items() if k != "verdicts"}, where)
-    top.verdicts = [_build(GateVerdict, v, f"{where}.verdicts[{i}]") for i, v in enumerate(data["verdicts"])]
-    return top
+    doc: Gate = _document(Gate, GateVerdict, "verdicts", "exit", "gate", data, where)
+    return doc
 
 
 def _read_json(p: Path, what: str) -> Any:

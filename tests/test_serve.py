@@ -3,7 +3,6 @@ llama-server (tests.test_wrong_way.FAKE_SERVER) keeps the test off the real engi
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -12,19 +11,12 @@ from pathlib import Path
 import httpx
 
 from bench.tools.engine import free_port
-from tests.test_wrong_way import FAKE_SERVER
+from tests.test_wrong_way import fake_engine_env
 
 
 def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
-    fake = tmp_path / "llama-server.py"
-    fake.write_text(FAKE_SERVER)
-    launcher = tmp_path / "llama-server"
-    launcher.write_text(f"#!/bin/sh\nexec {sys.executable} {fake} \"$@\"\n")
-    launcher.chmod(0o755)
-    model = tmp_path / "model.gguf"
-    model.write_bytes(b"GGUF")
     port = free_port()
-    env = {**os.environ, "HOME": str(tmp_path), "BENCH_LLAMA_SERVER": str(launcher), "BENCH_MODEL": str(model)}
+    env = fake_engine_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--port", str(port), "--parallel", "2"],
                             cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None

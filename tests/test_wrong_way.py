@@ -148,7 +148,8 @@ FAKE_SERVER = textwrap.dedent("""
 """)
 
 
-def test_ctrl_c_of_a_run_on_the_embedded_endpoint_stops_at_once(tmp_path):
+def fake_engine_env(tmp_path: Path) -> dict[str, str]:
+    """The environment that makes bench's embedded endpoint the stand-in llama-server (FAKE_SERVER) in ``tmp_path``."""
     fake = tmp_path / "llama-server.py"
     fake.write_text(FAKE_SERVER)
     launcher = tmp_path / "llama-server"
@@ -156,7 +157,12 @@ def test_ctrl_c_of_a_run_on_the_embedded_endpoint_stops_at_once(tmp_path):
     launcher.chmod(0o755)
     model = tmp_path / "model.gguf"
     model.write_bytes(b"GGUF")
-    env = {**os.environ, "HOME": str(tmp_path), "BENCH_LLAMA_SERVER": str(launcher), "BENCH_MODEL": str(model)}
+    return {**os.environ, "HOME": str(tmp_path), "BENCH_LLAMA_SERVER": str(launcher), "BENCH_MODEL": str(model)}
+
+
+def test_ctrl_c_of_a_run_on_the_embedded_endpoint_stops_at_once(tmp_path):
+    env = fake_engine_env(tmp_path)
+    fake = tmp_path / "llama-server.py"  # the stand-in marks the signals it got beside itself
     proc = subprocess.Popen([sys.executable, "-m", "bench", "run", "-p", "quick", "--out", "x"], cwd=tmp_path,
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stderr is not None

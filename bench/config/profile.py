@@ -64,13 +64,7 @@ def parse_image_sizes(s: str) -> list[str]:
 
 def parse_counts(s: str, what: str) -> list[int]:
     """Comma list of ints >= 0 (``--images 0,1,4``). Raises ConfigError naming ``what``."""
-    try:
-        out = [int(x) for x in s.split(",") if x.strip()]
-    except ValueError:
-        raise ConfigError(f"{what}: {s!r} is not a comma list of integers") from None
-    if not out or any(v < 0 for v in out):
-        raise ConfigError(f"{what}: every value must be >= 0, got {s!r}")
-    return out
+    return parse_ints(s, what, minimum=0)
 
 
 def parse_depth(s: str | int) -> int:
@@ -105,14 +99,14 @@ def parse_kinds(s: str) -> list[str]:
     return out
 
 
-def parse_ints(s: str, what: str) -> list[int]:
-    """Comma list of positive ints (``--streams 1,2,4``). Raises ConfigError naming ``what``."""
+def parse_ints(s: str, what: str, minimum: int = 1) -> list[int]:
+    """Comma list of ints >= ``minimum`` (``--streams 1,2,4``). Raises ConfigError naming ``what``."""
     try:
         out = [int(x) for x in s.split(",") if x.strip()]
     except ValueError:
         raise ConfigError(f"{what}: {s!r} is not a comma list of integers") from None
-    if not out or any(v < 1 for v in out):
-        raise ConfigError(f"{what}: every value must be >= 1, got {s!r}")
+    if not out or any(v < minimum for v in out):
+        raise ConfigError(f"{what}: every value must be >= {minimum}, got {s!r}")
     return out
 
 
