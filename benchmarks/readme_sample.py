@@ -1,7 +1,7 @@
 """README's sample output, generated: what ``bench run`` prints at the end for a stored results file, 80 columns.
 
 The README block that follows the marker line ``<!-- sample: PATH -->`` is ``bench.report.console.results_text`` of
-the results file PATH (tests/test_newuser.py checks that they agree, so the sample cannot go stale).
+the results file PATH (tests/cli/test_newuser.py checks that they agree, so the sample cannot go stale).
 
     python benchmarks/readme_sample.py benchmarks/results/readme-sample.json           # print it
     python benchmarks/readme_sample.py benchmarks/results/readme-sample.json --write   # and rewrite README's block

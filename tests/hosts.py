@@ -1,5 +1,5 @@
 """Test hosts: network namespaces on a bridge, each with its own address, a Ray cluster across them and ``bench
-sim`` as the remote server (issue 30). Used by ``tests/test_hosts.py`` (the ``hosts`` fixture) and by
+sim`` as the remote server (issue 30). Used by ``tests/session/test_hosts.py`` (the ``hosts`` fixture) and by
 ``benchmarks/hosts.py`` (the same set-up for people).
 
 Layout (``N`` namespaces, 3 by default; the subnet ``10.A.B.0/24`` is drawn at random, unused by this machine, so
@@ -332,7 +332,7 @@ class Hosts:
 
 def clean_env() -> dict[str, str]:
     """This process's environment for the processes of the cluster (and a driver joining it): bench on the path,
-    no usage stats, and without ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` (tests/test_ray.py sets it to 0 for its
+    no usage stats, and without ``RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER`` (tests/session/test_ray.py sets it to 0 for its
     one-machine cluster; with it, ``ray start --address`` refuses to join a multi-node cluster)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"}
     env.update({"RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(ROOT)})

@@ -219,6 +219,17 @@ def test_layout_sizes() -> None:
     assert not big, big
 
 
+def test_tests_mirror_the_packages() -> None:
+    """Tests of bench/X/ live in tests/X/; the test files directly in tests/ are those of bench's root modules
+    (driver, gate, results, the face) and of the tree as a whole (structure, figures)."""
+    folders = {p.parent.name for p in (ROOT / "tests").glob("*/test_*.py")}
+    packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
+    assert folders <= packages, sorted(folders - packages)
+    flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
+    assert flat == ["test_driver.py", "test_face.py", "test_figures.py", "test_gate.py", "test_roundtrip.py",
+                    "test_structure.py"], flat
+
+
 def test_spec_strings_are_parsed_once_in_config() -> None:
     """SLO and size specs become typed objects in bench/config (settings made once); nothing below the CLI parses
     the strings again (the CLI may, to check a flag before anything runs)."""

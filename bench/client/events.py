@@ -103,7 +103,7 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
     The common chunk is folded in here, with no call and the fewest lookups: one choice, index 0, and either a
     non-empty ``delta`` without tool calls whose content and reasoning are strs or null, or (completions) no
     ``delta`` and a str ``text``; no ``error`` or ``timings``. Every other chunk goes to :func:`_absorb`, the
-    reference, which gives the same record for the common chunk too (tests/test_client.py checks that)."""
+    reference, which gives the same record for the common chunk too (tests/client/test_client.py checks that)."""
     sent = rec.sent_ns
     loads = _loads
     append = rec.events.append

@@ -18,7 +18,7 @@ schedule is generated once, in the parent, and dealt out to worker processes (:f
 never replay one seeded stream (the trains of equal gaps a shared seed makes).
 
 :func:`ks_statistic` / :func:`ks_pvalue` (one-sample Kolmogorov-Smirnov) and :func:`gamma_cdf` check a schedule
-against its distribution (tests/test_load.py).
+against its distribution (tests/load/test_load.py).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ open, so there is no partial line, no pending CR, no byte held by the UTF-8 deco
 decoded in one go (``bytes.decode``) and split into whole events (``_feed_clean``). In both, a block that is one
 ``data: `` line (the event servers send) is dispatched without the line loop.
 
-Nothing a server sends makes the decoder raise (``tests/test_sse.py`` checks it, and checks it against a reference
+Nothing a server sends makes the decoder raise (``tests/transport/test_sse.py`` checks it, and checks it against a reference
 implementation of the rules, on random streams cut at random points).
 
 At the end of the stream, the spec discards an event not terminated by an empty line; :meth:`SSEDecoder.close`

@@ -37,8 +37,7 @@ from bench.server.info import discover_server
 from bench.server.tokenizer import HttpTokenizer
 from bench.session.loop_lag import LagMonitor, lag_warning
 from bench.transport.sse import SSEEvent
-
-from .test_fastio import Server, read_request
+from tests.transport.test_http import Server, read_request
 
 BOTH = pytest.mark.parametrize("fast_io", [True, False], ids=["fastio", "httpx"])
 

@@ -22,7 +22,7 @@ from bench.load.point import LoadSettings
 from bench.sim import truth as T
 from bench.sim.config import SimConfig
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPE_A = SimConfig(decode_step_ms=40, decode_step_ms_per_seq=2, prefill_tok_s=20000)  # the problem
 SHAPE_B = SimConfig(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12)
 

@@ -18,7 +18,7 @@ import pytest
 from bench.errors import EndpointUnreachable
 from bench.transport.tls import check_tls
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 HINT = "no OpenAI API at that base URL"
 
 

@@ -5,7 +5,7 @@ offset comes back through Ray over the bridge.
 
 What is checked, against the sim's truth (decode 50 tok/s per stream: 20 ms steps): a wave of 6 streams over the
 three nodes' actors (every measured record names its node, all three appear, each at a namespace address; per
-stream decode and aggregate within the bounds of tests/test_ray.py (decode 6 %, aggregate 10 % of the nominal
+stream decode and aggregate within the bounds of tests/session/test_ray.py (decode 6 %, aggregate 10 % of the nominal
 300 tok/s, every host's first token within 110 ms), the aggregate within 3 % of the same window on the sim's
 writes; each arrival at or after the sim's write within the offset's uncertainty; the namespaces share one kernel clock, so each estimated offset is within its
 uncertainty of 0); an open-loop point (the plan's due times, the achieved rate, a small send lag); and a node lost
@@ -36,7 +36,7 @@ from bench.records import RequestRecord, read_records
 from tests.hosts import clean_env
 
 pytestmark = pytest.mark.hosts
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STEP_MS = 20.0
 HOSTS_SIM = {"decode_step_ms": STEP_MS, "prefill_tok_s": 1e6}
 
@@ -145,7 +145,7 @@ def test_wave_over_three_hosts(hosts: Any, tmp_path: Path) -> None:
     truth = _aggregate_on_writes(recs)
     assert truth <= 6 * 1000.0 / STEP_MS * 1.01
     assert cell["aggregate_decode_tok_s"]["median"] == pytest.approx(truth, rel=0.03)
-    # and the bounds of one machine (tests/test_ray.py): the nominal aggregate, all hosts starting together
+    # and the bounds of one machine (tests/session/test_ray.py): the nominal aggregate, all hosts starting together
     assert cell["aggregate_decode_tok_s"]["median"] == pytest.approx(6 * 1000.0 / STEP_MS, rel=0.1)
     firsts = [r.sent_ns + next(e.t_ns for e in r.events if e.has_text) for r in recs]
     assert (max(firsts) - min(firsts)) / 1e6 < 3 * STEP_MS + 50

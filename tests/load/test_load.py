@@ -29,7 +29,7 @@ from bench.records import Event, RequestRecord
 from bench.sim import SimConfig
 from bench.sim import truth as T
 
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 
 
 # ---- arrivals --------------------------------------------------------------------------------------------------

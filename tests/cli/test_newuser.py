@@ -18,7 +18,7 @@ from rich.console import Console
 
 from bench.results import cell_from_dict, results_from_dict
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 PROFILE = """name = "tiny"
 max_tokens = 40

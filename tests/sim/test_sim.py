@@ -46,7 +46,7 @@ from bench.sim import (
 )
 from bench.sim.__main__ import main as sim_main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MS = 1_000_000  # ns per ms
 EXACT_NS = 1_000  # schedule equality tolerance (rounding to ns of float ms values)
 LATE_NS = 10 * MS  # max allowed write_ns - sched_ns

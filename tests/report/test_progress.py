@@ -16,7 +16,7 @@ import pytest
 
 from bench.sim import SimConfig
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SIM_CONFIG = SimConfig(decode_step_ms=5.0, prefill_tok_s=50000.0)
 
 

@@ -28,7 +28,7 @@ from bench.measure.metrics import request_metrics
 from bench.records import read_records
 from bench.results import load_results
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SLO = "ttft_p90=60s,tpot_p90=20ms"
 PROFILE = """name = "slo-cells"
 max_tokens = 16

@@ -12,11 +12,10 @@ import pytest
 from rich.console import Console
 
 from bench.report.verdicts import gate_table, needed_width, side_by_side_rows, side_by_side_table, verdict_rows
+from tests.conftest import HERMETIC_ENV, HERMETIC_UNSET
+from tests.test_gate import _mixed_verdicts
 
-from .conftest import HERMETIC_ENV, HERMETIC_UNSET
-from .test_gate import _mixed_verdicts
-
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TITLE = "bench gate: profile gate-sim, http://127.0.0.1:43163/v1 vs /tmp/pytest-of-root/base/results.json"
 
 

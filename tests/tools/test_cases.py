@@ -8,8 +8,7 @@ import pytest
 
 from bench.cli.app import main
 from bench.tools.replay import check_expect, load_case, replay_case
-
-from .conftest import all_case_files
+from tests.conftest import all_case_files
 
 CASES = all_case_files()
 

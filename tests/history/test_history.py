@@ -138,7 +138,7 @@ def test_older_results_files_are_imported(tmp_path, capsys) -> None:
     del d["run"]["complete"]
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "results.json").write_text(json.dumps(d))
-    sample = Path(__file__).parent.parent / "benchmarks" / "results" / "readme-sample.json"
+    sample = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "readme-sample.json"
     rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "old"), str(sample), "--db", str(tmp_path / "h.db"))
     assert rc == 0, err
     assert "added 2 run(s)" in err

@@ -21,8 +21,7 @@ from aiohttp import web
 from bench.cli.app import main
 from bench.client.border import admit_body, admit_headers
 from bench.redaction import add_secret
-
-from .test_hardening import serving_in_thread
+from tests.client.test_hardening import serving_in_thread
 
 KEY = "sk-Proj-" + "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(30)) + "aZ"
 ESC = "@@escaped-key@@"  # stands for the key written as JSON \u escapes (replaced in the JSON text)

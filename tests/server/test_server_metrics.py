@@ -23,7 +23,7 @@ from bench.server.metrics import (
 )
 from bench.sim import SimConfig, running_sim
 
-FIX = Path(__file__).parent / "fixtures" / "metrics"
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "metrics"
 
 
 def _snaps(name: str) -> list[Snapshot]:

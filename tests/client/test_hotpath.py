@@ -70,7 +70,7 @@ def test_blastserver_streams_are_what_a_sim_stream_records() -> None:
     (blocks of 64 events per write, so a stream of 150 tokens spans three writes and a partial one)."""
     import sys
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import blastserver
 
     async def main() -> tuple[list[RequestRecord], int]:

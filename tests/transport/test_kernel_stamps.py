@@ -25,7 +25,7 @@ from bench.sim import SimConfig
 from bench.transport import kernel_stamps as kstamp
 from bench.transport.http import FastIOError, FastPool, FastTimeout, StampProtocol
 from bench.transport.kernel_stamps import ClockOffset, KernelStampProtocol, kernel_stamps_supported
-from tests.test_fastio import Server, _chunk, _chunked_handler, _server_ctx, _sse_handler
+from tests.transport.test_http import Server, _chunk, _chunked_handler, _server_ctx, _sse_handler
 
 needs_kernel = pytest.mark.skipif(not kernel_stamps_supported(), reason="no SO_TIMESTAMPNS on this system")
 MODEL = "bench-sim"
@@ -239,7 +239,7 @@ def test_tls_over_memory_bio(tls_cert) -> None:
     events = [_chunk("a"), _chunk("b"), _chunk("c", "stop")]
 
     async def main() -> None:
-        import tests.test_fastio as tf
+        import tests.transport.test_http as tf
 
         async with Server(_sse_handler(events, gap_s=0.01), ssl=_server_ctx(tls_cert)) as srv:
             tf.srv = srv  # the handler reads the module global
@@ -291,7 +291,7 @@ def test_a_body_read_without_kernel_stamp_makes_the_record_user(monkeypatch: pyt
     monkeypatch.setattr(KernelStampProtocol, "_on_readable", on_readable)
 
     async def main() -> RequestRecord:
-        import tests.test_fastio as tf
+        import tests.transport.test_http as tf
 
         async with Server(_sse_handler(events, gap_s=0.02)) as srv:
             tf.srv = srv

@@ -1,5 +1,5 @@
 """``bench serve`` (issue 31, point 8): the embedded endpoint on its own URL, printed first, until Ctrl-C. A stand-in
-llama-server (tests.test_wrong_way.FAKE_SERVER) keeps the test off the real engine."""
+llama-server (tests.cli.test_wrong_way.FAKE_SERVER) keeps the test off the real engine."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from bench.tools.engine import free_port
-from tests.test_wrong_way import fake_engine_env
+from tests.cli.test_wrong_way import fake_engine_env
 
 
 def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
@@ -31,5 +31,5 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None
 
 
 def test_serve_is_listed_in_the_readme() -> None:
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert "bench serve" in readme

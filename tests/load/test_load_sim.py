@@ -31,10 +31,10 @@ from bench.results import Capacity, CapacityPoint, load_capacity
 from bench.sim import SimConfig
 from bench.sim import truth as T
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from simproc import SimProcess  # noqa: E402
 
-TRACES = Path(__file__).parent / "data" / "traces"
+TRACES = Path(__file__).resolve().parents[1] / "data" / "traces"
 PROFILE = Profile(name="t", max_tokens=4, warmup=0, overhead_probes=2)
 
 
