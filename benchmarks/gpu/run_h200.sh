@@ -4,6 +4,7 @@
 # bench's depth and decode profiles with the H200 roofline, llama-bench on the same model. From the repo root:
 #
 #   bash benchmarks/gpu/run_h200.sh STAGE_OR_STEP...        e.g.  stage1 stage2   |   stage2 stage3   |   stage3
+#   energy (issue 29): TARGETS=llama-server ... env build model   then   BENCH_EXTRA="--gpu-telemetry nvml" DEPTHS=0,32k ... decode depth
 #
 # stages  stage1 = env build
 #         stage2 = env build model llamabench depth decode lbpp batched
@@ -20,6 +21,8 @@
 #                    decode profile at 1-4 streams (prose); auto = only when bench has bench.server.metrics
 #         capacity   CAPACITY=auto|1|0: bench capacity --by concurrency against llama-server (issue 14); auto =
 #                    only when `bench capacity` exists
+#         ratecap    issue 24: two `bench capacity --by rate` searches (seeds 1, 2; RC_ARGS, RC_BUDGET) and fixed-rate
+#                    points (RC_POINT_S s) at RC_LADDER x the first boundary
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
 #                    only when fidelity.py has --scale-workers
 #         hotpath    benchmarks/hotpath.py: events one bench process ingests at 16 streams (issue 17; no GPU)
@@ -59,10 +62,14 @@ ROOF=${ROOF:---hardware h200 --devices 1 --model-params 8b --weight-bits 16}
 DEPTHS=${DEPTHS:-0,4k,32k}; STREAMS=${STREAMS:-1,2,4,8}; BENCH_EXTRA=${BENCH_EXTRA:-}
 LB_P=${LB_P:-4096}; LB_N=${LB_N:-128}; LB_DEPTHS=${LB_DEPTHS:-0,4096,32768}; LB_PP=${LB_PP:-4096,32768}
 LB_R=${LB_R:-3}; NPL=${NPL:-1,2,4,8}; NTG=${NTG:-400}
+TARGETS=${TARGETS:-llama-server llama-bench llama-batched-bench}  # what step build builds
 DRAFTS=${DRAFTS:-auto}; DRAFT_CONFIGS=${DRAFT_CONFIGS:-off self small}; DRAFT_STREAMS=${DRAFT_STREAMS:-1,2,3,4}
 DRAFT_EXTRA=${DRAFT_EXTRA:---max-tokens 256 --repeats 4 --prompt prose}
 CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-240}
 CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 3 --max-points 12 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
+RC_SLO=${RC_SLO:-ttft_p90=1s,tpot_p90=15ms}; RC_SIZES=${RC_SIZES:---input-tokens 512 --max-tokens 128}
+RC_ARGS=${RC_ARGS:---by rate --slo $RC_SLO $RC_SIZES}; RC_BUDGET=${RC_BUDGET:-120}; RC_LADDER=${RC_LADDER:-0.8 1.0 1.2}
+RC_POINT_S=${RC_POINT_S:-45}; RC_RUN_ARGS=${RC_RUN_ARGS:---slo $RC_SLO $RC_SIZES}; RC_S=${RC_S:-470}
 FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
 HOT_ARGS=${HOT_ARGS:---streams 16 --seconds 4 --variants kernel,kernel+h11,kernel+uvloop,user,httpx}
@@ -170,7 +177,7 @@ step_build() {
   fi
   (cd "$LLAMA" && cmake -B build -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_NATIVE=OFF -DLLAMA_CURL=OFF \
       -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF > "$R/cmake.log" 2>&1 &&
-    bounded cmake --build build -j"$(nproc)" --target llama-server llama-bench llama-batched-bench >> "$R/cmake.log" 2>&1)
+    bounded cmake --build build -j"$(nproc)" --target $TARGETS >> "$R/cmake.log" 2>&1)
   local rc=$?; log "build rc $rc"
   if [ $rc -eq 0 ]; then touch "$WORK/build.ok"; "$BIN/llama-server" --version > "$R/engine.txt" 2>&1; cat "$R/engine.txt"
   else tail -30 "$R/cmake.log"; fi
@@ -269,6 +276,29 @@ step_capacity() {  # issue 14: the highest concurrency within the SLOs, against 
   # shellcheck disable=SC2086
   MAXT=$((CAP_S + 30)) bounded $PY -m bench capacity "$URL" $CAP_ARGS --out "$R/capacity" > "$R/capacity.out" 2>&1
   local rc=$?; log "bench capacity: rc $rc"; tail -25 "$R/capacity.out"; stop_server; return $rc
+}
+
+step_ratecap() {  # issue 24 item 7: two rate searches (seeds 1, 2) and a ladder of long fixed-rate points
+  want ratecap "$RC_S" "$R/ratecap.ok" || return 0
+  start_server ratecap || return 1
+  local seed rc=0 b r
+  for seed in 1 2; do
+    rm -rf "$R/ratecap-$seed"; echo "bench capacity URL $RC_ARGS --seed $seed --time-budget $RC_BUDGET" > "$R/ratecap-$seed.cmd"
+    # shellcheck disable=SC2086
+    MAXT=$((RC_BUDGET + 60)) bounded $PY -m bench capacity "$URL" $RC_ARGS --seed $seed --time-budget "$RC_BUDGET" \
+      --out "$R/ratecap-$seed" > "$R/ratecap-$seed.out" 2>&1 || rc=$?
+    log "bench capacity seed $seed: rc $rc"; tail -12 "$R/ratecap-$seed.out"
+  done
+  b=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['boundary'] or '')" "$R/ratecap-1/capacity.json" 2>/dev/null)
+  for f in $RC_LADDER; do  # fixed-rate points at f x the first search's boundary
+    [ -n "$b" ] || break
+    r=$($PY -c "print(round($b * $f, 3))")
+    # shellcheck disable=SC2086
+    MAXT=$((RC_POINT_S + 60)) bounded $PY -m bench run "$URL" --rate "$r" --duration "$RC_POINT_S" $RC_RUN_ARGS \
+      --out "$R/ratecap-ladder-$f" > "$R/ratecap-ladder-$f.out" 2>&1
+    log "ladder ${f}x = $r req/s: rc $?"; tail -8 "$R/ratecap-ladder-$f.out"
+  done
+  stop_server; [ $rc -eq 0 ] && touch "$R/ratecap.ok"; return $rc
 }
 
 step_fidelity() {  # issue 17: bench's own timestamps against bench sim (no GPU), 1-16 worker processes
