@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,6 +23,12 @@ HERMETIC_UNSET = ("NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "COLO
 os.environ.update(HERMETIC_ENV)
 for _name in HERMETIC_UNSET:
     os.environ.pop(_name, None)
+
+# A shell starts a background job (`make test &`, `nohup ... &` in a script) with SIGINT ignored, and every process
+# a test starts would inherit that: the Ctrl-C tests (bench run, serve, the open-loop driver) would wait for an
+# interrupt that never comes. A handler here makes the children start with the default (exec resets handlers).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)
