@@ -64,17 +64,19 @@ class SimGroup:
             p.proc.wait()
 
 
-def one_rate(sim: Any, rate: float, duration: float, workers: int = 1) -> dict[str, Any]:
-    """Run one point at ``rate`` (sent from ``workers`` processes) and return its schedule figures."""
+def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: str = "auto") -> dict[str, Any]:
+    """Run one point at ``rate`` (sent from ``workers`` processes, arrival stamps from ``stamps``: auto, kernel or
+    user) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
                       cooldown_s=0.0, drain_s=30.0)
     c0, s0, t0 = time.process_time(), sim.cpu_s(), time.perf_counter()
-    res = asyncio.run(run_load(sim.base, prof, ClientSettings(), ls, out_dir=None, workers=workers))
+    res = asyncio.run(run_load(sim.base, prof, ClientSettings(stamps=stamps), ls, out_dir=None,
+                              workers=workers))
     wall = time.perf_counter() - t0
     cell = res.cells[0].to_dict()
     sc = cell["schedule"]
-    return {"rate": rate, "workers": workers, "duration_s": duration, "requests": sc["planned_requests"],
+    return {"rate": rate, "workers": workers, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
             "cut": cell["counts"]["cut"],
@@ -94,7 +96,7 @@ def to_markdown(doc: dict[str, Any]) -> str:
            "|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
-        out.append(f"| {r['rate']:g} | {r['workers']} | {r['requests']} | {r['achieved_rps']} | "
+        out.append(f"| {r['rate']:g} | {r['workers']}{'' if r.get('stamps', 'auto') == 'auto' else ' (' + r['stamps'] + ' stamps)'} | {r['requests']} | {r['achieved_rps']} | "
                    f"{d['p50']} / {d['p99']} / {d['max']} "
                    f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} / {r.get('cut', '-')} | {r['client_cpu_pct']} | "
                    f"{r['sim_cpu_pct']} |")
@@ -103,22 +105,44 @@ def to_markdown(doc: dict[str, Any]) -> str:
     return "\n".join(out) + "\n"
 
 
+def run_rows(a: argparse.Namespace, sim: Any) -> list[dict[str, Any]]:
+    """Every (workers, stamps, rate) row, under cProfile when asked."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile() if a.cprofile else None
+    rows = []
+    for w in (int(x) for x in a.workers.split(",")):
+        for st in a.stamps.split(","):
+            for r in (float(x) for x in a.rates.split(",")):
+                if prof:
+                    prof.enable()
+                rows.append(one_rate(sim, r, a.duration, w, st))
+                if prof:
+                    prof.disable()
+                print(json.dumps(rows[-1]), flush=True)
+    if prof:
+        prof.dump_stats(a.cprofile)
+        pstats.Stats(str(a.cprofile)).sort_stats("tottime").print_stats(25)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
     ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
     ap.add_argument("--sims", type=int, default=1, help="sim processes on one port (SO_REUSEPORT)")
+    ap.add_argument("--stamps", default="auto", help="comma list of stamp sources (auto, kernel, user), each run "
+                    "at every rate")
+    ap.add_argument("--cprofile", type=Path, help="profile the client process (cProfile) into this file; the top "
+                    "functions by own time are printed")
     ap.add_argument("--note", default="", help="a line added under the table")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
     sim = SimGroup(a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
     try:
-        rows = []
-        for w in (int(x) for x in a.workers.split(",")):
-            for r in (float(x) for x in a.rates.split(",")):
-                rows.append(one_rate(sim, r, a.duration, w))
-                print(json.dumps(rows[-1]), flush=True)
+        rows = run_rows(a, sim)
     finally:
         sim.close()
     date = datetime.now(UTC).strftime("%Y-%m-%d")

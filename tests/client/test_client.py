@@ -204,3 +204,43 @@ def test_fast_path_gives_the_records_of_absorb(chunks: list[dict[str, Any]]) -> 
     for i, c in enumerate(chunks):
         client_mod._absorb(ref, c, 90 + i)
     assert fast == ref
+
+
+
+def test_fast_path_sends_the_head_httpx_would_for_every_body(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fast pool's request head is built once per client and URL (bench.client.request._fast_head): every
+    request still carries the client's headers (the API key, Content-Type) and its own Content-Length, as the
+    httpx path sends them."""
+    import asyncio
+
+    from bench.client import RequestSpec, stream_request
+    from tests.transport.test_http import Server, read_request
+
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-canary-123")
+    stream = (b'data: {"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":"stop"}]}\n\n'
+              b"data: [DONE]\n\n")
+    seen: list[tuple[bytes, dict[str, str], bytes]] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        while (req := await read_request(reader)) is not None:
+            seen.append(req)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nContent-Length: %d\r\n\r\n"
+                         % len(stream) + stream)
+            await writer.drain()
+
+    async def go(fast: bool) -> list[tuple[bytes, dict[str, str], bytes]]:
+        seen.clear()
+        async with Server(handler) as srv, make_http_client(ClientSettings(fast_io=fast)) as client:
+            for n in (1, 40):
+                spec = RequestSpec(f"r{n}", "chat", {"messages": [{"role": "user", "content": "x" * n}]})
+                rec = await stream_request(client, srv.url + "/v1", spec, model="m")
+                assert rec.error is None, rec.error
+        return list(seen)
+
+    fast, slow = asyncio.run(go(True)), asyncio.run(go(False))
+    assert [r[0] for r in fast] == [r[0] for r in slow] == [b"POST /v1/chat/completions HTTP/1.1"] * 2
+    for (_, fh, fb), (_, sh, sb) in zip(fast, slow):
+        assert fb == sb and int(fh["content-length"]) == len(fb)
+        assert fh["authorization"] == sh["authorization"] == "Bearer sk-canary-123"
+        assert fh["content-type"] == sh["content-type"] == "application/json"
+        assert fh["host"].startswith("127.0.0.1:") and sh["host"].startswith("127.0.0.1:")
