@@ -234,7 +234,7 @@ def headline(results: Results) -> list[str]:
     """Sentences in the shape serving recipes publish, from whichever cells exist.
 
     single-stream short decode; decode after each depth; prompt tokens over TTFT at each depth; aggregate decode
-    at each stream count (depth 0, first prompt type); with an SLO, the cells it held in and the highest goodput.
+    at each stream count (depth 0, first prompt type, the first cell of each count); with an SLO, the cells it held in and the highest goodput.
     """
     cells = results.cells
     out: list[str] = []
@@ -253,7 +253,12 @@ def headline(results: Results) -> list[str]:
                    + " / ".join(_n(c.stat("decode_tok_s")) for _, c in after) + " tok/s")
         out.append("prompt tokens over TTFT at " + " / ".join(_depth(d) for d, _ in after) + ": "
                    + " / ".join(_n(c.stat("prompt_tok_s"), 0) for _, c in after) + " tok/s")
-    multi = sorted(short, key=lambda c: c.streams)
+    # one cell per stream count, the first run: a profile that varies images, thinking or tools at each count
+    # gives one figure per count, not one per cell
+    first: dict[int, CellResult] = {}
+    for c in short:
+        first.setdefault(c.streams, c)
+    multi = sorted(first.values(), key=lambda c: c.streams)
     if len(multi) > 1:
         out.append("decode at " + ", ".join(str(c.streams) for c in multi) + " streams: "
                    + " / ".join(_n(c.stat("aggregate_decode_tok_s")) for c in multi)

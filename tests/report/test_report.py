@@ -45,6 +45,20 @@ def test_headline_in_the_seeds_shape() -> None:
     assert h[3] == "decode at 1, 2 streams: 87.9 / 160 tok/s aggregate (87.9 / 80.0 per stream)"
 
 
+
+def test_headline_takes_one_cell_per_stream_count() -> None:
+    """A profile that varies images (or thinking, tools) at each stream count: the sentence names each count once,
+    with the first cell of that count (multimodal: the cells without images)."""
+    cells = [_cell(0, 1, 50.0, 50.0, 26), _cell(0, 1, 49.0, 49.0, 108), _cell(0, 4, 50.0, 197.0, 45),
+             _cell(0, 4, 48.0, 191.0, 125)]
+    for i, c in enumerate(cells):
+        c["id"] += f"-v{i}"
+    doc = {"schema": 1, "profile": {"name": "t"}, "endpoint": {"model": "m", "url": "http://x/v1", "kind": "chat"},
+           "server": {}, "run": {"id": "r", "overhead_ms": 20.0, "complete": True}, "bench_version": "0",
+           "created": "now", "cells": cells}
+    assert headline(results_from_dict(doc))[1] == \
+        "decode at 1, 4 streams: 50.0 / 197 tok/s aggregate (50.0 / 50.0 per stream)"
+
 def test_csv_and_markdown() -> None:
     rows = list(csv.reader(io.StringIO(to_csv(RESULTS))))
     assert rows[0] == [c[0] for c in CSV_COLUMNS] and len(rows) == 5
