@@ -1,8 +1,11 @@
 """``bench serve``: the embedded endpoint (llama.cpp's llama-server with SmolLM2-135M) on its own loopback URL, so
-that other tools (curl, guidellm, a second bench) can be pointed at it; runs until Ctrl-C
+that other tools (curl, guidellm, a second bench) can be pointed at it; runs until Ctrl-C or SIGTERM
 (the engine itself: :mod:`bench.tools.engine`)."""
 
 from __future__ import annotations
+
+import signal
+from types import FrameType
 
 import click
 
@@ -32,6 +35,9 @@ def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
     from bench.tools.engine import INTERRUPT_GRACE_S, LocalEngine
 
     eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir, port=port)
+    # `kill PID` (SIGTERM, what service managers and `timeout` send) stops the server as Ctrl-C does; by default
+    # it would end this process at once and leave llama-server running on the port
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
             eng.start()
@@ -45,3 +51,7 @@ def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
         eng.stop(grace_s=INTERRUPT_GRACE_S)
     finally:
         eng.stop()
+
+
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    raise KeyboardInterrupt

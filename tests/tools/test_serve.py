@@ -9,12 +9,16 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from bench.tools.engine import free_port
 from tests.cli.test_wrong_way import fake_engine_env
 
 
-def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C or SIGTERM: the server stops with bench (SIGTERM used to end bench alone and leave llama-server
+    serving on the port)."""
     port = free_port()
     env = fake_engine_env(tmp_path)
     proc = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--port", str(port), "--parallel", "2"],
@@ -24,10 +28,12 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path) -> None
     assert url == f"http://127.0.0.1:{port}/v1"
     assert httpx.get(url.removesuffix("/v1") + "/health", timeout=5).status_code == 200
     assert proc.poll() is None  # still serving
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "stopping the embedded endpoint" in err and "Ctrl-C stops it" in err
+    with pytest.raises(httpx.TransportError):  # nothing serves the port any more
+        httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
 
 
 def test_serve_is_listed_in_the_readme() -> None:
