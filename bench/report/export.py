@@ -167,7 +167,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     With a roofline (``bench run --hardware/--bandwidth``), decode (per stream at 1 stream, aggregate at N) and
     prompt tok/s get their share of the physical limit beside them. With GPU figures, output tokens per joule
     (:func:`gpu_field`). With an SLO (``--slo``), a last column: goodput and which objectives held
-    (:func:`slo_field`)."""
+    (:func:`slo_field`). An open-loop cell (``--rate``, ``--trace``, ``--sessions``: no fixed stream count) reads
+    ``open`` under streams."""
     head = ["depth", "streams", "prompt", "ok/fail", "decode tok/s per stream p50 [p10-p90]", "aggregate tok/s",
             "TTFT ms p50 / p90 / p99", "prompt tok/s (corrected)", "ITL ms p50 / p99", "TPOT ms", "E2E ms p50",
             "tok/event"]
@@ -191,7 +192,7 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
         ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
         noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
         rows.append([
-            _depth(c.depth), str(c.streams), c.prompt + (f" +{c.images} img {c.image_size}" if c.images else ""),
+            _depth(c.depth), str(c.streams) if c.streams else "open", c.prompt + (f" +{c.images} img {c.image_size}" if c.images else ""),
             f"{c.requests_ok}/{c.requests_failed}",
             f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}"
             + _pct(c.roofline, "decode_pct_of_limit", c.streams == 1),
