@@ -94,15 +94,22 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
     return doc
 
 
+def search_load(ls: LoadSettings, by: str) -> dict[str, Any]:
+    """capacity.json's ``load``: the settings every point shares (arrival, sizes, seed, the refine points'
+    ``duration_s``), under the id ``search-by-rate`` or ``search-by-concurrency``: the load itself is what each
+    point varies (a rate search's settings have no rate, and ``load_id`` would call them ``concurrency``)."""
+    return {**load_dict(ls), "id": f"search-by-{by}"}
+
+
 def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
     """capacity.json of a search interrupted before its first point (while the endpoint was being set up)."""
     doc: dict[str, Any] = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [], "interrupted": True,
            "note": "interrupted before the first point (while the endpoint was being set up)",
-           "slo": ls.slo, "load": load_dict(ls)}
+           "slo": ls.slo, "load": search_load(ls, ss.by)}
     save_capacity(doc, out_dir / "capacity.json")
 
 
 def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Session, out_dir: Path) -> None:
-    doc.update({"slo": slo.text, "load": load_dict(ls), "endpoint": {"url": session.base, "model": session.model},
+    doc.update({"slo": slo.text, "load": search_load(ls, doc.get("by") or "rate"), "endpoint": {"url": session.base, "model": session.model},
                 "server": session.server, "run_id": session.run_id})
     save_capacity(doc, out_dir / "capacity.json")  # types checked, atomic, secrets redacted

@@ -207,6 +207,7 @@ def test_capacity_finds_the_sim_boundary(tmp_path: Path) -> None:
     assert doc["saturated_at"] is not None and doc["saturated_at"] > lo
     saved = json.loads((tmp_path / "capacity.json").read_text())
     assert saved["interval"] == doc["interval"] and saved["by"] == "rate"
+    assert saved["load"]["id"] == "search-by-rate" and saved["load"]["mode"] == "rate"  # was "concurrency"
     typed = load_capacity(tmp_path)  # the typed loader reads it back, and every key it holds is a documented field
     assert typed.interval == doc["interval"] and len(typed.points) == len(saved["points"])
     assert set(saved) <= {f.name for f in dataclasses.fields(Capacity)}, set(saved)
