@@ -55,6 +55,10 @@ def test_open_loop_interrupt_keeps_a_typed_partial_result(sim: str, tmp_path: Pa
     assert cell["counts"]["finished"] + cell["counts"]["failed"] + cell["counts"]["cut"] == len(measured) >= 1
     assert cell["counts"]["planned"] > len(measured)
     assert any("interrupted" in w for w in cell["warnings"])
+    # the depth a finished point reports (the median planned prompt), not 0
+    import statistics
+
+    assert cell["depth"] == int(statistics.median(r["meta"]["target_tokens"] for r in measured)) > 0
     assert (out / "results.csv").exists() and (out / "results.md").exists()
     from bench.results import load_results
 

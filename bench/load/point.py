@@ -425,7 +425,10 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
 def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO | None) -> dict[str, Any]:
     """The summary of a point stopped before its schedule ended: the requests that finished (and those cut in
     flight, as failures), no steady-state window and no schedule figures; a warning says what is missing."""
-    cell = Cell(ls.mode, 0, ls.max_concurrency or 0, ls.prompt, 0, planned, label=load_id(ls))
+    # the depth a finished point reports: the median planned prompt, here from the requests' targets
+    targets = [r.meta["target_tokens"] for r in recs if isinstance(r.meta.get("target_tokens"), int)]
+    depth = int(np.median(targets)) if targets else 0
+    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, 0, planned, label=load_id(ls))
     ms = [request_metrics(r) for r in recs]
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
                        metrics=ms).to_dict()
