@@ -81,6 +81,7 @@ class RichObserver(QuietObserver):
         )
         self.total_cells = total_cells
         self.cell_no = 0
+        self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
         self.task: Any = None
         self.taps: list[StreamTap] = []
         self.wave_t0 = 0.0
@@ -113,7 +114,7 @@ class RichObserver(QuietObserver):
         if self.task is not None and self.progress.tasks[self.task].description.endswith(cell.id):
             self.progress.update(self.task, total=total_requests)
             return
-        self.cell_no += 1
+        self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
         if self.task is not None:
             self.progress.update(self.task, live="")
         self.task = self.progress.add_task(
@@ -156,6 +157,10 @@ def cell_result_text(cell: Cell, summary: CellResult) -> str:
     return txt
 
 
+def _plural(n: int, word: str) -> str:
+    return word if n == 1 else word + "s"
+
+
 def _clock(s: float) -> str:
     m, sec = divmod(int(s), 60)
     return f"{m}m{sec:02d}s" if m else f"{s:.1f}s"
@@ -177,7 +182,9 @@ class PlainObserver(QuietObserver):
         self.total_cells = total_cells
         self.interval_s = interval_s
         self.cell_no = 0
+        self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
         self.cell_id = ""
+        self.ended = False
         self.done = 0
         self.total = 0
         self.taps: list[StreamTap] = []
@@ -198,14 +205,17 @@ class PlainObserver(QuietObserver):
         self.last = time.monotonic()
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
-        """A line when a new cell starts (an extended cell only updates its total)."""
+        """A line when a cell starts (an extended cell only updates its total; a cell measured again after it
+        ended, as a gate's next look, keeps its number and says so)."""
         self.total = total_requests
-        if cell.id == self.cell_id:
+        if cell.id == self.cell_id and not self.ended:
             return
-        self.cell_no += 1
-        self.cell_id, self.done, self.t0 = cell.id, 0, time.monotonic()
+        again = cell.id in self.numbers
+        self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
+        self.cell_id, self.done, self.t0, self.ended = cell.id, 0, time.monotonic(), False
         streams = f", {cell.streams} stream(s)" if cell.streams and not cell.label else ""
-        self._line(f"{cell.id} started: {total_requests} requests{streams}")
+        what = "measured again" if again else "started"
+        self._line(f"{cell.id} {what}: {total_requests} {_plural(total_requests, 'request')}{streams}")
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         """Track the wave's streams for the live rate."""
@@ -216,8 +226,12 @@ class PlainObserver(QuietObserver):
         self.done += 1
 
     def cell_done(self, cell: Cell, summary: CellResult) -> None:
-        """A line with the cell's decode figure."""
+        """A line with the cell's decode figure (once per measurement: a second report of the same end is not
+        printed again)."""
         self.taps = []
+        if self.ended and cell.id == self.cell_id:
+            return
+        self.ended = True
         self._line(f"{cell.id} done in {_clock(time.monotonic() - self.t0)}: {cell_result_text(cell, summary)}")
 
     def tick(self) -> None:

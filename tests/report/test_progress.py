@@ -127,3 +127,33 @@ def test_one_progress_is_chosen_for_every_command():
     assert type(make_observer(1, term, stream=Tty())) is RichObserver  # a terminal: live
     assert type(make_observer(1, term, stream=io.StringIO())) is PlainObserver  # a log: plain lines
     assert type(make_observer(1, term, quiet=True, stream=io.StringIO())) is QuietObserver  # --json
+
+
+def test_plain_lines_number_each_cell_once_and_print_each_end_once() -> None:
+    """A gate measures a cell again at its next look: the cell keeps its number ([1/2], never [3/2]), its line says
+    'measured again', and a second report of the same end prints no second 'done' line."""
+    import io
+
+    from bench.config.profile import Cell
+    from bench.report.progress import PlainObserver
+
+    class Summary:
+        requests_failed = 0
+
+        def stat(self, key: str) -> float | None:
+            return 50.0 if key == "decode_tok_s" else None
+
+    a, b = Cell("s", 0, 1, "prose", 8, 1), Cell("s", 1024, 1, "prose", 8, 1)
+    out = io.StringIO()
+    obs = PlainObserver(out, 2)
+    for cell, n in ((a, 1), (b, 1), (a, 7)):
+        obs.cell_started(cell, n)
+        obs.cell_done(cell, Summary())  # type: ignore[arg-type]
+        obs.cell_done(cell, Summary())  # type: ignore[arg-type]
+    lines = [re.sub(r"done in [0-9.]+s", "done in T", ln) for ln in out.getvalue().splitlines()]
+    assert lines == ["bench: [1/2] d0-s1-prose started: 1 request, 1 stream(s)",
+                     "bench: [1/2] d0-s1-prose done in T: decode 50.0 tok/s/stream",
+                     "bench: [2/2] d1024-s1-prose started: 1 request, 1 stream(s)",
+                     "bench: [2/2] d1024-s1-prose done in T: decode 50.0 tok/s/stream",
+                     "bench: [1/2] d0-s1-prose measured again: 7 requests, 1 stream(s)",
+                     "bench: [1/2] d0-s1-prose done in T: decode 50.0 tok/s/stream"]
