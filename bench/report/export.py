@@ -127,7 +127,8 @@ def gpu_field(c: CellResult) -> str:
     v = g.get("tokens_per_joule")
     if not isinstance(v, int | float):
         return "-"
-    text = f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 0.01 else f"{v:.2g}"
+    # three significant digits below 1: 0.0142 and 0.0122 tok/J (a small model on a big GPU) must not both read 0.01
+    text = f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
     return text + (" est" if g.get("energy_source") != "counter" else "")
 
 

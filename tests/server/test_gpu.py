@@ -620,3 +620,15 @@ def test_nvml_power_is_the_instant_field_where_the_driver_has_it() -> None:
     plain = NvmlSampler(FakeNvml(_sequence()), interval_s=0.01)  # no field at all: the average
     assert {x.gpu: x.power_w for x in plain.read()} == {"0": 700.0, "1": 350.0}
     plain.close()
+
+
+def test_tokens_per_joule_keeps_three_digits_below_one() -> None:
+    """0.0142 and 0.0122 tok/J must not both print as 0.01 (a helper saw that on a small model's DCGM run)."""
+    from bench.report.export import gpu_field
+
+    class C:
+        def __init__(self, v: float) -> None:
+            self.gpu = {"tokens_per_joule": v, "energy_source": "counter"}
+
+    assert [gpu_field(C(v)) for v in (0.01422, 0.01219, 0.312, 3.206, 12.34, 250.0)] == \
+        ["0.0142", "0.0122", "0.312", "3.21", "12.3", "250"]
