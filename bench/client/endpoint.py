@@ -257,12 +257,22 @@ async def discover_model(client: httpx.AsyncClient, base: str, secret: str | Non
         raise ConfigError(no_api_message(base))
     if r.status_code >= 400:
         msg = error_from_body(r.status_code, r.headers.get("content-type", ""), r.content)
-        raise ServerError(f"GET {base}/models: {msg}; pass --model")
+        raise ServerError(f"GET {base}/models: {msg}; {_models_cure(r.status_code)}")
     try:
         data = r.json()["data"]
         return str(data[0]["id"])
     except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         raise ServerError(f"GET {base}/models returned no model list; pass --model") from None
+
+
+def _models_cure(status: int) -> str:
+    """What to do when ``GET /models`` answers ``status`` (>= 400, not 404)."""
+    if status in (502, 503, 504):  # a gateway or proxy with nothing answering behind it, or a server still loading
+        return ("the server, or a proxy in front of it, has no model server answering behind it: start it (or wait "
+                "until it is ready) and run again")
+    if status in (401, 403):
+        return "the API key was refused: put the right one in the variable --api-key-env names (OPENAI_API_KEY)"
+    return "pass --model (a server that does not list its models can still serve them)"
 
 
 def no_api_message(base: str, call: str = "GET /models") -> str:

@@ -244,3 +244,32 @@ def test_fast_path_sends_the_head_httpx_would_for_every_body(monkeypatch: pytest
         assert fh["authorization"] == sh["authorization"] == "Bearer sk-canary-123"
         assert fh["content-type"] == sh["content-type"] == "application/json"
         assert fh["host"].startswith("127.0.0.1:") and sh["host"].startswith("127.0.0.1:")
+
+
+@pytest.mark.parametrize(("status", "cure"), [(502, "no model server answering"), (503, "no model server answering"),
+                                              (401, "API key was refused"), (500, "pass --model")])
+def test_models_error_names_the_cure_of_its_status(status: int, cure: str) -> None:
+    """GET /models failing: a gateway with nothing behind it (502-504) is not cured by --model (a new user was sent
+    there by a proxy whose upstream was down), a refused key names the key's variable, anything else --model."""
+    import asyncio
+
+    from bench.client import discover_model
+    from bench.errors import ServerError
+    from tests.transport.test_http import Server, read_request
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, i: int) -> None:
+        if await read_request(reader) is not None:
+            body = b'{"error": {"message": "upstream down"}}'
+            writer.write(b"HTTP/1.1 %d X\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % (status, len(body)) + body)
+            await writer.drain()
+
+    async def go() -> str:
+        async with Server(handler) as srv, make_http_client(ClientSettings()) as client:
+            with pytest.raises(ServerError) as e:
+                await discover_model(client, srv.url + "/v1")
+            return str(e.value)
+
+    msg = asyncio.run(go())
+    assert f"HTTP {status}" in msg and cure in msg, msg
+    assert status == 500 or "--model" not in msg
