@@ -110,6 +110,7 @@ def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
 
 
 def _write_doc(doc: dict[str, Any], slo: Any, ls: LoadSettings, session: Session, out_dir: Path) -> None:
-    doc.update({"slo": slo.text, "load": search_load(ls, doc.get("by") or "rate"), "endpoint": {"url": session.base, "model": session.model},
-                "server": session.server, "run_id": session.run_id})
+    doc.update({"slo": slo.text, "load": search_load(ls, doc.get("by") or "rate"),
+                "endpoint": {"url": session.base, "model": session.model}, "server": session.server,
+                "run_id": session.run_id})
     save_capacity(doc, out_dir / "capacity.json")  # types checked, atomic, secrets redacted

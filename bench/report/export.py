@@ -193,7 +193,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
         ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
         noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
         rows.append([
-            _depth(c.depth), str(c.streams) if c.streams else "open", c.prompt + (f" +{c.images} img {c.image_size}" if c.images else ""),
+            _depth(c.depth), str(c.streams) if c.streams else "open",
+            c.prompt + (f" +{c.images} img {c.image_size}" if c.images else ""),
             f"{c.requests_ok}/{c.requests_failed}",
             f"{_n(d.get('median'))} [{_n(d.get('p10'))}-{_n(d.get('p90'))}]{noisy}"
             + _pct(c.roofline, "decode_pct_of_limit", c.streams == 1),
@@ -236,7 +237,8 @@ def headline(results: Results) -> list[str]:
     """Sentences in the shape serving recipes publish, from whichever cells exist.
 
     single-stream short decode; decode after each depth; prompt tokens over TTFT at each depth; aggregate decode
-    at each stream count (depth 0, first prompt type, the first cell of each count); with an SLO, the cells it held in and the highest goodput.
+    at each stream count (depth 0, first prompt type, the first cell of each count); with an SLO, the cells it held
+    in and the highest goodput.
     """
     cells = results.cells
     out: list[str] = []

@@ -206,7 +206,6 @@ def test_fast_path_gives_the_records_of_absorb(chunks: list[dict[str, Any]]) -> 
     assert fast == ref
 
 
-
 def test_fast_path_sends_the_head_httpx_would_for_every_body(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fast pool's request head is built once per client and URL (bench.client.request._fast_head): every
     request still carries the client's headers (the API key, Content-Type) and its own Content-Length, as the
