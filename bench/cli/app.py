@@ -50,17 +50,20 @@ if TYPE_CHECKING:
 def cli(verbose: bool, io: str) -> None:
     """bench: speed profiler for OpenAI-compatible LLM endpoints (vLLM, SGLang, llama.cpp, TGI, Ollama...).
 
-    \b
     Measures TTFT, ITL, TPOT, E2E, decode tok/s per stream and aggregate, prefill (prompt) tok/s at context
     depths, and gates CI on regressions. URL is the OpenAI base URL (http://host:port/v1); with no URL, bench
     starts its embedded endpoint (llama.cpp's llama-server with SmolLM2-135M) on loopback.
 
     \b
     Start here:
-      bench probe                         one request against the embedded endpoint
-      bench probe http://gpu:8000/v1      one request against your server
-      bench run --profile quick           the default sweep (decode at 1..N streams, prefill at depths)
-      bench replay CASE.json              replay a recorded server response and check the measurement
+      bench probe
+          one request against the embedded endpoint
+      bench probe http://gpu:8000/v1
+          one request against your server
+      bench run --profile quick
+          the default sweep (decode at 1..N streams, prefill at depths)
+      bench replay CASE.json
+          replay a recorded server response and check the measurement
     """
     if verbose:
         import logging
@@ -207,7 +210,6 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         **extra: Any) -> None:
     """Profile a serving setup: sweep context depths x stream counts x prompt types.
 
-    \b
     Each cell runs warm-up waves, then waves of N concurrent streams, and reports decode tok/s per stream
     (p50, p10-p90) and aggregate, TTFT p50/p90/p99, prompt tok/s = uncached prompt tokens / TTFT (and corrected
     for the fixed overhead), ITL, TPOT and E2E. Every request has a unique prefix, so no prefix cache helps.
@@ -215,14 +217,21 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
     \b
     Examples:
-      bench run                                         quick profile on the embedded endpoint
-      bench run http://gpu:8000/v1 -p decode            sparkDash-style decode bench
+      bench run
+          quick profile on the embedded endpoint
+      bench run http://gpu:8000/v1 -p decode
+          sparkDash-style decode bench
       bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
-      bench run URL -p spark-recipe --out results/      the seeds' table: short decode, 32K/131K, 1-4 streams
-      bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report   % of the roofline, report.html
-      bench run URL --streams 1,8 --slo ttft_p90=2s,tpot_p90=60ms   goodput and SLOs of each cell
-      bench run URL --rate 10 --duration 60 --slo ttft_p90=2s   open loop: Poisson arrivals (docs/load.md)
-      bench run URL --trace mooncake.jsonl --speed 2            replay a trace
+      bench run URL -p spark-recipe --out results/
+          the seeds' table: short decode, 32K/131K, 1-4 streams
+      bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report
+          % of the roofline, report.html
+      bench run URL --streams 1,8 --slo ttft_p90=2s,tpot_p90=60ms
+          goodput and SLOs of each cell
+      bench run URL --rate 10 --duration 60 --slo ttft_p90=2s
+          open loop: Poisson arrivals (docs/load.md)
+      bench run URL --trace mooncake.jsonl --speed 2
+          replay a trace
     """
     from bench.results import discard_when_failed, prepare_folder
     from bench.session.endpoint import default_out_dir

@@ -191,7 +191,6 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
              **load_kw: Any) -> None:
     """Find the highest rate (or concurrency) at which the SLOs hold, with an interval (docs/load.md).
 
-    \b
     --by rate: short probes escalate by --factor until the SLO is missed, then refine points of --duration
     seconds (default 50) run around the estimate, and a model fitted across them (the share of requests over
     each limit against the arrival rate) gives the steady-state boundary and its interval at --confidence,
@@ -199,7 +198,8 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     --resolution, confirm both ends with --trials. Writes DIR/capacity.json and every point's records.
 
     \b
-      bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms --input-tokens 512 --out cap/
+      bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms \\
+          --input-tokens 512 --out cap/
     """
     from bench.config.profile import Profile
     from bench.load.capacity import SearchSettings

@@ -63,7 +63,6 @@ def record(url: str | None, out_file: str, max_tokens: int, endpoint_kind: str, 
            model: str | None, api_key_env: str, connect_timeout: float, read_timeout: float | None) -> None:
     """Record one live streaming response (raw bytes and their timing) as a case for ``bench replay``.
 
-    \b
     The case (docs/cases.md) holds the request (API key redacted), every read at its time after the send, and
     what bench measured as its 'expect' block; `bench replay CASE.json` then serves it back and checks it.
     """

@@ -169,21 +169,26 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
          **client: Any) -> None:
     """CI speed gate: run a profile and compare it with a baseline results file.
 
-    \b
     For each [[gate]] rule and cell: ratio = statistic(candidate) / statistic(baseline) with a bootstrap CI,
     judged after each round of waves (a sequential test: alpha spending keeps the false-alarm rate at 2.5 %
     one-sided at the limit however many looks it takes). Before measuring it prints its plan: the MDE it
-    expects to reach and the time it needs.
-    regression    the whole CI is beyond the allowance (e.g. below 0.95 for max_drop_pct = 5)
-    inconclusive  the CI still straddles the allowance when the budget (--max-time, --budget-waves) ran out
+    expects to reach and the time it needs. Verdicts:
+
+    \b
+    regression    the whole CI is beyond the allowance
+                  (e.g. below 0.95 for max_drop_pct = 5)
+    inconclusive  the CI still straddles the allowance when the budget
+                  (--max-time, --budget-waves) ran out
     improved      the whole CI is on the better side of 1
     unchanged     otherwise
+
     Exit 0 pass, 1 regression, 2 inconclusive, 3 could not run (any cause). Method: docs/gate.md.
 
     \b
     Examples:
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
-      bench gate URL -p ci.toml --baseline base/results.json --update-baseline     (refresh it)
+      bench gate URL -p ci.toml --baseline base/results.json --update-baseline
+          (refresh it)
       bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """
     budget = {"budget_waves": budget_waves, "max_waves": max_waves, "max_time": max_time,
@@ -274,7 +279,6 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
             force: bool) -> None:
     """Compare two results files: main metrics side by side, and the gate rules' verdicts (B against A).
 
-    \b
     Prints, per cell, the medians of decode tok/s (per stream and aggregate), TTFT, TPOT, E2E and prompt tok/s
     of A and B with the ratio B/A and its bootstrap 95 % CI; then one line per gate rule and cell.
     Exit 1 when a rule finds a regression, else 0 (inconclusive verdicts are shown and noted, not failed: two
@@ -324,7 +328,6 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
        **client: Any) -> None:
     """Matched A/B: measure two endpoints with alternating waves, then compare B against A.
 
-    \b
     For each cell the waves alternate A, B, A, B, ... so drift of the machine, the network or the time of day
     falls on both alike: the recommended way to compare two setups that can run at once (docs/gate.md). Prints
     each main metric's ratio B/A with its bootstrap 95 % CI per cell, and the profile's gate rules (or the

@@ -83,9 +83,12 @@ def history() -> None:
     """Keep every run and find where a figure changed (docs/history.md).
 
     \b
-      bench history add bench-results/ --db bench-history.db     every results.json below the folder
-      bench history check --metric decode_tok_s --recent 5       change points; exit 1 on a recent regression
-      bench history export --csv -o history.csv                  one row per run x cell x metric
+      bench history add bench-results/ --db bench-history.db
+          every results.json below the folder
+      bench history check --metric decode_tok_s --recent 5
+          change points; exit 1 on a recent regression
+      bench history export --csv -o history.csv
+          one row per run x cell x metric
     """
 
 

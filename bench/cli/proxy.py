@@ -19,13 +19,13 @@ __all__ = ["proxy"]
 def proxy(upstream_url: str, port: int, host: str, delay_per_event_ms: float, delay_first_byte_ms: float) -> None:
     """Forward an OpenAI-compatible endpoint, streaming included, adding known delays.
 
-    \b
     Event i of a stream goes out no earlier than its arrival + first-byte delay + i * per-event delay, so a
     client through the proxy measures the upstream plus exactly these delays (docs/gate.md, "Known slowdowns").
     Runs until Ctrl-C.
 
-    \b
     Example: a llama-server whose events come every 20 ms, made 5 % slower in decode (20 / 0.95 - 20 = 1.05 ms):
+
+    \b
       bench proxy http://127.0.0.1:8080/v1 --port 8081 --delay-per-event-ms 1.05
       bench run http://127.0.0.1:8081/v1 -p ci-gate
     """

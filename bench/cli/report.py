@@ -73,15 +73,17 @@ def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir
            history_db: str | None) -> None:
     """Write one self-contained HTML report of one or several runs (opens offline; docs/report.md).
 
-    \b
     INPUTS: results.json files (records.jsonl and capacity.json beside them are read), capacity.json, gate.json
     and ab.json files, or the folders bench run / capacity / gate / ab wrote (a folder means its results.json,
     else capacity.json, else ab.json with a/ and b/, else gate.json). Several results are drawn side by side.
+
     \b
     Examples:
       bench report bench-results/20261201-quick/results.json -o report.html
-      bench report before/results.json after/results.json gate.json -o ab.html --images img/
-      bench report cap/ -o capacity.html                 a bench capacity --out folder
+      bench report before/results.json after/results.json gate.json \\
+          -o ab.html --images img/
+      bench report cap/ -o capacity.html
+          a bench capacity --out folder
       bench report --history bench-history.db -o trends.html
     """
     from pathlib import Path

@@ -24,9 +24,10 @@ __all__ = ["serve"]
 def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
     """Start the embedded endpoint on its own URL and keep it running until Ctrl-C.
 
-    \b
     The same llama-server and SmolLM2-135M that `bench run` starts when given no URL, on 127.0.0.1; its OpenAI
     base URL is printed on stdout (the first line), for any tool to use:
+
+    \b
       bench serve --port 8080 &
       bench run http://127.0.0.1:8080/v1 -p quick
       curl http://127.0.0.1:8080/v1/models

@@ -44,18 +44,18 @@ def build_parser() -> argparse.ArgumentParser:
             flags.append(f"--{f.name}")  # underscore spelling accepted too
         kw: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
                               "help": f"{help_} [{unit}; default {f.default!r}]".replace("%", "%%")}
+        # short metavars: each flag is listed in its two spellings, and the help fits 80 columns
         if f.name == "tokens_per_event":
             kw.update(type=_tokens_per_event, metavar="K[,K...]")
-        elif f.name == "error_kind":
-            kw.update(choices=ERROR_KINDS)
-        elif f.name == "reasoning_field":
-            kw.update(choices=REASONING_FIELDS)
+        elif f.name in ("error_kind", "reasoning_field"):
+            names = ERROR_KINDS if f.name == "error_kind" else REASONING_FIELDS
+            kw.update(choices=names, metavar="NAME", help=kw["help"] + f" (one of {', '.join(names)})")
         elif isinstance(f.default, bool):
             kw.update(action=argparse.BooleanOptionalAction)
         elif isinstance(f.default, int):
-            kw.update(type=int)
+            kw.update(type=int, metavar="N")
         elif isinstance(f.default, float):
-            kw.update(type=float)
+            kw.update(type=float, metavar="X")
         p.add_argument(*flags, **kw)
     return p
 

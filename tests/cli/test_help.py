@@ -1,4 +1,5 @@
-"""Every command's --help answers: exit 0, no traceback (`bench sim --help` once died on a '%' in a help text)."""
+"""Every command's --help answers: exit 0, no traceback (`bench sim --help` once died on a '%' in a help text), and
+fits an 80-column terminal (a new user saw 58 lines up to 110 wide at COLUMNS=80: unwrapped paragraphs)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,12 @@ def _commands(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[st
     return out
 
 
-@pytest.mark.parametrize("path", _commands(cli), ids=" ".join)
+@pytest.mark.parametrize("path", [(), *_commands(cli)], ids=lambda p: " ".join(p) or "bench")
 def test_help_of_every_command(path: tuple[str, ...]) -> None:
     res = CliRunner().invoke(cli, [*path, "--help"], env={"COLUMNS": "80"}, terminal_width=80)
     text = res.output
     assert res.exit_code == 0, (res.exit_code, text[-2000:], res.exception)
     assert "Traceback" not in text
     assert "Usage" in text or "usage" in text
+    wide = [ln for ln in text.splitlines() if len(ln) > 80]
+    assert not wide, "\n".join(wide)
