@@ -217,21 +217,15 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
 
     \b
     Examples:
-      bench run
-          quick profile on the embedded endpoint
-      bench run http://gpu:8000/v1 -p decode
-          sparkDash-style decode bench
-      bench run http://gpu:8000/v1 -p prefill --depths 1k,32k,128k
-      bench run URL -p spark-recipe --out results/
-          the seeds' table: short decode, 32K/131K, 1-4 streams
+      bench run                                  quick profile, embedded endpoint
+      bench run http://gpu:8000/v1 -p decode     sparkDash-style decode bench
+      bench run URL -p spark-recipe --out res/   the seeds' table (32K, 131K)
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report
           % of the roofline, report.html
       bench run URL --streams 1,8 --slo ttft_p90=2s,tpot_p90=60ms
           goodput and SLOs of each cell
-      bench run URL --rate 10 --duration 60 --slo ttft_p90=2s
-          open loop: Poisson arrivals (docs/load.md)
-      bench run URL --trace mooncake.jsonl --speed 2
-          replay a trace
+      bench run URL --rate 10 --duration 60      open loop: Poisson arrivals
+      bench run URL --trace mooncake.jsonl       replay a trace (docs/load.md)
     """
     from bench.results import discard_when_failed, prepare_folder
     from bench.session.endpoint import default_out_dir
