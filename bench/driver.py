@@ -188,7 +188,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
         ConfigError: a bad setting, or ``ray_address`` in sessions mode (the conversations run in this process).
         RunInterrupted: SIGINT or SIGTERM, after writing what finished (``run.interrupted`` true).
     """
-    from bench.load.point import interrupted_point, load_dict, make_plan, measure_load
+    from bench.load.point import interrupted_point, load_dict, make_plan, measure_load, plan_depth
 
     ls.check()
     if ray_address is not None and ls.mode == "sessions":
@@ -209,7 +209,8 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             out.final(results)
             return results
         except (asyncio.CancelledError, KeyboardInterrupt):
-            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec)
+            summary = interrupted_point(ls, planned, _measured_records(session, out_dir), ls.slo_spec,
+                                        depth=plan_depth(plan) if plan is not None else 0)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], interrupted=True)
             results.load = load_dict(ls)
             out.final(results)

@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from bench.session.endpoint import Session
 
 __all__ = ["LoadSettings", "make_plan", "build_texts", "point_summary", "run_point", "measure_load",
-           "interrupted_point", "MODES"]
+           "interrupted_point", "plan_depth", "MODES"]
 
 def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     """The schedule with sizes (pure; seeded by ``ls.seed``)."""
@@ -317,9 +317,8 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
                     first_index: int, load: dict[str, Any], counters: Any = None,
                     on_done: Any = None) -> tuple[PointRun, dict[str, Any]]:
     """Build the prompts, run the plan open loop, summarize. Records go to the session's records.jsonl."""
-    depth = int(np.median([p.input_tokens for p in plan])) if plan else 0
     out = int(np.median([p.output_tokens for p in plan])) if plan else 0
-    cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, out, len(plan), label=load["id"])
+    cell = Cell(ls.mode, plan_depth(plan), ls.max_concurrency or 0, ls.prompt, out, len(plan), label=load["id"])
     observer = getattr(session, "observer", None)
     texts = await build_texts(session, plan, ls.prompt, first_index)
     for p in plan:
@@ -422,12 +421,16 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
     return d
 
 
-def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO | None) -> dict[str, Any]:
+def plan_depth(plan: list[Planned]) -> int:
+    """A point's depth: the median planned prompt (tokens)."""
+    return int(np.median([p.input_tokens for p in plan])) if plan else 0
+
+
+def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO | None,
+                      depth: int = 0) -> dict[str, Any]:
     """The summary of a point stopped before its schedule ended: the requests that finished (and those cut in
-    flight, as failures), no steady-state window and no schedule figures; a warning says what is missing."""
-    # the depth a finished point reports: the median planned prompt, here from the requests' targets
-    targets = [r.meta["target_tokens"] for r in recs if isinstance(r.meta.get("target_tokens"), int)]
-    depth = int(np.median(targets)) if targets else 0
+    flight, as failures), no steady-state window and no schedule figures; a warning says what is missing.
+    ``depth``: the one a finished point reports (:func:`plan_depth` of its plan)."""
     cell = Cell(ls.mode, depth, ls.max_concurrency or 0, ls.prompt, 0, planned, label=load_id(ls))
     ms = [request_metrics(r) for r in recs]
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, expected_cached_tokens=None,
