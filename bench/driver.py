@@ -39,6 +39,7 @@ from bench.results import CellResult, Results, cell_from_dict, save_results, wri
 from bench.sequential import Look, look_schedule, plan_gate, sequential_compare
 from bench.session.endpoint import CellAnnotator, Observer, ReaderPool, Session
 from bench.session.sweep import CellRun, Sweep
+from bench.warns import warning
 
 if TYPE_CHECKING:
     from bench.load.capacity import SearchSettings
@@ -123,7 +124,7 @@ def _not_started(base: str, profile: Profile, model: str | None, load: dict[str,
     return Results(profile=ProfileInfo(profile.name, profile.source, settings),
                    endpoint=EndpointInfo(base, model or "", profile.endpoint),
                    run=RunInfo(id="", started=now, interrupted=True), bench_version=__version__, created=now,
-                   warnings=["interrupted before the first measured request (while the endpoint was being set up)"],
+                   warnings=[warning("interrupted-setup")],
                    load=load)
 
 
@@ -259,7 +260,7 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
         if was != now:
             raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
                               "endpoint and model needed; --overwrite starts afresh)")
-    session.note(f"resumed run {resume.run.id}: {len(resume.cells)} finished cell(s) kept, the rest measured now")
+    session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells)))
     return {c.id: c for c in resume.cells}
 
 
@@ -404,7 +405,7 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int |
                               f"{out.out_dir or 'the results'} (nothing to compare)")
     diffs = check_comparable(st.baseline, st.results(complete=True), force)
     for cid in uncovered_cells(st.baseline, st.results()):
-        say(f"warning: cell {cid} is not in the baseline; no rule can check it")
+        say("warning: " + warning("cell-not-covered", cell=cid, which="the candidate"))
     plan = _make_plan(st, budget, say)
     ran_out = await _rounds(st, cells, say)
     if st.left() > 0:

@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.errors import ConfigError
 from bench.redaction import redact
+from bench.warns import check_document
 
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
@@ -528,6 +529,7 @@ def save_capacity(doc: Capacity | Mapping[str, Any], path: str | os.PathLike[str
     """Write ``capacity.json`` atomically, its types checked first (a dict is validated, its keys all kept)."""
     d = doc.to_dict() if isinstance(doc, Capacity) else dict(doc)
     capacity_from_dict(d, "capacity.json being written")
+    check_document(d)
     return write_atomic(path, json.dumps(d, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -549,6 +551,7 @@ def gate_json(doc: Gate | Mapping[str, Any]) -> str:
 def to_json(results: Results | Mapping[str, Any]) -> str:
     """The whole results document, indented."""
     d = results.to_dict() if isinstance(results, Results) else dict(results)
+    check_document(d)
     return redact(json.dumps(d, indent=1, ensure_ascii=False)) + "\n"
 
 

@@ -23,6 +23,9 @@ HERMETIC_UNSET = ("NO_COLOR", "FORCE_COLOR", "CLICOLOR", "CLICOLOR_FORCE", "COLO
 os.environ.update(HERMETIC_ENV)
 for _name in HERMETIC_UNSET:
     os.environ.pop(_name, None)
+# Every warning in a document bench writes must be of a kind in bench.warns.KINDS (the closed set): with this set,
+# results.json / capacity.json holding any other warning is refused when written, in-process and in every subprocess.
+os.environ["BENCH_STRICT_WARNINGS"] = "1"
 
 # A shell starts a background job (`make test &`, `nohup ... &` in a script) with SIGINT ignored, and every process
 # a test starts would inherit that: the Ctrl-C tests (bench run, serve, the open-loop driver) would wait for an

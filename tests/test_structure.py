@@ -221,13 +221,13 @@ def test_layout_sizes() -> None:
 
 def test_tests_mirror_the_packages() -> None:
     """Tests of bench/X/ live in tests/X/; the test files directly in tests/ are those of bench's root modules
-    (driver, gate, results, the face) and of the tree as a whole (structure, figures)."""
+    (driver, gate, results, warns, the face) and of the tree as a whole (structure, figures)."""
     folders = {p.parent.name for p in (ROOT / "tests").glob("*/test_*.py")}
     packages = {p.parent.name for p in PKG.glob("*/__init__.py")}
     assert folders <= packages, sorted(folders - packages)
     flat = sorted(p.name for p in (ROOT / "tests").glob("test_*.py"))
     assert flat == ["test_driver.py", "test_face.py", "test_figures.py", "test_gate.py", "test_roundtrip.py",
-                    "test_structure.py"], flat
+                    "test_structure.py", "test_warns.py"], flat
 
 
 def test_spec_strings_are_parsed_once_in_config() -> None:

@@ -273,16 +273,14 @@ def _interrupted(e: BaseException, kept: str) -> NoReturn:
 def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
     import json
 
-    from bench.report.tables import capacity_answer, curve_rows
+    from bench.report.console import stdout
+    from bench.report.tables import capacity_answer, curve_text
 
     if as_json:
         click.echo(json.dumps(doc, indent=1))
         return
-    head, rows = curve_rows(doc)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(head)]
-    click.echo("  ".join(h.rjust(w) for h, w in zip(head, widths)))
-    for r in rows:
-        click.echo("  ".join(c.rjust(w) for c, w in zip(r, widths)))
+    for line in curve_text(doc, stdout.width):
+        click.echo(line)
     click.echo(capacity_answer(doc))
     if doc.get("note"):
         click.echo(f"note: {doc['note']}", err=True)

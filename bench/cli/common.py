@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from bench.errors import ConfigError
+from bench.warns import warning
 
 if TYPE_CHECKING:
     from bench.config.profile import Profile
@@ -170,8 +171,7 @@ def _keep(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
     return value
 
 
-INSECURE_WARNING = ("--insecure: the server's TLS certificate is not verified, so anyone on the network path can "
-                    "read the API key and the answers; give --ca-bundle FILE to trust a private CA instead")
+INSECURE_WARNING = warning("insecure-tls")
 
 
 def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout: float | None) -> Any:

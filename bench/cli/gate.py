@@ -42,6 +42,7 @@ from bench.gate import (
 from bench.measure.gpu import comparison_notes
 from bench.results import Results, load_results
 from bench.sequential import ALPHA
+from bench.warns import warning
 
 __all__ = ["gate", "compare", "ab"]
 
@@ -239,7 +240,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
             base, prof, settings, baseline, rules, model=model, out_dir=out, force=force,
             budget_waves=budget["budget_waves"], max_waves=budget["max_waves"], deadline=deadline, observer=observer,
             log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"], gpu=gpu)))
-    _warn([f"--force: {d}" for d in outcome.differences])
+    _warn([warning("not-comparable", difference=d) for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
     _warn(gpu_notes)
@@ -288,9 +289,9 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     from bench.report.verdicts import side_by_side_rows, side_by_side_table
 
     a, b = load_results(file_a), load_results(file_b)
-    _warn([f"--force: {d}" for d in check_comparable(a, b, force)])
+    _warn([warning("not-comparable", difference=d) for d in check_comparable(a, b, force)])
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
-    _warn([f"cell {cid} is only in B; no rule can check it" for cid in uncovered_cells(a, b)])
+    _warn([warning("cell-not-covered", cell=cid, which="B") for cid in uncovered_cells(a, b)])
     _warn(comparison_notes(a.cells, b.cells))  # GPU clocks or throttling that moved between A and B
     main = main_verdicts(a, b)
     stdout.print(side_by_side_table(main, f"bench compare: A = {file_a}, B = {file_b}"))

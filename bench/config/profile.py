@@ -256,7 +256,8 @@ class Profile:
         sweep. Raises ConfigError on a bad value."""
         sweeps = self.sweeps
         flags = {"depths": "--depths", "streams": "--streams", "prompts": "--prompt", "max_tokens": "--max-tokens",
-                 "requests": "--repeats", "images": "--images", "image_sizes": "--image-size"}
+                 "requests": "--repeats", "images": "--images", "image_sizes": "--image-size",
+                 "thinking": "--thinking", "tools": "--tools", "tool_choice": "--tool-choice"}
         given = tuple(f for k, f in flags.items() if kw.get(k) is not None)
         sweep_kw = {k: kw.pop(k) for k in ("depths", "streams", "prompts", "images", "image_sizes")
                     if kw.get(k) is not None}

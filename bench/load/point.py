@@ -42,6 +42,7 @@ from bench.report.tables import num
 from bench.results import cell_from_dict
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
+from bench.warns import in_cell, warning
 
 if TYPE_CHECKING:
     from bench.session.endpoint import Session
@@ -296,21 +297,17 @@ def _point_warnings(s: dict[str, Any], ls: LoadSettings, run: PointRun, stamps: 
     peak = max((n for _, n in run.inflight), default=1)
     lag_note = lag_warning(run.lag, workers=run.workers, streams=peak, **(stamps or {})) if run.lag else None
     if lag_note:
-        s["warnings"].append(f"{s['id']}: {lag_note}")
+        s["warnings"].append(in_cell(s["id"], lag_note))
     if behind(sc):
         who = "this process" if workers <= 1 else f"the {workers} sending processes"
-        s["warnings"].append(
-            f"{s['id']}: bench fell behind its schedule (dispatch lag p99 {sc['dispatch_lag_ms']['p99']:.1f} ms, "
-            f"achieved {sc['achieved_rps']} of {sc['planned_rps']} req/s planned): {who} did not get the CPU "
-            f"in time; send from more processes (--workers {more_workers(sc, workers)}, if the machine has the "
-            "cores), or lower --rate")
+        s["warnings"].append(warning("behind-schedule", s["id"], lag=sc["dispatch_lag_ms"]["p99"],
+                                     achieved=sc["achieved_rps"], planned=sc["planned_rps"], who=who,
+                                     n=more_workers(sc, workers)))
     drained = s["counts"]["cut"] - run.lost  # a lost node's cut requests: its own warning (run warnings)
     if drained:
-        s["warnings"].append(f"{s['id']}: {drained} requests were still in flight {ls.drain_s:g} s after "
-                             "the last send and were cut (counted as failures); raise --drain to wait for them")
+        s["warnings"].append(warning("cut-in-flight", s["id"], n=drained, drain=ls.drain_s))
     if not s["steady"] and ls.mode == "rate":
-        s["warnings"].append(f"{s['id']}: not in a steady state: TTFT and requests in flight kept rising over the "
-                             "window (the server is saturated at this load); lower --rate")
+        s["warnings"].append(warning("not-steady", s["id"]))
 
 
 async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, slo: SLO | None, tag: str,
@@ -386,7 +383,7 @@ async def sessions_point(session: Session, ls: LoadSettings, slo: SLO | None, ma
               "latency": latency_summaries(recs, ms), "client_lag": lag})
     lag_note = lag_warning(lag, workers=1, streams=ls.users, **stamp_context(recs, s.get("itl_ms")))
     if lag_note:
-        s["warnings"].append(f"{s['id']}: {lag_note}")
+        s["warnings"].append(in_cell(s["id"], lag_note))
     if slo is not None and span > 0:
         s.update(point_slo(recs, slo, span, ms))
         s["slo_met"] = all(v["held"] for v in s["slo"].values())
@@ -440,8 +437,7 @@ def interrupted_point(ls: LoadSettings, planned: int, recs: list[Any], slo: SLO 
               "counts": {"planned": planned, "finished": sum(r.ok for r in recs),
                          "failed": sum(not r.ok for r in recs) - cut, "cut": cut},
               "latency": latency_summaries(recs, ms)})
-    s["warnings"].append(f"{s['id']}: interrupted: {len(recs)} of {planned} planned requests ended ({cut} cut in "
-                         "flight); the figures are over those, with no steady-state window or schedule figures")
+    s["warnings"].append(warning("interrupted-point", s["id"], ended=len(recs), planned=planned, cut=cut))
     if slo is not None and recs:
         sent = [r.sent_ns for r in recs if r.sent_ns]
         ends = [r.sent_ns + (r.end_ns or 0) for r in recs if r.sent_ns]

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 from bench.stats import percentile
+from bench.warns import warning
 
 __all__ = ["GpuReading", "summarize_gpu", "wave_tokens_per_joule", "comparison_notes", "THROTTLE_MASK", "REASON_BITS",
            "SERIES_MAX_POINTS", "WAVE_MIN_RESOLUTIONS", "CLOCK_DIFF_PCT", "THROTTLE_DIFF", "DISAGREE_PCT"]
@@ -325,17 +326,13 @@ def _clock_note(where: str, what: str, b: Any, c: Any) -> str | None:
     pct = (c - b) / b * 100
     if abs(pct) <= CLOCK_DIFF_PCT:
         return None
-    return (f"{where}: {what} clock p50 {b:.0f} MHz in the baseline, {c:.0f} MHz in the candidate ({pct:+.1f} %, "
-            f"beyond {CLOCK_DIFF_PCT:g} %): the GPUs ran at other clocks, so a speed difference may be theirs, not "
-            "the change's (power limit, clock cap, temperature: docs/gpu-telemetry.md)")
+    return warning("gpu-clock-moved", where=where, what=what, base=b, cand=c, pct=pct, limit=CLOCK_DIFF_PCT)
 
 
 def _throttle_note(where: str, b: Any, c: Any) -> str | None:
     if not isinstance(b, int | float) or not isinstance(c, int | float) or abs(c - b) <= THROTTLE_DIFF:
         return None
-    return (f"{where}: throttled (power cap, thermal or hardware slowdown) in {c:.0%} of the candidate's samples "
-            f"against {b:.0%} of the baseline's (beyond {THROTTLE_DIFF:.0%}): a speed difference may be the GPUs', "
-            "not the change's")
+    return warning("gpu-throttle-moved", where=where, base=b, cand=c, limit=THROTTLE_DIFF)
 
 
 def _pairs(cid: str, b: dict[str, Any], c: dict[str, Any]) -> list[tuple[str, dict[str, Any], dict[str, Any]]]:

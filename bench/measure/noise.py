@@ -15,6 +15,7 @@ from typing import Any
 
 from bench.measure.metrics import RequestMetrics, ok_metrics_by_wave
 from bench.stats import bootstrap_ci
+from bench.warns import warning
 
 __all__ = ["cell_noise", "wave_medians", "noise_warnings"]
 
@@ -84,7 +85,7 @@ def noise_warnings(cell_id: str, noise: Mapping[str, Any], max_waves: int | None
     fix = f"about {need} waves would meet it"
     if max_waves is not None and need is not None and need > max_waves:
         fix += f" (raise max_waves = {max_waves} to {need})"
-    return [f"{cell_id}: the 95 % CI of median {noise.get('metric')} is +-{noise['ci_half_pct']:.1f} %, wider than "
-            f"target_ci = {noise['target_ci_pct'] / 100:g} after {noise['waves']} waves "
-            f"(waves spread {noise.get('spread_pct') or 0:.1f} %); {fix}"]
+    return [warning("wide-ci", cell_id, metric=noise.get("metric"), half=noise["ci_half_pct"],
+                    target=noise["target_ci_pct"] / 100, waves=noise["waves"], spread=noise.get("spread_pct") or 0,
+                    fix=fix)]
 

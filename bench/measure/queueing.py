@@ -17,6 +17,7 @@ from typing import Any
 
 from bench.measure.metrics import RequestMetrics, ok_metrics_by_wave
 from bench.records import RequestRecord
+from bench.warns import warning
 
 __all__ = ["slot_warnings", "detect_queueing", "queueing_from_metrics", "queueing_summary", "waves_of_cell",
            "QUEUED_SHARE_WARN"]
@@ -41,9 +42,7 @@ def slot_warnings(cell: Mapping[str, Any] | int, server: Mapping[str, Any] | Non
     slots = (server or {}).get("slots")
     if not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0 or streams <= slots:
         return []
-    return [f"{cid}: {streams} streams but the server has {slots} slots: {streams - slots} request(s) of each wave "
-            f"wait for a free slot, so per-stream decode and TTFT include queueing; use at most {slots} streams "
-            f"(--streams) or give the server {streams} slots (llama-server -np {streams})"]
+    return [warning("slots-exceeded", cid, streams=streams, slots=slots, waiting=streams - slots)]
 
 
 def _queued_in_wave(pairs: Sequence[tuple[float, float]]) -> int:
@@ -128,9 +127,7 @@ def queueing_summary(cell: Mapping[str, Any], metrics: Sequence[RequestMetrics],
     if det is not None:
         out["source"] = "records"
         if det["detected"]:
-            out["warnings"].append(
-                f"{cid}: {det['queued_requests']} of {det['requests']} requests got their first token only after "
-                f"another request of their wave had finished (TTFT in steps of about {det['step_ms']:.0f} ms): the "
-                f"server seems to run about {det['est_slots']} of the {streams} streams at once (slots) and queue "
-                f"the rest; use at most {det['est_slots']} streams (--streams) or raise the server's concurrency")
+            out["warnings"].append(warning("queueing-seen", cid, queued=det["queued_requests"],
+                                           requests=det["requests"], step=det["step_ms"], slots=det["est_slots"],
+                                           streams=streams))
     return out

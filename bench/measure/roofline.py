@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from bench.errors import ConfigError
 from bench.results import CellResult
+from bench.warns import warning
 
 __all__ = ["Hardware", "HARDWARE", "RooflineSpec", "build_spec", "complete_spec", "model_size_note", "roofline_for_cell",
            "decode_limit", "prefill_limit", "apply_roofline", "parse_bandwidth", "parse_flops", "parse_count",
@@ -246,9 +247,8 @@ def model_size_note(spec: RooflineSpec, server: dict[str, Any] | None) -> str | 
         return None
     if abs(spec.active_params / theirs - 1.0) <= SIZE_MISMATCH:
         return None
-    return (f"roofline: the flags give {spec.active_params / 1e9:.3g}B parameters per token, the server reports "
-            f"{theirs / 1e9:.3g}B (n_params); the limits use the flags: check --model-params (for an MoE, "
-            "--active-params is the share used per token, and this note can be ignored)")
+    return warning("roofline-size-mismatch", flags=spec.active_params / 1e9, server=theirs / 1e9,
+                   moe="--active-params is the share used per token, and this note can be ignored")
 
 
 def _num(v: Any) -> float | None:
@@ -314,8 +314,7 @@ def apply_roofline(results: dict[str, Any], spec: RooflineSpec) -> dict[str, Any
     """
     spec = complete_spec(spec, results.get("server"))
     if spec.weight_bytes is None:
-        results.setdefault("warnings", []).append(
-            "roofline: the server reports no model size; add --model-params N --weight-bits B for the limits")
+        results.setdefault("warnings", []).append(warning("roofline-no-size"))
         return results
     for cell in results.get("cells", []):
         cell["roofline"] = roofline_for_cell(cell, spec)
@@ -351,8 +350,7 @@ class RooflineAnnotator:
         if spec.weight_bytes is None:
             if not self._warned:
                 self._warned = True
-                session.note("roofline: the server reports no model size; add --model-params N --weight-bits B "
-                             "for the limits")
+                session.note(warning("roofline-no-size"))
             return
         cell.roofline = roofline_for_cell(cell.to_dict(), spec)
         session.extras["roofline_spec"] = spec.to_dict()

@@ -26,6 +26,7 @@ from bench.measure.noise import cell_noise, noise_warnings, wave_medians
 from bench.records import RequestRecord
 from bench.results import CellResult
 from bench.stats import summarize
+from bench.warns import warning
 
 __all__ = ["summarize_cell", "wave_aggregate_decode", "OVERHEAD_FLAG_SHARE", "CLIENT_CPU_WARN_PCT"]
 
@@ -45,9 +46,8 @@ def _workload(res: CellResult, cell: Cell, records: Sequence[RequestRecord], ms:
     res.tool_calls_forced = sum(1 for r, _ in ok if r.tool_forced)
     res.tool_calls_missing = sum(1 for _, m in ok if m.tool_call_missing)
     if res.tool_calls_missing:
-        res.warnings.append(f"{cell.id}: {res.tool_calls_missing} of {res.tool_calls_forced} request(s) forced to "
-                            "call a tool answered without a tool call (does the server parse tool calls? vLLM: "
-                            "--enable-auto-tool-choice --tool-call-parser)")
+        res.warnings.append(warning("tool-calls-missing", cell.id, missing=res.tool_calls_missing,
+                                    forced=res.tool_calls_forced))
     res.images, res.image_size = cell.images, cell.image_size
     if not cell.images:
         return
@@ -237,23 +237,20 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
     """The cell's warnings about its numbers; each names what it means."""
     out: list[str] = []
     if rates["flag"] and cell.depth > 0:
-        out.append(f"{cell.id}: fixed overhead is {rates['share']:.0%} of TTFT; prompt tok/s here mostly measures "
-                   "overhead (use a deeper prompt: --depths)")
+        out.append(warning("overhead-dominates", cell.id, share=rates["share"]))
     out += _server_gap_warning(cell, ok, rates["ttft_minus_server_prompt_ms"], overhead_ms)
     miss = _prompt_miss(ok, target)
     if miss is not None and miss > PROMPT_MISS_WARN_PCT:
-        out.append(f"{cell.id}: server counted prompts up to {miss:.1f} % away from {target} tokens")
+        out.append(warning("prompt-size-miss", cell.id, miss=miss, target=target))
     if expected_cached is not None:
         extra = [m.cached_tokens for m in ok if m.cached_tokens > expected_cached]
         if extra:
-            out.append(f"{cell.id}: the server reports cached prompt tokens beyond the template header "
-                       f"({expected_cached}) in {len(extra)} request(s), up to {max(extra)}: prompts share a "
-                       "cached prefix, so prefill is partly not measured")
+            out.append(warning("prefix-cached", cell.id, header=expected_cached, n=len(extra), most=max(extra)))
     if any(m.output_tokens_estimated for m in ok):
-        out.append(f"{cell.id}: the server sent no usage; output tokens are estimated")
+        out.append(warning("no-usage", cell.id))
     failed = sum(errors.values())
     if failed:
-        out.append(f"{cell.id}: {failed} of {len(ms)} requests failed ({dict(errors)})")
+        out.append(warning("requests-failed", cell.id, failed=failed, total=len(ms), errors=dict(errors)))
     return out
 
 
@@ -265,8 +262,7 @@ def _short_warning(cell: Cell, records: Sequence[RequestRecord], ms: Sequence[Re
     if not short:
         return []
     limit = f"max_tokens={asked[0]}" if len(set(asked)) == 1 else "the max_tokens each asked for"
-    return [f"{cell.id}: {len(short)} request(s) stopped before {limit} (the server ended them early: an EOS, a stop "
-            "string or its own limit; the figures hold shorter outputs than planned)"]
+    return [warning("stopped-early", cell.id, n=len(short), limit=limit)]
 
 
 def _server_gap_warning(cell: Cell, ok: Sequence[RequestMetrics], gap: list[float],
@@ -277,9 +273,7 @@ def _server_gap_warning(cell: Cell, ok: Sequence[RequestMetrics], gap: list[floa
     tt = sorted(m.ttft_ms for m in ok if m.ttft_ms)
     t_med = tt[len(tt) // 2] if tt else None
     if t_med and g > SERVER_GAP_WARN_SHARE * t_med and g > 2 * (overhead_ms or 0):
-        return [f"{cell.id}: {g:.0f} ms of the {t_med:.0f} ms TTFT is outside the server's own prompt timing "
-                "(tokenizing, queueing, or llama.cpp's host prompt cache: start llama-server with --cache-ram 0 "
-                "to measure prefill alone)"]
+        return [warning("outside-server-timing", cell.id, gap=g, ttft=t_med)]
     return []
 
 
@@ -287,9 +281,8 @@ def _client_warnings(cell: Cell, ms: Sequence[RequestMetrics], cpu_pct: float | 
     out = []
     if cpu_pct is not None and cpu_pct > CLIENT_CPU_WARN_PCT:
         n = max(2, math.ceil(cpu_pct / (CLIENT_CPU_WARN_PCT / 2)))
-        out.append(f"{cell.id}: bench's client used {cpu_pct:.0f} % of a CPU core while measuring; its timestamps "
-                   f"may lag: use --workers {n} (see benchmarks/results/fidelity.md)")
+        out.append(warning("client-cpu", cell.id, cpu=cpu_pct, n=n))
     if ms and all(not m.ok for m in ms):
         kinds = sorted({m.error_kind or "?" for m in ms})
-        out.append(f"{cell.id}: every request failed ({', '.join(kinds)})")
+        out.append(warning("all-failed", cell.id, kinds=", ".join(kinds)))
     return out

@@ -13,7 +13,7 @@ from typing import Any
 from bench.report.export import markers_note, table_rows
 from bench.results import Results
 
-__all__ = ["curve_rows", "html_table", "cells_html", "points_html", "num", "capacity_answer"]
+__all__ = ["curve_rows", "curve_text", "html_table", "cells_html", "points_html", "num", "capacity_answer"]
 
 def _f(v: Any, digits: int = 1) -> str:
     return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:,.{digits}f}"
@@ -52,8 +52,8 @@ def capacity_answer(doc: dict[str, Any]) -> str:
 def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """A capacity search's points as a table, sorted by load then trial: throughput against latency, per-user
     against aggregate tok/s, goodput and whether the SLO held."""
-    head = ["load", "trial", "achieved/s", "done/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s", "total tok/s",
-            "goodput/s", "SLO", "steady"]
+    head = ["load", "trial", "achieved req/s", "done req/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s",
+            "total tok/s", "goodput req/s", "SLO", "steady"]
     rows = []
     pts = [p for p in doc.get("points") or [] if isinstance(p, dict) and isinstance(p.get("load"), int | float)]
     for p in sorted(pts, key=lambda x: (x["load"], x.get("trial") or 0)):
@@ -63,6 +63,37 @@ def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                      _f(p.get("per_user_tok_s")), _f(p.get("aggregate_tok_s")), _f(g.get("rps"), 2),
                      "met" if p.get("slo_met") else "missed", "yes" if p.get("steady") else "no"])
     return head, rows
+
+
+def _two_lines(h: str) -> tuple[str, str]:
+    top, _, bottom = h.rpartition(" ")
+    return (top, bottom) if top else ("", h)
+
+
+def _layout(head: Sequence[str], rows: Sequence[Sequence[str]], two: bool) -> list[str]:
+    heads = [_two_lines(h) if two else ("", h) for h in head]
+    widths = [max(len(a), len(b), *(len(r[i]) for r in rows)) for i, (a, b) in enumerate(heads)]
+    lines = ["  ".join(x.rjust(w) for (x, _), w in zip(heads, widths))] if two else []
+    lines.append("  ".join(x.rjust(w) for (_, x), w in zip(heads, widths)))
+    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+    return [line.rstrip() for line in lines]
+
+
+CURVE_OPTIONAL = ("user tok/s", "total tok/s")  # left out first when the terminal is narrow
+
+
+def curve_text(doc: dict[str, Any], width: int = 80) -> list[str]:
+    """The capacity curve (:func:`curve_rows`) as plain lines within ``width`` columns: headers on one line, else
+    on two, else on two without the tok/s columns (capacity.json and the HTML report keep them; a last line says
+    so). Figures are never split."""
+    head, rows = curve_rows(doc)
+    for two in (False, True):
+        lines = _layout(head, rows, two)
+        if max(map(len, lines)) <= width:
+            return lines
+    keep = [i for i, h in enumerate(head) if h not in CURVE_OPTIONAL]
+    lines = _layout([head[i] for i in keep], [[r[i] for i in keep] for r in rows], True)
+    return lines + ["(tok/s columns: in capacity.json, the HTML report and a wider terminal)"]
 
 
 def html_table(head: Sequence[str], rows: Sequence[Sequence[str]], *, cls: str = "figures") -> str:

@@ -43,6 +43,7 @@ from bench.server.metric_names import (
     Series,
     backend_of_names,
 )
+from bench.warns import warning
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
            "page_from", "available_keys", "spec_from_timings", "table_fields", "TABLE_FIELDS", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
@@ -424,8 +425,7 @@ def _token_check(sm: dict[str, Any], cell: dict[str, Any], cid: str) -> list[str
     cause = (f"{failed} failed request(s) generated tokens bench does not count" if failed and diff > 0 else
              "another client used the server during the cell" if diff > 0 else
              "the server's counter lags its responses or counts per engine only")
-    return [f"{cid}: the server generated {server} tokens, bench counted {mine:.0f} ({diff:+.1f} %): likely {cause}; "
-            "run against a server no one else uses, or fix failures first (see errors)"]
+    return [warning("token-count-mismatch", cid, server=server, mine=mine, diff=diff, cause=cause)]
 
 
 def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
@@ -446,10 +446,7 @@ def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
     depth = cell_summary.get("depth") or 0
     if not prefix_cache_expected and depth > 0 and rate is not None and rate > PREFIX_HIT_WARN_RATE:
         n = f" ({hits} tokens)" if hits is not None else ""
-        out.append(f"{cid}: the server served {rate:.0%} of prompt tokens{n} from its prefix cache in a run "
-                   "meant to defeat it: TTFT and prompt tok/s measure a warm cache; start the server with prefix "
-                   "caching off (vLLM --no-enable-prefix-caching, SGLang --disable-radix-cache, llama.cpp "
-                   "--cache-reuse 0) or make the prompts unique")
+        out.append(warning("prefix-cache-hits", cid, rate=rate, tokens=n))
     return out
 
 

@@ -36,6 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from bench.records import RequestRecord
+from bench.warns import warning
 
 __all__ = ["LoopLag", "choose_workers", "assess", "advice", "recheck", "carry", "lag_budget_ms", "lag_summary",
            "read_lag_mark", "read_lag_since", "WorkerChoice"]
@@ -146,9 +147,7 @@ def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
     """The warning when a cell needs more readers than it has (``--workers`` fixed), else None."""
     if choice["workers"] <= workers:
         return None
-    return (f"bench's reads lagged {choice['lag_p99_ms']:.1f} ms (p99) behind arrival with 1 reading process, over "
-            f"the {choice['budget_ms']:.1f} ms budget (half the gap between events): events may be read together "
-            f"and slow the server; rerun with --workers {choice['workers']} (or --workers auto)")
+    return warning("reads-lagged", lag=choice["lag_p99_ms"], budget=choice["budget_ms"], n=choice["workers"])
 
 
 def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,

@@ -56,6 +56,7 @@ from bench.server.metrics import MetricsScraper, detect_metrics
 from bench.server.tokenizer import CalibratedTokenizer, HttpTokenizer
 from bench.transport.kernel_stamps import clock_report
 from bench.version import __version__
+from bench.warns import warning
 
 __all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
            "check_fits_context"]
@@ -305,12 +306,11 @@ class Session:
             return False
         if self.body_opts.force_length:
             self.body_opts = replace(self.body_opts, force_length=False)
-            self.note(f"server rejected min_tokens/ignore_eos ({err}); retrying without them: output lengths are "
-                      "what the model produced, reported per cell")
+            self.note(warning("fields-rejected", error=err))
             return True
         if "chat_template_kwargs" in spec.body and "chat_template_kwargs" in err:
             self.body_opts = replace(self.body_opts, template_kwargs=False)
-            self.note(f"server rejected chat_template_kwargs ({err}); thinking cannot be disabled on it")
+            self.note(warning("thinking-fixed", error=err))
             return True
         return False
 
@@ -331,7 +331,7 @@ class Session:
             self.write(rec)
             m = request_metrics(rec)
             if m.prompt_tokens is None:  # a probe that failed after usage arrived still tells the prompt size
-                self.note(f"cannot calibrate prompt length (no usage.prompt_tokens): {rec.error or 'no usage'}")
+                self.note(warning("no-calibration", error=rec.error or "no usage"))
                 self.tokenizer, self.tokenizer_kind = CalibratedTokenizer(4.0), "default-ratio"
                 return
             pts.append(m.prompt_tokens)
@@ -339,8 +339,7 @@ class Session:
         self.tokenizer = CalibratedTokenizer(cpt)
         self.template_overhead_tokens = max(0, pts[0] - round(len(short) / cpt))
         self.tokenizer_kind = "calibrated"
-        self.note(f"prompt lengths calibrated at {cpt:.2f} chars/token from two probes (an estimate; the server "
-                  "has no working /tokenize)")
+        self.note(warning("prompt-sizes-estimated", cpt=cpt))
 
     async def _measure_overhead(self, seed_base: int = 1_000_000, learn: bool = True) -> float | None:
         """Tiny prompts: the fixed TTFT overhead (their median TTFT, returned and, with ``learn``, kept), and with
@@ -386,7 +385,7 @@ class Session:
         try:
             end = await self._measure_overhead(seed_base=2_000_000, learn=False)
         except (ServerError, EndpointUnreachable) as e:
-            self.note(f"the closing overhead probes failed ({e}); drift not measured")
+            self.note(warning("closing-probes-failed", error=e))
             return
         if end is not None:
             self.drift = {"overhead_ms_start": round(start, 3), "overhead_ms_end": round(end, 3),
@@ -404,10 +403,10 @@ class Session:
         fb = self.tokenizer.fallback() if isinstance(self.tokenizer, HttpTokenizer) else None
         if fb is not None:
             self.tokenizer, self.tokenizer_kind = fb, "calibrated"
-            self.note(f"/tokenize failed mid-run ({e}); prompt lengths are now estimated at {fb.chars_per_token:.2f} "
-                      "chars/token from its earlier counts")
+            self.note(warning("tokenize-failed", when=" mid-run", error=e,
+                              how=f"estimated at {fb.chars_per_token:.2f} chars/token from its earlier counts"))
             return
-        self.note(f"/tokenize failed ({e}); calibrating prompt lengths from two probes")
+        self.note(warning("tokenize-failed", when="", error=e, how="calibrated from two probes"))
         await self._calibrate()
 
     # ---- prompts ------------------------------------------------------------------------------------------------

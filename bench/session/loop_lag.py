@@ -28,6 +28,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from bench.warns import warning
+
 __all__ = ["LagMonitor", "lag_warning", "lag_stats", "stamp_context", "workers_lag", "LAG_WARN_MS"]
 
 LAG_WARN_MS = 5.0  # p99 lag above this: stamps are late enough to show in ITL percentiles
@@ -120,14 +122,12 @@ def lag_warning(lag: dict[str, Any], *, workers: int = 1, streams: int = 1,
         return None
     what = ("reads come later than half the gap between two events (the kernel then merges them into one stamp)"
             if kernel else "the client is too busy to stamp reads on time")
-    head = f"timestamps lag by up to {p99:.1f} ms (p99 event-loop lag; max {lag.get('max_ms') or p99:.1f} ms): {what}"
+    head = {"p99": p99, "max": lag.get("max_ms") or p99, "what": what}
     if streams <= workers:
-        return (f"{head}; with {streams} stream(s) for {workers} reading process(es) more workers cannot help: "
-                "the machine is busy (bench shares its cores with other work: run bench where it has a core of "
-                "its own; a server on this host, once given fewer threads, leaves it one)")
+        return warning("client-lag-busy-host", streams=streams, workers=workers, **head)
     cap = max(workers + 1, min(streams, os.cpu_count() or 1))
     n = min(max(workers + 1, math.ceil(workers * p99 / limit)), cap)
-    return f"{head}; use --workers {n}"
+    return warning("client-lag", n=n, **head)
 
 
 def stamp_context(records: Sequence[Any], itl_ms: dict[str, Any] | None) -> dict[str, Any]:

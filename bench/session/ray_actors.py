@@ -61,6 +61,7 @@ from bench.errors import RayClusterError
 from bench.records import RequestRecord
 from bench.session.loop_lag import LagMonitor
 from bench.session.workers import share_records, split_specs
+from bench.warns import warning
 
 __all__ = ["RayPool", "estimate_offset", "driver_ip", "OFFSET_ROUNDS"]
 
@@ -300,9 +301,8 @@ class RayPool:
         for n in self.nodes_report():
             if n["lost_actors"]:
                 left = sum(1 for x in self.info if x["alive"])
-                out.append(f"Ray node {n['node_id'][:12]} ({n['ip']}) was lost mid-run: {n['cut']} of its requests "
-                           f"in flight or not yet sent were cut, its {n['kept']} finished in that wave kept; {left} actor(s) "
-                           "took the later waves. Check the node (ray status) and run again for a full run")
+                out.append(warning("node-lost", node=n["node_id"][:12], ip=n["ip"], cut=n["cut"], kept=n["kept"],
+                                   left=left))
         return out
 
     # -- waves -------------------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ from bench.server.metrics import cross_check_notes, cross_checks
 from bench.session.endpoint import Session
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context, workers_lag
 from bench.stats import bootstrap_ci
+from bench.warns import in_cell, warning
 
 __all__ = ["CellRun", "Sweep"]
 
@@ -277,7 +278,7 @@ class Sweep:
         run.summary.client_lag = run.lag
         lag_note = self._lag_note(run)
         if lag_note:
-            run.summary.warnings.append(f"{cell.id}: {lag_note}")
+            run.summary.warnings.append(in_cell(cell.id, lag_note))
         if run.server_metrics:
             self._server_checks(run.server_metrics, ms, run.summary)
         if self.session.slo is not None:
@@ -295,9 +296,7 @@ class Sweep:
         (warnings), TTFT compared (notes)."""
         sm = dict(server_metrics)
         if sm.get("scraper_error"):
-            summary.warnings.append(f"{summary.id}: the /metrics scraper stopped during the cell "
-                                    f"({sm['scraper_error']}): its series cover the scrapes before that and the "
-                                    "one at the cell's end")
+            summary.warnings.append(warning("scraper-stopped", summary.id, error=sm["scraper_error"]))
         ok = [m for m in ms if m.ok]
         view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ok)}
         if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare

@@ -20,6 +20,7 @@ from bench.config.plan import BodyOptions, request_body
 from bench.config.profile import Profile
 from bench.config.tools import load_tools, tool_choice_value
 from bench.prompts import unique_prefix
+from bench.warns import warning
 
 __all__ = ["PROBE_PROMPT", "PROBE_COMPLETION_PROMPT", "ProbeWorkload", "probe_body", "probe_report",
            "probe_workload"]
@@ -98,5 +99,5 @@ def probe_report(metrics: dict[str, Any], *, same_prompt: bool) -> tuple[dict[st
     if reason is not None:
         d["prefill_not_measured"] = reason
         d["prefill_tok_s"] = None
-        warnings.append(f"prefill not measured: {reason}; {fix}")
+        warnings.append(warning("prefill-not-measured", reason=reason, fix=fix))
     return d, warnings

@@ -10,6 +10,9 @@ import pytest
 from bench.cli.app import main
 from bench.report.export import CSV_COLUMNS, headline, to_csv, to_markdown, write_results
 from bench.results import results_from_dict
+from bench.warns import warning
+
+NOTE = warning("no-usage", "d0-s1-prose")
 
 
 def _summ(median: float) -> dict:
@@ -31,7 +34,7 @@ def _cell(depth: int, streams: int, dec: float, agg: float, ttft: float) -> dict
 RESULTS = results_from_dict({
     "schema": 1, "profile": {"name": "t"}, "endpoint": {"model": "m", "url": "http://x/v1", "kind": "chat"},
     "server": {}, "run": {"id": "r", "overhead_ms": 20.0, "complete": True}, "bench_version": "0", "created": "now",
-    "warnings": ["a note"],
+    "warnings": [NOTE],
     "cells": [_cell(0, 1, 87.9, 87.9, 50), _cell(0, 2, 80.0, 160.0, 60), _cell(32768, 1, 64.1, 64.1, 14000),
               _cell(131072, 1, 64.9, 64.9, 60000)],
 })
@@ -64,7 +67,7 @@ def test_csv_and_markdown() -> None:
     assert rows[0] == [c[0] for c in CSV_COLUMNS] and len(rows) == 5
     assert rows[1][rows[0].index("decode_tok_s_p50")] == "87.9"
     md = to_markdown(RESULTS)
-    assert md.count("\n| ") >= 5 and "a note" in md and "87.9" in md
+    assert md.count("\n| ") >= 5 and NOTE in md and "87.9" in md
 
 
 def test_plot_command(tmp_path) -> None:

@@ -102,6 +102,8 @@ def test_overrides_are_recorded_on_the_profile():
     assert p.overrides == ("--depths", "--streams", "--max-tokens")
     assert list(profile_settings(p)["overrides"]) == ["--depths", "--streams", "--max-tokens"]
     assert load_profile("quick").overrides == ()
+    think = load_profile("quick").with_overrides(thinking="on", tools="builtin")
+    assert think.overrides == ("--thinking", "--tools")
 
 
 def test_markers_are_explained_under_the_table():
@@ -144,3 +146,20 @@ def test_the_busy_machine_lag_warning_names_no_cure_bench_took_away():
     w = lag_warning({"p99_ms": 20.0, "max_ms": 30.0}, workers=1, streams=1)
     assert w is not None and "more workers cannot help" in w and "--workers" not in w
     assert "e.g. fewer server threads" not in w
+
+
+def test_the_capacity_curve_fits_the_terminal():
+    from bench.report.tables import curve_text
+
+    pts = [{"load": x, "trial": t, "achieved_rps": 1022.14, "completed_rps": 724.36, "ttft_p90_ms": 2486.6,
+            "tpot_p50_ms": 19.9, "per_user_tok_s": 50.3, "aggregate_tok_s": 16016.5, "goodput": {"rps": 0.0},
+            "slo_met": False, "steady": False} for x in (1024, 1.5) for t in (0, 1)]
+    doc = {"by": "rate", "points": pts}
+    wide = curve_text(doc, 220)
+    assert len(wide) == 5 and "total tok/s" in wide[0] and max(map(len, wide)) > 100
+    assert [ln.split()[0] for ln in wide[1:]] == ["1.5", "1.5", "1024", "1024"]  # sorted by load, then trial
+    for width in (100, 80):
+        lines = curve_text(doc, width)
+        assert max(map(len, lines)) <= width, lines
+        assert "16,016.5" in "".join(lines) or "tok/s columns" in lines[-1]
+        assert "2,486.6" in lines[-2] and "missed" in lines[-2]  # figures whole

@@ -547,10 +547,11 @@ def test_gate_on_tokens_per_joule_and_a_clock_change(tmp_path, capsys) -> None:
     # GPU 1 at 1000 MHz under the power cap throughout: its clock and its throttle share are named, GPU 0's not
     assert doc["gpu_notes"] == [
         "d0-s2-prose: GPU 1: SM clock p50 1980 MHz in the baseline, 1000 MHz in the candidate (-49.5 %, beyond 2 %): "
-        "the GPUs ran at other clocks, so a speed difference may be theirs, not the change's (power limit, clock "
-        "cap, temperature: docs/gpu-telemetry.md)",
+        "the GPUs ran at other clocks, so a speed difference may be theirs, not the change's; check power limit, "
+        "clock cap and temperature (docs/gpu-telemetry.md)",
         "d0-s2-prose: GPU 1: throttled (power cap, thermal or hardware slowdown) in 100% of the candidate's samples "
-        "against 0% of the baseline's (beyond 5%): a speed difference may be the GPUs', not the change's"]
+        "against 0% of the baseline's (beyond 5%): a speed difference may be the GPUs', not the change's; check "
+        "power limit, cooling and clocks (docs/gpu-telemetry.md)"]
     assert "GPU 1: SM clock p50 1980 MHz in the baseline" in err and "Traceback" not in err
     assert "- **GPUs**: d0-s2-prose: GPU 1: SM clock p50 1980 MHz" in (tmp_path / "gate.md").read_text()
 
