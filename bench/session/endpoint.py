@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -55,6 +56,7 @@ from bench.server.info import discover_server
 from bench.server.metrics import MetricsScraper, detect_metrics
 from bench.server.tokenizer import CalibratedTokenizer, HttpTokenizer
 from bench.transport.kernel_stamps import clock_report
+from bench.transport.limits import check_connections
 from bench.version import __version__
 
 __all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
@@ -108,6 +110,21 @@ def check_fits_context(profile: Profile, context: int | None) -> None:
             raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {need} "
                               f"tokens do not fit the server's context of {context} tokens (use --depths below "
                               f"{context - c.max_tokens}, or start the server with a larger context)")
+
+
+def check_connection_limits(base: str, streams: int) -> None:
+    """Refuse, before sending anything, a run whose streams this machine cannot hold open at once: more than its
+    local port range (to one ``host:port``) or its open-files limit (raised first where the hard limit allows;
+    :func:`bench.transport.limits.check_connections`).
+
+    Raises:
+        ConfigError: one line naming the limit and the fix (``sysctl``, ``ulimit -n``, fewer ``--streams``).
+    """
+    parts = urlsplit(base)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    msg = check_connections(streams, f"{parts.hostname}:{port}")
+    if msg:
+        raise ConfigError(msg)
 
 
 class Session:
@@ -173,9 +190,11 @@ class Session:
         Raises:
             EndpointUnreachable: the URL does not answer.
             ServerError: the server answers but the probe requests fail.
-            ConfigError: a cell cannot fit the server's context.
+            ConfigError: a cell cannot fit the server's context, or this machine cannot hold its streams'
+                connections (:func:`check_connection_limits`).
         """
         conc = max((c.streams for c in profile.cells()), default=1)
+        check_connection_limits(base, conc)
         s = cls(base, settings, profile, make_http_client(settings, conc))
         s.observer = observer
         s.gpu = gpu
