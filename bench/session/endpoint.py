@@ -404,7 +404,7 @@ class Session:
             return
         try:
             end = await self._measure_overhead(seed_base=2_000_000, learn=False)
-        except (ServerError, EndpointUnreachable) as e:
+        except (ServerError, EndpointUnreachable, ConfigError) as e:  # ConfigError: no local port left (client_limit)
             self.note(f"the closing overhead probes failed ({e}); drift not measured")
             return
         if end is not None:
