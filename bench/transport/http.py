@@ -41,7 +41,7 @@ import h11
 
 from bench.errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
 from bench.transport.chunked import ChunkedDecoder
-from bench.transport.limits import local_limit
+from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import BodyPump, StampProtocol, cut_text, exc_text
 
 __all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "BodyPump",
@@ -357,12 +357,20 @@ class FastPool:
         return "kernel" if kernel_stamps_supported() else "user"
 
     async def aclose(self) -> None:
-        """Close every idle connection; connections in use close when their response does."""
+        """Close every idle connection (:meth:`drop_idle`); connections in use close when their response does."""
         self._closed = True
+        self.drop_idle()
+
+    def drop_idle(self) -> int:
+        """Close every idle keep-alive connection (with a reset, as every close here: :func:`reset_on_close`), so
+        that none holds a local port while other processes read the streams. Returns how many were closed."""
         idle, self._idle = self._idle, {}
+        n = 0
         for conns in idle.values():
             for c in conns:
                 c.close()
+                n += 1
+        return n
 
     # --- internals ----------------------------------------------------------------------------------------------
     def _take_idle(self, key: tuple[str, str, int]) -> _Conn | None:
@@ -435,6 +443,7 @@ class FastPool:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            reset_on_close(sock)
         self.connects += 1
         return _Conn(key, proto)
 

@@ -44,7 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.errors import FastConnectError
-from bench.transport.limits import local_limit
+from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import StampProtocol
 
 __all__ = ["ClockOffset", "KernelStampProtocol", "kernel_stamps_supported", "open_kernel_stamped", "CLOCK",
@@ -398,6 +398,7 @@ async def _open(host: str, port: int, ctx: ssl.SSLContext | None, server_hostnam
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        reset_on_close(sock)
         if ctx is None:
             proto = KernelStampProtocol(loop, sock)
         else:

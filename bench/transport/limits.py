@@ -9,6 +9,8 @@ when no local port is left, ``EMFILE`` / ``ENFILE`` when no file descriptor is.
 * :func:`check_connections` is the check before a run sends anything (:meth:`bench.session.endpoint.Session.open`):
   it raises the soft open-files limit up to the hard one when that is enough, and otherwise returns the one line
   that names the cause and the fix (``sysctl``, ``ulimit -n``, or fewer streams);
+* :func:`reset_on_close` makes every connection bench opens close with a reset, so that none waits in TIME_WAIT
+  holding its port after bench gave it up;
 * :func:`local_limit_text` turns a connect's ``OSError`` into that kind of line, for the request's record
   (error kind ``client_limit``, :class:`bench.errors.FastLocalLimit`).
 """
@@ -16,12 +18,15 @@ when no local port is left, ``EMFILE`` / ``ENFILE`` when no file descriptor is.
 from __future__ import annotations
 
 import errno
+import socket
+import struct
 from pathlib import Path
+from typing import Any
 
 from bench.errors import FastLocalLimit
 
 __all__ = ["PORT_RANGE_FILE", "CONNECTION_MARGIN", "FILE_MARGIN", "LOCAL_LIMIT_ERRNOS", "port_range",
-           "open_files_limit", "raise_open_files", "check_connections", "local_limit_text", "local_limit"]
+           "open_files_limit", "raise_open_files", "check_connections", "local_limit_text", "local_limit", "reset_on_close"]
 
 PORT_RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 CONNECTION_MARGIN = 16  # connections beside the streams: the set-up client, /metrics, a GPU exporter, a probe
@@ -121,3 +126,16 @@ def local_limit(e: BaseException, host: str, port: int) -> FastLocalLimit | None
     (:func:`local_limit_text`), else None."""
     text = local_limit_text(e, f"{host}:{port}")
     return FastLocalLimit(text) if text else None
+
+
+def reset_on_close(sock: Any) -> None:
+    """``SO_LINGER`` on with a 0 s timeout: closing the socket sends a reset instead of a FIN, so the connection
+    never waits in TIME_WAIT. The side that closes first keeps TIME_WAIT for 60 s with its 4-tuple, and bench closes
+    first whenever it gives a connection up (the rest of a body late after ``[DONE]``, a cancelled or broken stream,
+    an expired keep-alive, the end of a run): to a remote server (``tcp_tw_reuse`` applies to loopback only) those
+    local ports stay unusable, and a run of thousands of streams, or the next run, finds none left (EADDRNOTAVAIL).
+    bench only closes a connection it has nothing more to read from or send on, so the reset loses nothing."""
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    except OSError:
+        pass

@@ -123,3 +123,45 @@ def test_port_range_reads_the_kernels_file(tmp_path) -> None:
     f.write_text("32768\t60999\n")
     assert limits.port_range(f) == (32768, 60999)
     assert limits.port_range(tmp_path / "missing") is None
+
+
+# A 4-port range with tcp_tw_reuse off (as towards a remote server): 12 connections, one after the other, each
+# given up by bench (the pool closed) once its response is read. A FIN close would keep each port in TIME_WAIT for
+# 60 s and the 5th connect would find none; bench's reset leaves none there.
+CYCLE_PORTS = """
+import asyncio, json, subprocess
+from bench.transport.http import FastPool
+
+async def answer(reader, writer):
+    while await reader.readuntil(b"\\r\\n\\r\\n"):
+        writer.write(b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\n\\r\\nok")
+        await writer.drain()
+
+async def main():
+    srv = await asyncio.start_server(answer, "127.0.0.1", 8123)
+    out = []
+    for stamps in ("kernel", "user"):
+        for _ in range(6):
+            pool = FastPool(stamps=stamps)
+            try:
+                r = await pool.stream("GET", "http://127.0.0.1:8123/", {}, b"", connect_timeout=5, read_timeout=5)
+                out.append((await r.aread()).decode())
+            except Exception as e:
+                out.append(type(e).__name__)
+            await pool.aclose()
+            await asyncio.sleep(0.05)
+    tw = subprocess.run(["ss", "-tanH", "state", "time-wait"], capture_output=True, text=True).stdout.split()
+    print(json.dumps({"answers": out, "time_wait": len(tw) // 4}))
+    srv.close()
+
+asyncio.run(main())
+"""
+
+
+def test_bench_closes_leave_no_port_in_time_wait() -> None:
+    with private_net(ports=(40000, 40003), sysctls={"net.ipv4.tcp_tw_reuse": "0"}) as net:
+        p = net.run([sys.executable, "-c", CYCLE_PORTS], timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["answers"] == ["ok"] * 12, got
+    assert got["time_wait"] == 0, got
