@@ -183,8 +183,8 @@ class Session:
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.session.workers`);
         ``workers="auto"``: the count is chosen per cell from bench's own lag during the warm-up
         (:mod:`bench.session.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
-        (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up, probes
-        and warm-ups stay in this process. ``gpu``: a GPU sampler run around each cell's measured waves (the
+        (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up and
+        probes stay in this process; a pool reads the warm-up waves too (:data:`bench.session.sweep.POOL_PHASES`). ``gpu``: a GPU sampler run around each cell's measured waves (the
         session closes it).
 
         Raises:
