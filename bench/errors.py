@@ -131,6 +131,7 @@ class ErrorKind(StrEnum):
     INCOMPLETE = "incomplete"
     NO_TOKENS = "no_tokens"
     CONNECT = "connect"
+    CLIENT_LIMIT = "client_limit"
     TIMEOUT = "timeout"
     PROTOCOL = "protocol"
     BAD_JSON = "bad_json"
@@ -156,6 +157,11 @@ class FastIOError(Exception):
 
 class FastConnectError(FastIOError):
     """The TCP connection could not be opened (refused, unreachable, DNS, connect timeout)."""
+
+
+class FastLocalLimit(FastConnectError):
+    """The connection could not be opened for a limit of this machine, not the server's: no local port left
+    (EADDRNOTAVAIL) or no file descriptor (EMFILE, ENFILE); the message names the limit and the fix."""
 
 
 class FastTimeout(FastIOError):

@@ -53,7 +53,7 @@ KINDS: tuple[Kind, ...] = (
          "(bench shares its cores with other work: run bench where it has a core of its own; a server on this host, "
          "once given fewer threads, leaves it one)"),
     Kind("reads-lagged",
-         "bench's reads lagged {lag:.1f} ms (p99) behind arrival with 1 reading process, over the {budget:.1f} ms "
+         "bench's reads lagged {lag:.1f} ms (p99) behind arrival with {who}, over the {budget:.1f} ms "
          "budget (half the gap between events): events may be read together and slow the server",
          "rerun with --workers {n} (or --workers auto)"),
     Kind("client-cpu", "bench's client used {cpu:.0f} % of a CPU core while measuring: its timestamps may lag",

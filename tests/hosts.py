@@ -365,6 +365,92 @@ def _wait(ready: Any, timeout_s: float, what: str, log: Path, proc: subprocess.P
     raise RuntimeError(f"{what} did not come up within {timeout_s:g} s: {tail}")
 
 
+class PrivateNet:
+    """One network namespace with only its loopback up, for tests that change per-namespace network settings (the
+    local port range, ``tcp_tw_reuse``) without touching this machine's: ``with PrivateNet(ports=(40000, 40999))
+    as net:`` then ``net.run(argv)`` or ``net.popen(argv, log)`` runs a command in it (bench on the path). Tear-down
+    (always): every process in it (``ip netns pids``) gets SIGTERM, then SIGKILL; then ``ip netns del``.
+    :meth:`start` raises :class:`HostsUnavailable` (one line) where namespaces cannot be made (:func:`probe`)."""
+
+    def __init__(self, ports: tuple[int, int] | None = None, sysctls: dict[str, str] | None = None) -> None:
+        self.name = f"bh{secrets.token_hex(3)}p"
+        self.settings = dict(sysctls or {})
+        if ports is not None:
+            self.settings["net.ipv4.ip_local_port_range"] = f"{ports[0]} {ports[1]}"
+        self.dir = Path(tempfile.mkdtemp(prefix=f"{self.name}-", dir="/tmp"))
+        self._made = False
+
+    def start(self) -> PrivateNet:
+        why = probe()
+        if why:
+            raise HostsUnavailable(why)
+        try:
+            _run(["ip", "netns", "add", self.name])
+            self._made = True
+            _run(self.cmd(["ip", "link", "set", "lo", "up"]))
+            for key, value in self.settings.items():
+                _run(self.cmd(["sysctl", "-q", "-w", f"{key}={value}"]))
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def cmd(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` run inside the namespace."""
+        return ["ip", "netns", "exec", self.name, *argv]
+
+    def run(self, argv: Sequence[str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        """Run ``argv`` in the namespace to its end (output captured, never raising on its exit code)."""
+        return subprocess.run(self.cmd(argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT,
+                              env=clean_env())
+
+    def popen(self, argv: Sequence[str], log: str) -> subprocess.Popen[str]:
+        """Start ``argv`` in the namespace, its output in ``self.dir / log``."""
+        out = open(self.dir / log, "w")  # noqa: SIM115 - closed with the process (the OS)
+        p = subprocess.Popen(self.cmd(argv), stdout=out, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
+                             env=clean_env(), start_new_session=True)
+        out.close()
+        return p
+
+    def close(self) -> None:
+        """Stop every process in the namespace and delete it (and the folder). Idempotent."""
+        if self._made:
+            for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 3.0)):
+                pids = {int(x) for x in _run(["ip", "netns", "pids", self.name], check=False).stdout.split()}
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.kill(pid, sig)
+                deadline = time.monotonic() + wait_s
+                while pids and time.monotonic() < deadline:
+                    pids = {pid for pid in pids if _alive(pid)}
+                    time.sleep(0.1)
+            _run(["ip", "netns", "del", self.name], check=False)
+            self._made = False
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> PrivateNet:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@contextlib.contextmanager
+def private_net(**kw: Any) -> Iterator[PrivateNet]:
+    """A test's :class:`PrivateNet`, skipped with the one-line reason where namespaces cannot be made."""
+    import pytest
+
+    net = PrivateNet(**kw)
+    try:
+        net.start()
+    except HostsUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        yield net
+    finally:
+        net.close()
+
+
 @contextlib.contextmanager
 def running_hosts(n: int = 3, **kw: Any) -> Iterator[Hosts]:
     """``with running_hosts() as h:`` -- :class:`Hosts` started and always torn down."""

@@ -15,6 +15,7 @@ from bench.client.endpoint import (
                                    exc_line,
                                    make_http_client,
                                    normalize_url,
+                                   release_idle,
                                    root_url,
 )
 from bench.client.images import ImageSet, body_images, image_rejection
@@ -33,6 +34,7 @@ __all__ = [
     "exc_line",
     "make_http_client",
     "normalize_url",
+    "release_idle",
     "require_ok",
     "root_url",
     "stream_request",

@@ -170,6 +170,13 @@ class _BenchClient(httpx.AsyncClient):
             await super().__aexit__(*exc)
 
 
+def release_idle(client: Any) -> int:
+    """Close ``client``'s idle streaming connections with a reset (:meth:`bench.transport.http.FastPool.drop_idle`):
+    their local ports are free at once, for readers in other processes. Returns how many were closed."""
+    pool = getattr(client, "bench_fast_pool", None)
+    return pool.drop_idle() if pool is not None else 0
+
+
 async def _close_fast_pool(client: Any) -> None:
     pool, client.bench_fast_pool = client.bench_fast_pool, None
     if pool is not None:

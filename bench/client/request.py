@@ -50,10 +50,11 @@ from bench.client.endpoint import (
 from bench.client.events import _parse_sliced, _parse_whole
 from bench.client.images import body_images
 from bench.client.turns import take_turn
-from bench.errors import ConfigError, EndpointUnreachable, ServerError, UnreadableResponse
+from bench.errors import ConfigError, EndpointUnreachable, FastLocalLimit, ServerError, UnreadableResponse
 from bench.records import RequestRecord
 from bench.redaction import add_secret
 from bench.transport.http import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
+from bench.transport.limits import local_limit_text
 from bench.transport.sse import SSEDecoder, SSEEvent
 
 __all__ = ["stream_request", "require_ok", "DONE_GRACE_S"]
@@ -368,10 +369,28 @@ _CONNECT = (httpx.ConnectError, httpx.ConnectTimeout, FastConnectError)
 _BROKEN = (FastIOError, httpx.RemoteProtocolError, httpx.ReadError)
 
 
+def _local_limit(e: BaseException, base: str) -> str | None:
+    """The line for a connect that failed on this machine's limits (no local port, no file descriptor), from the
+    stamping transport (:class:`FastLocalLimit`) or from the OSError under httpx's error; else None."""
+    if isinstance(e, FastLocalLimit):
+        return exc_line(e)
+    seen: BaseException | None = e
+    for _ in range(8):  # httpx -> httpcore -> OSError
+        if seen is None:
+            return None
+        text = local_limit_text(seen, base)
+        if text:
+            return text
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def _record_failure(rec: RequestRecord, e: BaseException, base: str) -> None:
     """The record's error for a network or protocol failure (order matters: connect errors are timeouts too)."""
     if isinstance(e, UnreadableResponse):
         rec.error, rec.error_kind = str(e), e.kind
+    elif isinstance(e, _CONNECT) and (limit := _local_limit(e, base)):
+        rec.error, rec.error_kind = limit, "client_limit"
     elif isinstance(e, _CONNECT):
         rec.error, rec.error_kind = f"cannot connect to {base}: {exc_line(e)}", "connect"
     elif isinstance(e, FastTimeout):
@@ -389,13 +408,16 @@ def require_ok(rec: RequestRecord, base: str = "", what: str = "request") -> Non
 
     Raises:
         EndpointUnreachable: connection failure.
-        ConfigError: the request's path answered 404 (no OpenAI API at ``base``: a typo in the URL's path).
+        ConfigError: the request's path answered 404 (no OpenAI API at ``base``: a typo in the URL's path), or
+            this machine had no local port or file descriptor left for it (``client_limit``).
         ServerError: any other failure.
     """
     if rec.ok:
         return
     if rec.error_kind == "connect":
         raise EndpointUnreachable(rec.error or "cannot connect")
+    if rec.error_kind == "client_limit":  # this machine's limit, not the endpoint's: the line names the fix
+        raise ConfigError(rec.error or "no local port or file descriptor left")
     if rec.status == 404 and base:
         path = "/chat/completions" if rec.endpoint == "chat" else "/completions"
         raise ConfigError(no_api_message(base, f"POST {path}"))

@@ -15,10 +15,13 @@ bench's *lag*, measured here two ways:
 Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
 reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
 read waits for the reads ahead of it), so ``workers = ceil(lag_p99 / budget)``, at most the streams and the cores
-left beside the main process. The runner measures during each cell's warm-up waves (always read by the main
-process, which sends the cell's stream count at once like its measured waves) and only ever grows the pool,
-between warm-up and measured waves. With a fixed ``--workers N`` the same measurement gives the warning
-(:func:`advice`) that names the count to use.
+left beside the main process. The runner measures during each cell's warm-up waves, read by whoever will read
+its measured waves (which send the cell's stream count at once like them): the main process while there is no
+pool, else the pool, whose worst worker's lag times the workers is what one process would have lagged
+(:func:`assess_readers`). It only ever grows the pool, between warm-up and measured waves; the grown pool gets
+one warm-up wave of its own, and the readers it replaces close their idle connections first, so a run never holds
+two sets of connections (local ports) to the endpoint (:meth:`bench.session.sweep.Sweep._grow_pool`). With a
+fixed ``--workers N`` the same measurement gives the warning (:func:`advice`) that names the count to use.
 
 After the measured waves (:func:`recheck`) the lag of the loops that actually read them (with a pool the worst
 worker's, from the :class:`bench.session.loop_lag.LagMonitor` each worker runs; :func:`bench.session.loop_lag.workers_lag`) is held against
@@ -38,8 +41,8 @@ from typing import Any
 from bench.records import RequestRecord
 from bench.warns import warning
 
-__all__ = ["LoopLag", "choose_workers", "assess", "advice", "recheck", "carry", "lag_budget_ms", "lag_summary",
-           "read_lag_mark", "read_lag_since", "WorkerChoice"]
+__all__ = ["LoopLag", "choose_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
+           "lag_summary", "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
 LAG_BUDGET_MIN_MS = 1.0
 LAG_BUDGET_MAX_MS = 20.0
@@ -143,11 +146,29 @@ def assess(records: Sequence[RequestRecord], read_lag_ms: Sequence[float], loop_
     return choice
 
 
+def assess_readers(records: Sequence[RequestRecord], lag: dict[str, Any] | None, readers: int, streams: int,
+                   cores: int | None = None) -> WorkerChoice:
+    """:func:`choose_workers` from one wave read by a pool of ``readers`` processes: ``lag`` is the worst reader's
+    event-loop lag (:func:`bench.session.loop_lag.workers_lag`) and one process would have lagged ``readers`` times
+    as much (the module's linear rule, as :func:`recheck`); never fewer than ``readers`` (a pool only grows).
+    ``readers`` in the choice says who read the wave."""
+    got = lag or {}
+    summ = {"n": got.get("samples", 0), **{k: got.get(k) for k in ("p50_ms", "p99_ms", "max_ms")}}
+    p99 = summ["p99_ms"]
+    choice = choose_workers(None if p99 is None else p99 * readers, lag_budget_ms(records), streams, cores, "loop")
+    choice["workers"], choice["lag_p99_ms"] = max(choice["workers"], readers), p99
+    choice["readers"], choice["lag"] = readers, summ
+    return choice
+
+
 def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
     """The warning when a cell needs more readers than it has (``--workers`` fixed), else None."""
     if choice["workers"] <= workers:
         return None
-    return warning("reads-lagged", lag=choice["lag_p99_ms"], budget=choice["budget_ms"], n=choice["workers"])
+    readers = int(choice.get("readers", 1))
+    who = "1 reading process" if readers == 1 else f"each of {readers} reading processes"
+    return warning("reads-lagged", lag=choice["lag_p99_ms"], who=who, budget=choice["budget_ms"],
+                   n=choice["workers"])
 
 
 def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,

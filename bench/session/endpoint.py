@@ -25,6 +25,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -55,6 +56,7 @@ from bench.server.info import discover_server
 from bench.server.metrics import MetricsScraper, detect_metrics
 from bench.server.tokenizer import CalibratedTokenizer, HttpTokenizer
 from bench.transport.kernel_stamps import clock_report
+from bench.transport.limits import check_connections
 from bench.version import __version__
 from bench.warns import warning
 
@@ -109,6 +111,21 @@ def check_fits_context(profile: Profile, context: int | None) -> None:
             raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {need} "
                               f"tokens do not fit the server's context of {context} tokens (use --depths below "
                               f"{context - c.max_tokens}, or start the server with a larger context)")
+
+
+def check_connection_limits(base: str, streams: int) -> None:
+    """Refuse, before sending anything, a run whose streams this machine cannot hold open at once: more than its
+    local port range (to one ``host:port``) or its open-files limit (raised first where the hard limit allows;
+    :func:`bench.transport.limits.check_connections`).
+
+    Raises:
+        ConfigError: one line naming the limit and the fix (``sysctl``, ``ulimit -n``, fewer ``--streams``).
+    """
+    parts = urlsplit(base)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    msg = check_connections(streams, f"{parts.hostname}:{port}")
+    if msg:
+        raise ConfigError(msg)
 
 
 class Session:
@@ -167,16 +184,18 @@ class Session:
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.session.workers`);
         ``workers="auto"``: the count is chosen per cell from bench's own lag during the warm-up
         (:mod:`bench.session.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
-        (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up, probes
-        and warm-ups stay in this process. ``gpu``: a GPU sampler run around each cell's measured waves (the
+        (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up and
+        probes stay in this process; a pool reads the warm-up waves too (:data:`bench.session.sweep.POOL_PHASES`). ``gpu``: a GPU sampler run around each cell's measured waves (the
         session closes it).
 
         Raises:
             EndpointUnreachable: the URL does not answer.
             ServerError: the server answers but the probe requests fail.
-            ConfigError: a cell cannot fit the server's context.
+            ConfigError: a cell cannot fit the server's context, or this machine cannot hold its streams'
+                connections (:func:`check_connection_limits`).
         """
         conc = max((c.streams for c in profile.cells()), default=1)
+        check_connection_limits(base, conc)
         s = cls(base, settings, profile, make_http_client(settings, conc))
         s.observer = observer
         s.gpu = gpu
@@ -384,7 +403,7 @@ class Session:
             return
         try:
             end = await self._measure_overhead(seed_base=2_000_000, learn=False)
-        except (ServerError, EndpointUnreachable) as e:
+        except (ServerError, EndpointUnreachable, ConfigError) as e:  # ConfigError: no local port left (client_limit)
             self.note(warning("closing-probes-failed", error=e))
             return
         if end is not None:

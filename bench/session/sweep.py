@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.client import RequestSpec, StreamTap
+from bench.client import RequestSpec, StreamTap, release_idle
 from bench.config.plan import WARMUP_MAX_TOKENS, PlannedRequest, planned_waves
 from bench.config.profile import Cell
 from bench.measure.gpu import summarize_gpu, wave_tokens_per_joule
@@ -33,7 +33,17 @@ from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context, worke
 from bench.stats import bootstrap_ci
 from bench.warns import in_cell, warning
 
-__all__ = ["CellRun", "Sweep"]
+__all__ = ["CellRun", "Sweep", "POOL_PHASES"]
+
+POOL_PHASES = ("warmup", "measure")  # the waves a pool reads when there is one (set-up probes and the prime stay here)
+
+
+def add_lag(acc: list[list[int]], per_worker: Sequence[Sequence[int]] | None) -> None:
+    """Add each pool worker's loop-lag samples of one wave (``pool.last_lag_ns``, in pool order) to ``acc``."""
+    for k, xs in enumerate(per_worker or []):
+        while len(acc) <= k:
+            acc.append([])
+        acc[k].extend(xs)
 
 
 @dataclass
@@ -66,10 +76,7 @@ class CellRun:
 
     def add_worker_lag(self, per_worker: Sequence[Sequence[int]] | None) -> None:
         """Add each pool worker's loop-lag samples of one wave (``pool.last_lag_ns``, in pool order)."""
-        for k, xs in enumerate(per_worker or []):
-            while len(self.worker_lag_ns) <= k:
-                self.worker_lag_ns.append([])
-            self.worker_lag_ns[k].extend(xs)
+        add_lag(self.worker_lag_ns, per_worker)
 
     def extend(self, more: CellRun) -> None:
         """Add another run of the same cell (re-measured waves, or one side's interleaved wave)."""
@@ -104,8 +111,8 @@ class Sweep:
         texts = [await self.session.realize(r) for r in reqs]
         images = [self.session.image_urls(r.request_id, r.images, r.image_wh) for r in reqs]  # before the wave
         measured = bool(reqs) and reqs[0].phase == "measure"
-        if self.session.pool is not None and measured:
-            return await self._wave_in_workers(cell, reqs, texts, images)
+        if self.session.pool is not None and reqs and reqs[0].phase in POOL_PHASES:
+            return await self._wave_in_workers(cell, reqs, texts, images, measured)
         taps = [StreamTap() for _ in reqs]
         if self.session.observer is not None and measured:
             self.session.observer.wave_started(cell, taps)
@@ -131,8 +138,8 @@ class Sweep:
                 gc.collect()
 
     async def _wave_in_workers(self, cell: Cell, reqs: list[PlannedRequest], texts: list[str],
-                               images: list[list[str]]) -> list[RequestRecord]:
-        """One measured wave spread over the worker processes (records on one clock; no live counters)."""
+                               images: list[list[str]], measured: bool) -> list[RequestRecord]:
+        """One wave spread over the worker processes (records on one clock; no live counters)."""
         body = self.session.body
         specs = [RequestSpec(r.request_id, self.session.profile.endpoint,
                              body(t, r.max_tokens, im, thinking=r.thinking), r.meta)
@@ -144,37 +151,55 @@ class Sweep:
             if rec.images:
                 self.session.refuse_rejected_images(rec)
             self.session.write(rec)
-            if self.session.observer is not None:
+            if self.session.observer is not None and measured:
                 self.session.observer.request_done(cell, rec.ok)
         return recs
 
     async def _warmup_and_size(self, cell: Cell) -> None:
-        """The warm-up waves (read by this process), measuring bench's lag meanwhile; then grow the worker pool
-        (``--workers auto``) or warn (fixed count) when one process cannot keep up (:mod:`bench.session.autosize`)."""
+        """The warm-up waves, read by whoever reads the measured waves (this process, or the pool: so they warm the
+        connections the measured waves use), measuring bench's lag meanwhile; then grow the worker pool
+        (``--workers auto``) or warn (fixed count) when the readers cannot keep up (:mod:`bench.session.autosize`)."""
         from bench.session import autosize as autosize
 
         recs: list[RequestRecord] = []
+        pool_lag: list[list[int]] = []
         autosize.read_lag_mark()
         async with autosize.LoopLag() as loop_lag:
             for w in range(self.session.profile.warmup):
                 recs += await self._wave(cell, self.session.planner.wave(cell, "warmup", w, depth=0,
                                                                  max_tokens=WARMUP_MAX_TOKENS))
-        choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+                if self.session.pool is not None:
+                    add_lag(pool_lag, getattr(self.session.pool, "last_lag_ns", None))
+        if self.session.pool is None:
+            choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+        else:
+            choice = autosize.assess_readers(recs, workers_lag(pool_lag), self.session.workers, cell.streams)
         if self.session.workers_auto:
             autosize.carry(choice, self.session.sizing.values(), cell.streams)
         self.session.sizing[cell.id] = choice
-        have = self.session.workers
         # a fixed count: the warm-up's advice waits for the measured waves (one lag warning per cell, _lag_note)
-        if self.session.workers_auto and choice["workers"] > have:
-            from bench.session.workers import WorkerPool
+        if self.session.workers_auto and choice["workers"] > self.session.workers:
+            await self._grow_pool(cell, choice["workers"])
 
-            conc = max((c.streams for c in self.session.profile.cells()), default=1)
-            pool = WorkerPool(self.session.base, model=self.session.model, settings=self.session.settings, workers=choice["workers"],
-                              concurrency=conc)
-            await asyncio.get_running_loop().run_in_executor(None, pool.start)
-            if self.session.pool is not None:
-                self.session.pool.close()
-            self.session.pool = pool
+    async def _grow_pool(self, cell: Cell, workers: int) -> None:
+        """Read the cell's next waves with ``workers`` worker processes: the old readers' idle connections are
+        closed first (this process's with a reset, :func:`bench.client.release_idle`; an old pool's workers close
+        theirs so as they stop), so the run never holds two sets of connections to the endpoint (each takes a local
+        port: a 16,384-stream run held 32,768 against a 28,232-port range, and 4,538 requests of each wave failed);
+        then one warm-up wave through the new pool opens and warms its connections."""
+        from bench.session.workers import WorkerPool
+
+        release_idle(self.session.client)
+        if self.session.pool is not None:
+            self.session.pool.close()
+            self.session.pool = None
+        conc = max((c.streams for c in self.session.profile.cells()), default=1)
+        pool = WorkerPool(self.session.base, model=self.session.model, settings=self.session.settings,
+                          workers=workers, concurrency=conc)
+        await asyncio.get_running_loop().run_in_executor(None, pool.start)
+        self.session.pool = pool
+        n = self.session.profile.warmup  # numbered after the cell's warm-up waves
+        await self._wave(cell, self.session.planner.wave(cell, "warmup", n, depth=0, max_tokens=WARMUP_MAX_TOKENS))
 
     def planned_waves(self, cell: Cell) -> int:
         """Waves a cell runs at least: enough for ``requests`` and ``min_waves``."""

@@ -17,7 +17,8 @@ certifi's CA bundle and ``SSL_CERT_FILE``; ``data_received`` then gets decrypted
 the TLS layer), HTTP/1.1, one request per connection at a time, a keep-alive pool per ``(scheme, host, port)`` with
 no cap on connections. Errors:
 
-* :class:`FastConnectError` - the TCP connect failed or timed out;
+* :class:`FastConnectError` - the TCP connect failed or timed out (:class:`FastLocalLimit` when this machine ran out
+  of local ports or file descriptors: :mod:`bench.transport.limits`);
 * :class:`FastTimeout` - no byte for ``read_timeout`` seconds (or the request could not be written in time);
 * :class:`FastIOError` - anything else: the connection broke or the response is not valid HTTP/1.1 (the message
   names the cause, e.g. ``peer closed connection without sending complete message body``).
@@ -40,6 +41,7 @@ import h11
 
 from bench.errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
 from bench.transport.chunked import ChunkedDecoder
+from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import BodyPump, StampProtocol, cut_text, exc_text
 
 __all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastResponse", "BodyPump",
@@ -355,12 +357,20 @@ class FastPool:
         return "kernel" if kernel_stamps_supported() else "user"
 
     async def aclose(self) -> None:
-        """Close every idle connection; connections in use close when their response does."""
+        """Close every idle connection (:meth:`drop_idle`); connections in use close when their response does."""
         self._closed = True
+        self.drop_idle()
+
+    def drop_idle(self) -> int:
+        """Close every idle keep-alive connection (with a reset, as every close here: :func:`reset_on_close`), so
+        that none holds a local port while other processes read the streams. Returns how many were closed."""
         idle, self._idle = self._idle, {}
+        n = 0
         for conns in idle.values():
             for c in conns:
                 c.close()
+                n += 1
+        return n
 
     # --- internals ----------------------------------------------------------------------------------------------
     def _take_idle(self, key: tuple[str, str, int]) -> _Conn | None:
@@ -426,13 +436,14 @@ class FastPool:
         except TimeoutError:
             raise FastConnectError(f"connect timed out after {timeout:g} s") from None
         except OSError as e:
-            raise FastConnectError(exc_text(e)) from None
+            raise local_limit(e, host, port) or FastConnectError(exc_text(e)) from None
         sock = proto.transport.get_extra_info("socket") if proto.transport else None
         if sock is not None:
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError:
                 pass
+            reset_on_close(sock)
         self.connects += 1
         return _Conn(key, proto)
 

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from typing import Any
 
 from bench.errors import FastConnectError
+from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import StampProtocol
 
 __all__ = ["ClockOffset", "KernelStampProtocol", "kernel_stamps_supported", "open_kernel_stamped", "CLOCK",
@@ -385,7 +386,7 @@ async def open_kernel_stamped(host: str, port: int, *, ssl_context: ssl.SSLConte
     except TimeoutError:
         raise FastConnectError(f"connect timed out after {timeout:g} s") from None
     except OSError as e:  # ssl.SSLError included (certificate verification, handshake)
-        raise FastConnectError((str(e).strip() or type(e).__name__).splitlines()[0][:300]) from None
+        raise local_limit(e, host, port) or FastConnectError((str(e).strip() or type(e).__name__).splitlines()[0][:300]) from None
 
 
 async def _open(host: str, port: int, ctx: ssl.SSLContext | None, server_hostname: str) -> KernelStampProtocol:
@@ -397,6 +398,7 @@ async def _open(host: str, port: int, ctx: ssl.SSLContext | None, server_hostnam
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         except OSError:
             pass
+        reset_on_close(sock)
         if ctx is None:
             proto = KernelStampProtocol(loop, sock)
         else:
