@@ -79,7 +79,7 @@ def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: s
     return {"rate": rate, "workers": workers, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
-            "cut": cell["counts"]["cut"],
+            "cut": cell["counts"]["cut"], "errors": cell.get("errors") or {},
             "client_cpu_pct": round(100 * (time.process_time() - c0) / wall, 1),
             "sim_cpu_pct": round(100 * (sim.cpu_s() - s0) / wall, 1), "wall_s": round(wall, 2)}
 

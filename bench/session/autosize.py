@@ -15,7 +15,10 @@ bench's *lag*, measured here two ways:
 Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
 reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
 read waits for the reads ahead of it), so ``workers = ceil(lag_p99 / budget)``, at most the streams and the cores
-left beside the main process. The runner measures during each cell's warm-up waves, read by whoever will read
+left beside the main process. A saturated process's lag stops growing with the streams (a 16,384-stream warm-up
+lagged 45 ms and asked for 3 processes; its measured waves then needed 15), so the warm-up's CPU time counts too
+(:func:`cpu_workers`): its CPU seconds per event times the events per second of the measured waves, over
+:data:`CPU_TARGET` (half busy), when that asks for more. The runner measures during each cell's warm-up waves, read by whoever will read
 its measured waves (which send the cell's stream count at once like them): the main process while there is no
 pool, else the pool, whose worst worker's lag times the workers is what one process would have lagged
 (:func:`assess_readers`). It only ever grows the pool, between warm-up and measured waves; the grown pool gets
@@ -41,9 +44,10 @@ from typing import Any
 from bench.records import RequestRecord
 from bench.warns import warning
 
-__all__ = ["LoopLag", "choose_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
+__all__ = ["LoopLag", "choose_workers", "cpu_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
            "lag_summary", "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
+CPU_TARGET = 0.5  # the busiest a reading process is planned to be (its lag stays low below it: docs/scale.md)
 LAG_BUDGET_MIN_MS = 1.0
 LAG_BUDGET_MAX_MS = 20.0
 TICK_S = 0.001
@@ -122,11 +126,16 @@ class WorkerChoice(dict[str, Any]):
     ``budget_ms``, ``lag_source`` (``"read"`` or ``"loop"``), ``capped`` (the cores or streams limited it)."""
 
 
+def reader_limit(streams: int, cores: int | None = None) -> int:
+    """The most reading processes a cell gets: one per stream, and the cores beside the main process."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, min(streams, cores - 1 if cores > 2 else cores))
+
+
 def choose_workers(lag_p99_ms: float | None, budget_ms: float, streams: int, cores: int | None = None,
                    lag_source: str = "read") -> WorkerChoice:
     """The worker count for a cell from the lag of ONE reading process (module docstring's rule)."""
-    cores = cores or os.cpu_count() or 1
-    limit = max(1, min(streams, cores - 1 if cores > 2 else cores))
+    limit = reader_limit(streams, cores)
     want = 1
     if lag_p99_ms is not None and budget_ms > 0 and lag_p99_ms > budget_ms:
         want = math.ceil(lag_p99_ms / budget_ms)
@@ -135,14 +144,36 @@ def choose_workers(lag_p99_ms: float | None, budget_ms: float, streams: int, cor
                         capped=want > n)
 
 
+def cpu_workers(records: Sequence[RequestRecord], cpu_s: float | None, streams: int) -> int | None:
+    """The reading processes the measured waves need by CPU: the warm-up's CPU seconds per token event (every
+    cost of the wave counted against its events, so an over-estimate) times the events per second the measured
+    waves bring (``streams`` / the median gap between two events of a stream), over :data:`CPU_TARGET`. None
+    without CPU time or events."""
+    ts = [[e.t_ns for e in r.events if e.has_text] for r in records]
+    events = sum(len(t) for t in ts)
+    gaps = sorted(b - a for t in ts for a, b in zip(t, t[1:]) if b > a)
+    if not cpu_s or cpu_s <= 0 or not events or not gaps:
+        return None
+    events_per_s = streams / (gaps[len(gaps) // 2] / 1e9)
+    return max(1, math.ceil(events_per_s * cpu_s / events / CPU_TARGET))
+
+
 def assess(records: Sequence[RequestRecord], read_lag_ms: Sequence[float], loop_lag_ms: Sequence[float],
-           streams: int, cores: int | None = None) -> WorkerChoice:
+           streams: int, cores: int | None = None, cpu_s: float | None = None) -> WorkerChoice:
     """:func:`choose_workers` from one wave read by one process: its records (for the event gap), the read lags
-    of its kernel-stamped reads and the event-loop lags measured meanwhile (used when there are no read lags)."""
+    of its kernel-stamped reads and the event-loop lags measured meanwhile (used when there are no read lags);
+    raised to :func:`cpu_workers` when the process's CPU time over the wave (``cpu_s``) says more are needed (a
+    saturated process's lag stops growing with the streams, its CPU need does not)."""
     src, samples = ("read", read_lag_ms) if read_lag_ms else ("loop", loop_lag_ms)
     summ = lag_summary(samples)
     choice = choose_workers(summ["p99_ms"], lag_budget_ms(records), streams, cores, src)
     choice["lag"] = summ
+    by_cpu = cpu_workers(records, cpu_s, streams)
+    if by_cpu is not None:
+        top = reader_limit(streams, cores)
+        choice["cpu_workers"] = by_cpu
+        if min(by_cpu, top) > choice["workers"]:
+            choice["workers"], choice["capped"] = min(by_cpu, top), by_cpu > top
     return choice
 
 

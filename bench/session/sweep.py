@@ -164,6 +164,7 @@ class Sweep:
         recs: list[RequestRecord] = []
         pool_lag: list[list[int]] = []
         autosize.read_lag_mark()
+        cpu0 = time.process_time()
         async with autosize.LoopLag() as loop_lag:
             for w in range(self.session.profile.warmup):
                 recs += await self._wave(cell, self.session.planner.wave(cell, "warmup", w, depth=0,
@@ -171,7 +172,8 @@ class Sweep:
                 if self.session.pool is not None:
                     add_lag(pool_lag, getattr(self.session.pool, "last_lag_ns", None))
         if self.session.pool is None:
-            choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams)
+            choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams,
+                                     cpu_s=time.process_time() - cpu0)
         else:
             choice = autosize.assess_readers(recs, workers_lag(pool_lag), self.session.workers, cell.streams)
         if self.session.workers_auto:

@@ -52,6 +52,20 @@ def test_assess_prefers_read_lag_and_advice_names_the_count() -> None:
     assert lag_summary([])["p99_ms"] is None
 
 
+def test_cpu_need_raises_a_saturated_process_choice() -> None:
+    """A 16,384-stream warm-up read by one process: its lag (45 ms against 20 ms) asks for 3 readers, but it spent
+    30 us of CPU per event, and the measured waves bring 16,384 streams x 20 events/s = 327,680 events/s, 9.8 cores
+    at that cost, 20 processes at half busy: capped at the 15 cores beside the main process. Few streams: one."""
+    recs = [_rec([50.0] * 7) for _ in range(100)]  # 800 events, 50 ms apart
+    assert autosize.cpu_workers(recs, 800 * 30e-6, streams=16384) == 20
+    c = assess(recs, [45.0] * 100, [], streams=16384, cores=16, cpu_s=800 * 30e-6)
+    assert c["workers"] == 15 and c["capped"] and c["cpu_workers"] == 20
+    small = assess(recs, [0.1] * 100, [], streams=4, cores=16, cpu_s=800 * 30e-6)
+    assert small["workers"] == 1 and small["cpu_workers"] == 1
+    assert autosize.cpu_workers(recs, None, streams=4) is None and autosize.cpu_workers([], 1.0, streams=4) is None
+    assert assess(recs, [45.0] * 100, [], streams=16384, cores=16)["workers"] == 3  # no CPU time: the lag rule
+
+
 def test_recheck_holds_the_readers_lag_to_the_budget() -> None:
     """After the measured waves: 2 readers whose worst lagged 12 ms (p99) against a 5 ms budget -> one process
     would have lagged 24 ms -> 5 readers; within the budget they kept up and need no more; carry raises the next
