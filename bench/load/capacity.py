@@ -12,16 +12,18 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
    side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
    below ``(1 + spread)^2`` times the lowest probe that missed.
-3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every refine point not saturated:
-   logit(share over the limit) linear in log(realized arrival rate of the window), each point weighted by its
-   requests (not by its own autocorrelation, which grows with its share and would bias the fit), the
-   dispersion from the points' Pearson scatter around the model (the pooled autocorrelation time a floor),
-   Student-t with points - 2 degrees of freedom; the boundary is where the fitted share is ``alpha`` and
-   ``interval`` is its Fieller interval at ``confidence`` (Bonferroni over objectives; the boundary is the
-   lowest objective's). Refining stops when the interval's width ``hi / lo - 1`` is at most ``target_width``
-   after ``min_refine`` (= ``MIN_CALIBRATED``) refine points, or when the point or time budget runs out (then
-   the answer is the interval earned so far, marked in ``note``; with fewer than ``MIN_CALIBRATED`` points no
-   level is stated; a fit that does not bound the boundary answers the range of refine loads tried).
+3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
+   control variate from its schedule (:mod:`bench.load.control`: a proxy fitted on the other points, minus its
+   expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
+   point's own variance (:func:`bench.load.estimate.fit_shares`); constant arrivals and ITL objectives keep
+   :func:`bench.load.estimate.fit_boundary` (binomial weights, the points' Pearson scatter, Student-t). The
+   boundary is where the fitted share is ``alpha``; ``interval`` is its Fieller interval at ``confidence``
+   (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the interval's
+   width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the point or
+   time budget runs out (then the answer is the interval earned so far, marked in ``note``; a level is stated
+   from ``MIN_ADJUSTED`` control-variate refine points, else ``MIN_CALIBRATED``; a fit that does not bound the
+   boundary answers the range of refine loads tried). With a time budget, refine points after the first
+   stretch to fill it.
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
