@@ -12,16 +12,18 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
    side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
    below ``(1 + spread)^2`` times the lowest probe that missed.
-3. Fit (:func:`bench.load.estimate.fit_boundary`), per objective over every refine point not saturated:
-   logit(share over the limit) linear in log(realized arrival rate of the window), each point weighted by its
-   requests (not by its own autocorrelation, which grows with its share and would bias the fit), the
-   dispersion from the points' Pearson scatter around the model (the pooled autocorrelation time a floor),
-   Student-t with points - 2 degrees of freedom; the boundary is where the fitted share is ``alpha`` and
-   ``interval`` is its Fieller interval at ``confidence`` (Bonferroni over objectives; the boundary is the
-   lowest objective's). Refining stops when the interval's width ``hi / lo - 1`` is at most ``target_width``
-   after ``min_refine`` (= ``MIN_CALIBRATED``) refine points, or when the point or time budget runs out (then
-   the answer is the interval earned so far, marked in ``note``; with fewer than ``MIN_CALIBRATED`` points no
-   level is stated; a fit that does not bound the boundary answers the range of refine loads tried).
+3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
+   control variate from its schedule (:mod:`bench.load.control`: a proxy fitted on the other points, minus its
+   expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
+   point's own variance (:func:`bench.load.estimate.fit_shares`); constant arrivals and ITL objectives keep
+   :func:`bench.load.estimate.fit_boundary` (binomial weights, the points' Pearson scatter, Student-t). The
+   boundary is where the fitted share is ``alpha``; ``interval`` is its Fieller interval at ``confidence``
+   (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the interval's
+   width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the point or
+   time budget runs out (then the answer is the interval earned so far, marked in ``note``; a level is stated
+   from ``MIN_ADJUSTED`` control-variate refine points, else ``MIN_CALIBRATED``; a fit that does not bound the
+   boundary answers the range of refine loads tried). With a time budget, refine points after the first
+   stretch to fill it.
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
@@ -40,7 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
-from bench.load.estimate import Fit, fit_boundary
+from bench.load.control import PointRequests, adjusted_shares
+from bench.load.estimate import Fit, fit_boundary, fit_shares
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
 __all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS"]
@@ -130,11 +133,13 @@ RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, du
 
 REFINE_WARMUP_SHARE = 0.4
 PROBE_REQUESTS = 5
+MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
 
 
-def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None) -> Any:
+def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
+                   refine_s: float | None = None) -> Any:
     """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) is judged
     on the second half of its schedule; a refine point keeps ``--warmup`` or leaves out its first
     ``REFINE_WARMUP_SHARE``."""
@@ -144,7 +149,9 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
     if duration_s is not None:
         return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0)
     if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
-        return replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
+        pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
+    if refine_s is not None and pls.duration_s is not None:
+        pls = replace(pls, duration_s=refine_s)
     return pls
 
 
@@ -177,14 +184,14 @@ class _Search:
     def _typical_span(self) -> float:
         spans = [float((p.summary.get("schedule") or {}).get("span_s") or 0.0) for p in self.points
                  if p.phase != "probe"]
-        return max(spans, default=0.0)
+        return min(spans, default=0.0)  # the refine points' own length (a later one may be stretched)
 
     async def trial(self, load: float, trial: int = 0, *, duration_s: float | None = None,
-                    phase: str = "point") -> Point:
-        self._check_budget(duration_s)
+                    phase: str = "point", refine_s: float | None = None) -> Point:
+        self._check_budget(duration_s if duration_s is not None else refine_s)
         began = self.clock()
-        s = await (self.run_point(load, trial) if duration_s is None else
-                   self.run_point(load, trial, duration_s=duration_s))
+        kw = {"duration_s": duration_s} if duration_s is not None else {"refine_s": refine_s} if refine_s else {}
+        s = await self.run_point(load, trial, **kw)
         span = float((s.get("schedule") or {}).get("span_s") or 0.0)
         self.overhead_s = max(self.overhead_s, self.clock() - began - span)
         p = Point(load, trial, s, phase)
@@ -296,6 +303,10 @@ class _Bracketing(_Search):
 class _RateSearch(_Bracketing):
     """Probe, refine, fit (``--by rate``: module docstring)."""
 
+    def __init__(self, ss: SearchSettings, run_point: RunPoint, clock: Callable[[], float]) -> None:
+        super().__init__(ss, run_point, clock)
+        self._cache: dict[tuple[str, tuple[int, ...]], Fit | None] = {}
+
     def probe_duration(self, load: float) -> float:
         """``probe_s``, or long enough for ``PROBE_REQUESTS`` requests in the judged second half."""
         return max(self.ss.probe_s, 2 * PROBE_REQUESTS / load)
@@ -315,8 +326,23 @@ class _RateSearch(_Bracketing):
             if sum(s["over"] for s in stats) == 0:
                 out[key] = "never over"
                 continue
-            out[key] = fit_boundary([p.rate for p in pts], stats, stats[0]["alpha"], level)
+            reqs = [p.summary.get("requests") for p in pts]
+            if all(isinstance(r, PointRequests) and key in r.values and r.process.kind != "constant" for r in reqs):
+                out[key] = self._adjusted_fit(pts, key, stats[0]["alpha"], level)
+            else:
+                out[key] = fit_boundary([p.rate for p in pts], stats, stats[0]["alpha"], level)
         return out
+
+    def _adjusted_fit(self, pts: list[Point], key: str, alpha: float, level: float) -> Fit | None:
+        """:func:`bench.load.estimate.fit_shares` over the points' control-variate shares (cached per points)."""
+        tag = (key, tuple(id(p) for p in pts))
+        if tag not in self._cache:
+            adj = adjusted_shares([p.summary["requests"] for p in pts], key)
+            for p, a in zip(pts, adj):
+                p.summary["slo_model"][key]["adjusted"] = {"share": round(a.share, 6), "sd": round(math.sqrt(a.var), 6)}
+            self._cache[tag] = fit_shares([p.summary["requests"].process.rate for p in pts], [a.share for a in adj],
+                                          [a.var for a in adj], [a.n for a in adj], alpha, level)
+        return self._cache[tag]
 
     def estimate(self) -> tuple[float | None, float | None, float | None]:
         """(boundary, lo, hi) of the lowest objective's fitted crossing; None where not bounded yet."""
@@ -359,6 +385,16 @@ class _RateSearch(_Bracketing):
             return low * step ** 2
         return math.sqrt(low * top)
 
+    def _refine_length(self) -> float | None:
+        """The next refine point's schedule length: with a time budget, the budget left split evenly over as many
+        points of ``--duration`` as fit in it (so the last one does not leave a gap); else ``--duration``."""
+        typical = self._typical_span()
+        if self.ss.time_budget_s is None or typical <= 0:
+            return None
+        left = self.ss.time_budget_s - (self.clock() - self.t0)
+        k = math.floor(left / (typical + self.overhead_s))
+        return max(typical, left / k - self.overhead_s) if k >= 1 else None
+
     def _done(self, n: int) -> bool:
         if not any(isinstance(f, Fit) for f in self.fits().values()) or self.deterministic():
             # no fit at all (every share 0 or 1, as under constant arrivals): the refine bracket narrowed instead
@@ -376,7 +412,7 @@ class _RateSearch(_Bracketing):
         x, side, n = lo, 1, 0
         cap = min(self.ss.max_load, hi * (1.0 + self.ss.spread) ** 2)
         while True:
-            await self.trial(x, phase="refine")
+            await self.trial(x, phase="refine", refine_s=self._refine_length())
             n += 1
             if self._done(n):
                 return
@@ -437,7 +473,7 @@ class _RateSearch(_Bracketing):
         if b is not None and ilo is not None and ihi is not None and not self.deterministic():
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
             fitted = min(f.points for f in fits)
-            if fitted < MIN_CALIBRATED:
+            if fitted < (MIN_ADJUSTED if all(f.adjusted for f in fits) else MIN_CALIBRATED):
                 doc["confidence"] = None
                 note = (note + "; " if note else "") + (
                     f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: their scatter "

@@ -18,6 +18,7 @@ import numpy as np
 
 from bench.config.load import LoadSettings
 from bench.load.capacity import point_settings
+from bench.load.control import PointRequests, Process
 from bench.load.estimate import rise_test, slo_model
 from bench.load.openloop import TREND_MIN_MS
 from bench.load.point import SLO_RISE_SHARE, default_window, make_plan
@@ -47,9 +48,10 @@ class ModelPoints:
     def clock(self) -> float:
         return self.now_s
 
-    async def __call__(self, load: float, trial: int, duration_s: float | None = None) -> dict[str, Any]:
+    async def __call__(self, load: float, trial: int, duration_s: float | None = None,
+                       refine_s: float | None = None) -> dict[str, Any]:
         self.count += 1
-        pls = point_settings(self.ls, load, "rate", self.ls.seed + 1000 * trial + self.count, duration_s)
+        pls = point_settings(self.ls, load, "rate", self.ls.seed + 1000 * trial + self.count, duration_s, refine_s)
         return self.point(pls)
 
     def point(self, pls: LoadSettings) -> dict[str, Any]:
@@ -72,7 +74,13 @@ class ModelPoints:
         if len(obj) != len(self.slo.objectives):
             raise ValueError("the engine model scores ttft, tpot and e2e objectives only")
         sel = (at >= lo) & (at <= hi)
-        return self._summary(pls, at, sel, values, last, lo, hi, span)
+        s = self._summary(pls, at, sel, values, last, lo, hi, span)
+        proc = Process(pls.arrival, pls.rate or 0.0, pls.duration_s, pls.requests, pls.burstiness, pls.ramp_s)
+        e2e = values["e2e"][sel]
+        s["requests"] = PointRequests(at, lo, hi, at[sel], {o.key: values[o.metric][sel] for o in obj},
+                                      {o.key: o.limit_ms for o in obj}, float(np.median(e2e)) / 1e3 if e2e.size
+                                      else 0.0, proc, pls.seed)
+        return s
 
     def _summary(self, pls: LoadSettings, at: np.ndarray, sel: np.ndarray, values: dict[str, np.ndarray],
                  last: np.ndarray, lo: float, hi: float, span: float) -> dict[str, Any]:

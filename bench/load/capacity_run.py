@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.load.capacity import Point, SearchSettings, point_entry, point_settings, search
 from bench.load.openloop import Planned
-from bench.load.point import LoadSettings, load_dict, make_plan, run_point
+from bench.load.point import LoadSettings, load_dict, make_plan, point_requests, run_point
 from bench.records import RecordWriter
 from bench.report.progress import CapacityProgress as Progress
 from bench.results import save_capacity, write_atomic
@@ -49,11 +49,13 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
     boundary, then lets the cancellation go on."""
     assert ls.slo, "bench capacity needs an SLO"
     slo = ls.slo_spec
+    assert slo is not None
     first = [0]
     finished: list[Point] = []
 
-    async def one(load: float, trial: int, duration_s: float | None = None) -> dict[str, Any]:
-        pls = point_settings(ls, load, ss.by, ls.seed + 1000 * trial + len(first), duration_s)
+    async def one(load: float, trial: int, duration_s: float | None = None,
+                       refine_s: float | None = None) -> dict[str, Any]:
+        pls = point_settings(ls, load, ss.by, ls.seed + 1000 * trial + len(first), duration_s, refine_s)
         if ss.by == "concurrency":
             plan = _concurrency_plan(pls, int(load), session.profile.max_tokens)
         else:
@@ -65,7 +67,7 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
             progress.begin(ld["id"], max((p.at_s for p in plan), default=0.0), pls.max_concurrency)
         tick = asyncio.create_task(_ticker(progress)) if progress is not None else None
         try:
-            _, s = await run_point(session, pls, plan, slo=slo, tag="measure", first_index=first[0], load=ld,
+            run, s = await run_point(session, pls, plan, slo=slo, tag="measure", first_index=first[0], load=ld,
                                    counters=progress, on_done=progress.on_done if progress else None)
         finally:
             if tick is not None:
@@ -77,6 +79,8 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
         s["dir"] = str(folder)
         finished.append(Point(load, trial, s))
         write_atomic(folder / "point.json", json.dumps(s, indent=1) + "\n")
+        if ss.by == "rate":
+            s["requests"] = point_requests(run, plan, pls, slo)  # for the search only: not in point.json
         if progress is not None:
             progress.end(s)
         return s

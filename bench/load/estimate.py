@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "t_quantile",
+__all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "fit_shares", "t_quantile",
            "RISE_SIGMAS", "RISE_MIN_SHARE"]
 
 RISE_SIGMAS = 4.0
@@ -141,12 +141,13 @@ class Fit:
     phi: float
     df: float
     scatter: float | None = None  # the points' Pearson chi-square / (points - 2): their variance over binomial
+    adjusted: bool = False  # fitted to control-variate shares with their own variances (fit_shares)
 
     def to_dict(self) -> dict[str, Any]:
         return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
                 "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
                 "scatter": None if self.scatter is None else round(self.scatter, 3),
-                "df": round(self.df, 1)}
+                "df": round(self.df, 1) if math.isfinite(self.df) else None, "adjusted": self.adjusted}
 
 
 def _r6(v: float | None) -> float | None:
@@ -251,3 +252,37 @@ def slo_model(values: dict[str, tuple[Sequence[float], float, float]]) -> dict[s
         e["alpha"] = round(1.0 - min(q, 99.9) / 100.0, 6)
         out[key] = e
     return out
+
+
+def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Sequence[float], ns: Sequence[int],
+               alpha: float, level: float) -> Fit | None:
+    """The crossing of ``share = alpha`` by logit(share) = a + b log(rate) fitted to estimated shares with known
+    variances (the control-variate shares of :mod:`bench.load.control`): quasi-binomial, each point weighted by
+    its effective requests ``share (1 - share) / variance``; the dispersion is the points' Pearson chi-square
+    around the model over points - 2 when that exceeds 1 (Student-t with points - 2 degrees of freedom then,
+    the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`."""
+    x = np.log(np.asarray(rates, dtype=float))
+    n = np.asarray(ns, dtype=float)
+    s = np.clip(np.asarray(shares, dtype=float), 0.0, 1.0)
+    v = np.asarray(variances, dtype=float)
+    ok = (n > 0) & np.isfinite(s) & np.isfinite(v) & (v > 0)
+    x, n, s, v = x[ok], n[ok], s[ok], v[ok]
+    if x.size < 2 or np.ptp(x) <= 0:
+        return None
+    st = np.clip(s, 0.5 / n, 1 - 0.5 / n)
+    w_eff = st * (1 - st) / (n * v)
+    beta, cov = _irls(x, s * n, n, w_eff)
+    a, b = float(beta[0]), float(beta[1])
+    p = np.clip(1.0 / (1.0 + np.exp(-np.clip(a + b * x, -50, 50))), 1e-9, 1 - 1e-9)
+    df_pts = x.size - 2
+    pearson = float(np.sum(w_eff * n * (s - p) ** 2 / (p * (1 - p))))
+    scatter = pearson / df_pts if df_pts > 0 else None
+    phi = max(1.0, scatter) if scatter is not None else 1.0
+    df = float(df_pts) if phi > 1.0 else math.inf
+    tq = t_quantile(0.5 + level / 2, df)
+    L = math.log(alpha / (1 - alpha))
+    cov = cov * phi
+    lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
+    theta = (L - a) / b if b > 0 else None
+    est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
+    return Fit(est, lo, hi, a, b, int(x.size), phi, df, scatter, True)

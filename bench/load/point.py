@@ -21,6 +21,7 @@ from bench.config.profile import Cell
 from bench.config.sizes import dataset_order, load_dataset
 from bench.errors import ConfigError, ServerError
 from bench.load.arrivals import arrival_times, rng_for
+from bench.load.control import PointRequests, Process
 from bench.load.estimate import rise_test, slo_model
 from bench.load.openloop import (
     BEHIND_P99_MS,
@@ -212,6 +213,26 @@ def objective_values(o: Any, recs: list[Any], ms: list[Any]) -> list[float]:
             v = request_values(r, m, o)
             out.append(v if v is not None else (math.inf if o.metric in ("ttft", "e2e") else math.nan))
     return out
+
+
+def point_requests(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO) -> PointRequests | None:
+    """What the control variate of ``bench capacity`` needs of an open-loop point (:mod:`bench.load.control`):
+    the planned send offsets, the window, the window's requests' offsets and values per TTFT, TPOT or E2E
+    objective (ITL objectives have several values per request: left out), their median E2E from the schedule,
+    the arrival process and the seed. None for a closed-loop point or a trace."""
+    if ls.mode != "rate" or ls.rate is None or not plan:
+        return None
+    lo, hi = default_window(run, ls)
+    recs = sorted(_window_records(run, lo, hi), key=lambda r: r.scheduled_ns)
+    ms = [request_metrics(r) for r in recs]
+    objs = [o for o in slo.objectives if o.metric in ("ttft", "tpot", "e2e")]
+    e2e = [m.e2e_ms + (r.sent_ns - r.scheduled_ns) / 1e6 for r, m in zip(recs, ms) if m.ok and m.e2e_ms is not None]
+    proc = Process(ls.arrival, float(ls.rate), ls.duration_s, ls.requests, ls.burstiness, ls.ramp_s)
+    return PointRequests(np.array([p.at_s for p in plan]), lo, hi,
+                         np.array([(r.scheduled_ns - run.t0_ns) / 1e9 for r in recs]),
+                         {o.key: np.asarray(objective_values(o, recs, ms), dtype=float) for o in objs},
+                         {o.key: o.limit_ms for o in objs}, float(np.median(e2e)) / 1e3 if e2e else 0.0, proc,
+                         ls.seed)
 
 
 def _finished_in_window(run: PointRun, lo: float, hi: float) -> float | None:

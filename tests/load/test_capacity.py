@@ -243,6 +243,8 @@ def test_gamma_arrivals_of_the_truth() -> None:
 
 # ---- docs ----------------------------------------------------------------------------------------------------------
 def test_docs_describe_the_code() -> None:
+    from bench.load import control as K
+
     doc = " ".join((ROOT / "docs" / "load.md").read_text().split())
     assert " ".join(C.DEFINITIONS["rate"].split()) in doc
     from bench.cli.capacity import RATE_POINT_S, RATE_TIME_BUDGET_S
@@ -254,6 +256,11 @@ def test_docs_describe_the_code() -> None:
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
                  f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
                  f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
-                 "weighted by its `n` requests alone", "points - 2 degrees of freedom"):
+                 "weighted by its `n` requests alone", "points - 2 degrees of freedom",
+                 # the control-variate shares (bench/load/control.py) and their fit (estimate.fit_shares)
+                 f"`MIN_ADJUSTED` = {C.MIN_ADJUSTED}", f"`DRAWS` = {K.DRAWS}", f"`BATCHES` = {K.BATCHES}",
+                 f"`VAR_INFLATE` = {K.VAR_INFLATE:g}", f"`RIDGE` = {K.RIDGE:g}",
+                 "`BIN_EDGES_U` = (" + ", ".join(f"{x:g}" for x in K.BIN_EDGES_U) + ")",
+                 "`QUEUE_SPEEDS` = (" + ", ".join(str(x) for x in K.QUEUE_SPEEDS) + ")"):
         assert text in doc, text
     assert "fits a least-squares line over the window" not in doc and "geometric middle of the bracket for rates" not in doc
