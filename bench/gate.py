@@ -58,6 +58,8 @@ from bench.results import CellResult, Results
 from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
 __all__ = [
+    "HOST_LOAD_CHANGE_CORES",
+    "host_load_change",
     "HIGHER_BETTER",
     "LOWER_BETTER",
     "METRICS",
@@ -636,3 +638,23 @@ def uncovered_cells(baseline: Results, candidate: Results) -> list[str]:
     """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
     have = {c.id for c in baseline.cells}
     return [c.id for c in candidate.cells if c.id not in have]
+
+
+HOST_LOAD_CHANGE_CORES = 0.25  # other work on the host moved by more cores than this: the verdicts may be its
+
+
+def host_load_change(baseline: Results, candidate: Results) -> dict[str, Any] | None:
+    """When the server ran on bench's host in both runs and other work there kept a different number of cores busy
+    (``machine.other_load.other_cores``, :mod:`bench.session.hostload`) by more than
+    :data:`HOST_LOAD_CHANGE_CORES`: ``{"baseline_other_cores", "candidate_other_cores", "change_cores"}``; else
+    None (a remote server, or a run that did not record it). The server's speed moves with such load, so the
+    gate's verdicts may be the machine's, not the change's."""
+    a = (baseline.machine or {}).get("other_load") or {}
+    b = (candidate.machine or {}).get("other_load") or {}
+    xs, ys = a.get("other_cores"), b.get("other_cores")
+    if not (a.get("server_local") and b.get("server_local")) or not (_is_num(xs) and _is_num(ys)):
+        return None
+    x, y = float(xs or 0.0), float(ys or 0.0)
+    if abs(y - x) <= HOST_LOAD_CHANGE_CORES:
+        return None
+    return {"baseline_other_cores": x, "candidate_other_cores": y, "change_cores": round(y - x, 3)}

@@ -165,6 +165,12 @@ KINDS: tuple[Kind, ...] = (
          "the verdicts compare unlike runs: measure both with the same profile, model and server, to their end"),
     Kind("cell-not-covered", "cell {cell} is only in {which}: no rule can check it",
          "add the cell to the baseline (measure it again with the candidate's profile)"),
+    Kind("host-load-changed",
+         "other work on this host kept {base:.2f} cores busy during the baseline and {cand:.2f} during this run, "
+         "beside a server on this host: its speed moves with such load, so the verdicts may be the machine's, not "
+         "the change's (the gate exits 2, undecided)",
+         "run the baseline and the gate on an otherwise quiet machine, or compare live with bench ab (waves "
+         "alternated)"),
     Kind("gpu-clock-moved",
          "{where}: {what} clock p50 {base:.0f} MHz in the baseline, {cand:.0f} MHz in the candidate ({pct:+.1f} %, "
          "beyond {limit:g} %): the GPUs ran at other clocks, so a speed difference may be theirs, not the change's",

@@ -438,6 +438,50 @@ def test_gate_command_end_to_end(sims, sim_profile, tmp_path, bench_main, capsys
     assert baseline.read_text() != before and load_results(baseline).run.id != json.loads(before)["run"]["id"]
 
 
+def test_other_work_beside_a_local_server_leaves_the_gate_undecided(sims, sim_profile, tmp_path, bench_main, capsys):
+    """A baseline recorded while other work kept 1.6 cores of this host busy beside the (local) server, gated on
+    a quiet host: the same server, but the verdicts may be the machine's -> exit 2 with the warning and its cure,
+    gate.json's ``host_load``. Without the difference the same gate passes."""
+    base_dir = tmp_path / "base"
+    assert bench_main(["run", sims["same"], "-p", str(sim_profile), "--out", str(base_dir), "--json"]) == 0
+    capsys.readouterr()
+    doc = json.loads((base_dir / "results.json").read_text())
+    load = doc["machine"]["other_load"]
+    assert load["server_local"] and load["server_cores"] is not None and load["other_cores"] < 0.5, load
+    doc["machine"]["other_load"] = {**load, "other_cores": 1.6}
+    busy = _write_doc(tmp_path / "busy.json", doc)
+    code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", busy, "--out",
+                       str(tmp_path / "g1"), "--max-waves", "8"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "other work on this host kept 1.60 cores busy during the baseline" in err and "bench ab" in err
+    gate_doc = json.loads((tmp_path / "g1" / "gate.json").read_text())
+    assert gate_doc["host_load"]["baseline_other_cores"] == 1.6 and gate_doc["exit"] in (0, 1, 2)
+    assert bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", str(base_dir / "results.json"),
+                       "--out", str(tmp_path / "g2"), "--max-waves", "8"]) in (0, 2)
+    assert "other work on this host" not in capsys.readouterr().err
+
+
+def _write_doc(path: Path, doc: dict) -> str:
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def test_host_load_change_is_pure_and_needs_a_local_server():
+    from bench.gate import host_load_change
+
+    def with_load(other, local=True):
+        r = results({"c": {"decode_tok_s": [50.0] * 4}})
+        r.machine = {"other_load": {"other_cores": other, "server_local": local}}
+        return r
+
+    assert host_load_change(with_load(0.1), with_load(0.2)) is None  # within 0.25 cores
+    assert host_load_change(with_load(0.1), with_load(1.1)) == {"baseline_other_cores": 0.1,
+                                                                 "candidate_other_cores": 1.1, "change_cores": 1.0}
+    assert host_load_change(with_load(0.1, local=False), with_load(1.1, local=False)) is None  # a remote server
+    assert host_load_change(results({"c": {"decode_tok_s": [50.0] * 4}}), with_load(1.1)) is None  # an older baseline
+
+
 def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys):
     baseline = _write(tmp_path / "b.json", results({}, profile="gate-sim"))
     # unreachable endpoint (a closed port): exit 3 for bench gate, not 4

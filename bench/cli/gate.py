@@ -25,11 +25,12 @@ from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
 from bench.config.profile import Profile
-from bench.errors import EXIT_CHECK_FAILED, EXIT_OK, BenchError, GateCouldNotRun
+from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, GateCouldNotRun
 from bench.gate import (
     Rule,
     Verdict,
     check_comparable,
+    host_load_change,
     main_verdicts,
     overall_exit,
     profile_rules,
@@ -242,10 +243,9 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
             log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"], gpu=gpu)))
     _warn([warning("not-comparable", difference=d) for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
-    gpu_notes = comparison_notes(baseline.cells, outcome.results.cells)  # clocks or throttling that moved
-    _warn(gpu_notes)
+    moved = _moved_beside(baseline, outcome.results)
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
-                                               **({"gpu_notes": gpu_notes} if gpu_notes else {})})
+                                               **moved})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
@@ -255,7 +255,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
         "re-measured": ", ".join(f"{k} (+{v} waves)" for k, v in outcome.remeasured.items()) or None,
-        "results": str(out / "results.json"), "GPUs": "; ".join(gpu_notes) or None,
+        "results": str(out / "results.json"), "GPUs": "; ".join(moved.get("gpu_notes", [])) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0)
@@ -264,8 +264,9 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         written.append(f"{baseline_file} (baseline updated)")
     stderr.print(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written), highlight=False,
                  soft_wrap=True)
-    if outcome.code != EXIT_OK:
-        raise SystemExit(outcome.code)
+    code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
+    if code != EXIT_OK:
+        raise SystemExit(code)
 
 
 @click.command("compare")
@@ -379,6 +380,17 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     code = overall_exit(verdicts)
     if code != EXIT_OK:
         raise SystemExit(code)
+
+
+def _moved_beside(baseline: Results, candidate: Results) -> dict[str, Any]:
+    """Warn of what moved beside the change between the runs: GPU clocks or throttling, other work on the host of
+    a local server (the gate is then undecided); their gate.json keys (``gpu_notes``, ``host_load``)."""
+    gpu_notes = comparison_notes(baseline.cells, candidate.cells)
+    _warn(gpu_notes)
+    host = host_load_change(baseline, candidate)
+    if host:
+        _warn([warning("host-load-changed", base=host["baseline_other_cores"], cand=host["candidate_other_cores"])])
+    return {**({"gpu_notes": gpu_notes} if gpu_notes else {}), **({"host_load": host} if host else {})}
 
 
 def _drift_lines(baseline: Results, candidate: Results) -> list[str]:

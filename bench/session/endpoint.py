@@ -55,6 +55,7 @@ from bench.server.gpu import GpuSampler
 from bench.server.info import discover_server
 from bench.server.metrics import MetricsScraper, detect_metrics
 from bench.server.tokenizer import CalibratedTokenizer, HttpTokenizer
+from bench.session.hostload import HostLoad
 from bench.transport.kernel_stamps import clock_report
 from bench.transport.limits import check_connections
 from bench.version import __version__
@@ -157,6 +158,7 @@ class Session:
         self.sizing: dict[str, Any] = {}  # cell id -> bench.session.autosize's choice
         self.annotators: list[CellAnnotator] = []
         self.drift: dict[str, Any] | None = None
+        self.hostload: HostLoad | None = None  # other work on this host during the run (machine.other_load)
         self.scraper: MetricsScraper | None = None  # the server's /metrics (bench.server.metrics), when it has one
         self.gpu: GpuSampler | None = None  # GPU telemetry around each measured window (bench.server.gpu)
         self.extras: dict[str, Any] = {}  # top-level additions of annotators (roofline_spec)
@@ -211,6 +213,7 @@ class Session:
             s.workers_auto = workers == "auto"
             s.pool = pool if pool is not None else s._worker_pool(workers, conc, ray_address)
             s.scraper = await detect_metrics(s.client, s.base)
+            s.hostload = HostLoad.start(base)
             gc.collect()
             gc.freeze()  # what exists now (modules, the session) is never scanned again by the collector
         except BaseException:
@@ -447,6 +450,12 @@ class Session:
         raise ServerError(f"building a {req.target_tokens}-token prompt failed twice")
 
     # ---- results ------------------------------------------------------------------------------------------------
+    def _machine(self) -> dict[str, Any]:
+        """:func:`machine_info`, with ``other_load``: the cores other work kept busy on this host meanwhile."""
+        info = machine_info()
+        load = self.hostload.figures() if self.hostload is not None else None
+        return {**info, "other_load": load} if load is not None else info
+
     def results(self, cells: list[CellResult], *, complete: bool = False, interrupted: bool = False) -> Results:
         """The typed results document of the cells so far (``complete`` once every cell is in)."""
         p = self.profile
@@ -465,7 +474,7 @@ class Session:
         return Results(
             profile=ProfileInfo(p.name, p.source, settings),
             endpoint=EndpointInfo(self.base, self.model, p.endpoint),
-            run=run, cells=list(cells), server=self.server, machine=machine_info(), warnings=warnings,
+            run=run, cells=list(cells), server=self.server, machine=self._machine(), warnings=warnings,
             bench_version=__version__, created=now.isoformat(timespec="seconds"),
             roofline_spec=self.extras.get("roofline_spec"),
         )

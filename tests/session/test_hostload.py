@@ -1,0 +1,69 @@
+"""bench.session.hostload: the cores other work kept busy on this host during a run, apart from bench's own
+processes and a local server's (found by its listening port)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from bench.session.hostload import HostLoad, listener_pid, tree_cpu_s
+from bench.sim import SimConfig, running_sim
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="Linux /proc only")
+
+HOG = "import time\nt = time.monotonic()\nwhile time.monotonic() - t < {s}: pass\n"
+
+
+def _spin(seconds: float) -> None:
+    t = time.monotonic()
+    while time.monotonic() - t < seconds:
+        pass
+
+
+def _other(url: str, during, seconds: float = 2.0) -> dict:
+    load = HostLoad.start(url)
+    during(seconds)
+    f = load.figures()
+    assert f is not None
+    return f
+
+
+def test_a_server_is_found_by_its_port_and_bench_busy_is_not_other() -> None:
+    """This process is "bench" here (the sim runs inside it, so the server's tree is left out): its spinning is
+    not other work. Compared with a window of the same length spent asleep (whatever else this machine runs
+    shows in both)."""
+    with running_sim(SimConfig(decode_step_ms=5)) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        assert listener_pid(port) is not None
+        idle = _other(url, time.sleep)
+        busy = _other(url, _spin)
+    assert busy["server_local"] and busy["server_cores"] is not None
+    assert busy["other_cores"] - idle["other_cores"] < 0.4, (idle, busy)
+    assert HostLoad.start("http://10.1.2.3:8000/v1").figures()["server_local"] is False  # type: ignore[index]
+
+
+def test_a_child_of_bench_is_bench() -> None:
+    """A process bench started (a worker) counts as bench's: 1.5 s of spinning in a 2-s window, ~0.75 cores."""
+    load = HostLoad.start("http://127.0.0.1:9/v1")  # nothing listens there: no server to leave out
+    subprocess.run([sys.executable, "-c", HOG.format(s=1.5)], check=True)
+    time.sleep(0.5)
+    f = load.figures()
+    assert f is not None and f["server_cores"] is None and f["bench_cores"] > 0.5, f
+    assert tree_cpu_s(os.getpid()) > 0
+
+
+def test_work_of_a_stranger_counts_as_other() -> None:
+    """A hog that is not under bench's process tree (double-forked, its parent gone) is other work: about 0.75
+    cores more than an idle window."""
+    code = f"import os, sys\nif os.fork(): sys.exit(0)\nexec({HOG.format(s=1.5)!r})\n"
+    url = "http://127.0.0.1:9/v1"
+    idle = _other(url, time.sleep)
+    load = HostLoad.start(url)
+    subprocess.run([sys.executable, "-c", code], check=True)  # returns at once; the grandchild spins on
+    time.sleep(2.0)
+    f = load.figures()
+    assert f is not None and f["other_cores"] - idle["other_cores"] > 0.4, (idle, f)
