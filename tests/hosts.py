@@ -388,8 +388,9 @@ class PrivateNet:
             _run(["ip", "netns", "add", self.name])
             self._made = True
             _run(self.cmd(["ip", "link", "set", "lo", "up"]))
-            for key, value in self.settings.items():
-                _run(self.cmd(["sysctl", "-q", "-w", f"{key}={value}"]))
+            for key, value in self.settings.items():  # /proc/sys directly: sysctl may not be on PATH (/sbin)
+                path = "/proc/sys/" + key.replace(".", "/")
+                _run(self.cmd(["sh", "-c", f'echo "$1" > {path}', "sh", value]))
         except BaseException:
             self.close()
             raise

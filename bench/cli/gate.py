@@ -244,8 +244,9 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     _warn([warning("not-comparable", difference=d) for d in outcome.differences])
     _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
     moved = _moved_beside(baseline, outcome.results)
+    code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
-                                               **moved})
+                                               **moved, **({"exit": code} if code != outcome.code else {})})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
@@ -264,7 +265,6 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         written.append(f"{baseline_file} (baseline updated)")
     stderr.print(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written), highlight=False,
                  soft_wrap=True)
-    code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
     if code != EXIT_OK:
         raise SystemExit(code)
 

@@ -5,7 +5,7 @@ or another job shares the cores with a server on this host in one of them, the s
 (a 2-core run moved decode by -23..-32 % that way: benchmarks/results/gate_oc_real-2026-12-02-vm.md). So every run
 records how many cores other processes kept busy meanwhile (``machine.other_load`` in results.json), from
 /proc/stat (the host's busy time) minus the CPU time of bench's own processes and of the server's, when it listens
-on this host (found by its listening port in /proc/net/tcp)::
+on this host (found by its listening port in /proc/net/tcp); niced work is left out (it yields the cores)::
 
     load = HostLoad.start("http://127.0.0.1:8080/v1")
     ... the run ...
@@ -34,13 +34,14 @@ _LOCAL = {"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"}
 
 
 def _host_busy_s() -> float | None:
-    """Busy CPU seconds of the whole host since boot (user + nice + system + irq + softirq + steal), or None."""
+    """Busy CPU seconds of the whole host since boot (user + system + irq + softirq + steal), or None. Time of
+    niced processes is left out: such work yields the cores to a server of normal priority."""
     try:
         first = (PROC / "stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
     v = [int(x) for x in first[1:9]]
-    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    return (v[0] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
 
 
 def _stat(pid: int) -> tuple[int, float] | None:

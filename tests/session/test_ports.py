@@ -61,7 +61,8 @@ def test_worker_processes_never_hold_a_second_set_of_ports(tmp_path, workers: st
     failed = [(r.meta.get("phase"), r.error_kind, r.error) for r in recs if not r.ok]
     assert not failed, f"{len(failed)} failed, e.g. {failed[0]}"
     res = json.loads(p.stdout)
-    assert res["run"]["workers"] == 2 and res["cells"][0]["requests_ok"] == 600
+    # auto grows the pool from one process (2 by the mocked lag, up to 3 by the CPU rule on the mocked 4 cores)
+    assert res["run"]["workers"] in ((2, 3) if workers == "auto" else (2,)) and res["cells"][0]["requests_ok"] == 600
     warm = [r for r in recs if r.meta.get("phase") == "warmup"]
     # auto: the probe wave read here, then one wave that warms the new pool's connections; 2: the pool's own
     assert sorted({r.meta["wave"] for r in warm}) == ([0, 1] if workers == "auto" else [0])
