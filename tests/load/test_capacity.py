@@ -257,7 +257,9 @@ def test_docs_describe_the_code() -> None:
                  f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
                  f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
-                 f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
+                 f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}",
+                 f"`CONSTANT_REFINE_SHARE` = {C.CONSTANT_REFINE_SHARE:g}",
+                 f"`CONSTANT_REFINE_MIN_S` = {C.CONSTANT_REFINE_MIN_S:g} s", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
                  "weighted by its `n` requests alone", "points - 2 degrees of freedom",
                  # the control-variate shares (bench/load/control.py) and their fit (estimate.fit_shares)
                  f"`MIN_ADJUSTED` = {C.MIN_ADJUSTED}", f"`DRAWS` = {K.DRAWS}", f"`BATCHES` = {K.BATCHES}",
