@@ -131,7 +131,7 @@ class Point:
 
 RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
 
-REFINE_WARMUP_SHARE = 0.4
+REFINE_WARMUP_SHARE = 0.25
 PROBE_REQUESTS = 5
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
