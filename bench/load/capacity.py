@@ -11,7 +11,9 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
    empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
    side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
-   below ``(1 + spread)^2`` times the lowest probe that missed.
+   below ``(1 + spread)^2`` times the lowest probe that missed. Constant arrivals (a deterministic response):
+   shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket at the share's
+   interpolated crossing, and that crossing is the answer.
 3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
    control variate from its schedule (:mod:`bench.load.control`: a proxy fitted on the other points, minus its
    expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
