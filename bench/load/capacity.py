@@ -11,7 +11,9 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
    empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
    side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
-   below ``(1 + spread)^2`` times the lowest probe that missed.
+   below ``(1 + spread)^2`` times the lowest probe that missed. Constant arrivals (a deterministic response):
+   shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket at the share's
+   interpolated crossing, and that crossing is the answer.
 3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
    control variate from its schedule (:mod:`bench.load.control`: a proxy fitted on the other points, minus its
    expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
@@ -131,11 +133,13 @@ class Point:
 
 RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
 
-REFINE_WARMUP_SHARE = 0.4
+REFINE_WARMUP_SHARE = 0.25
 PROBE_REQUESTS = 5
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
+CONSTANT_REFINE_SHARE = 0.4  # constant arrivals: refine points after the first last this share of it (bisection)
+CONSTANT_REFINE_MIN_S = 20.0  # ... but no less than this (a queue growing slowly above capacity must show)
 
 
 def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
@@ -151,6 +155,8 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
     if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
         pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
     if refine_s is not None and pls.duration_s is not None:
+        if refine_s < pls.duration_s and pls.warmup_s is not None:  # a shortened point keeps its window's share
+            pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
         pls = replace(pls, duration_s=refine_s)
     return pls
 
@@ -376,6 +382,14 @@ class _RateSearch(_Bracketing):
         b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
+        if self.constant():  # a deterministic response: bisect, an open side closed by the probes' bracket
+            plo, phi = self.bracket()
+            if low is not None and top is not None:
+                return self.interpolate(low, top, 0.2)
+            if low is not None and phi is not None and phi > low:
+                return math.sqrt(low * phi)
+            if top is not None and plo is not None and plo < top:
+                return math.sqrt(plo * top)
         if (b is not None and ilo is not None and ihi is not None and (top is None or b < top * step)
                 and not self.deterministic()):
             return b * step if side > 0 else b / step
@@ -385,10 +399,36 @@ class _RateSearch(_Bracketing):
             return low * step ** 2
         return math.sqrt(low * top)
 
+    def constant(self) -> bool:
+        """The points' arrivals are constant (bench's schedule is deterministic)."""
+        reqs = [p.summary.get("requests") for p in self.points]
+        return bool(reqs) and all(isinstance(r, PointRequests) and r.process.kind == "constant" for r in reqs)
+
+    def interpolate(self, low: float, top: float, margin: float) -> float:
+        """Where the share crosses alpha between the refine loads ``low`` (under) and ``top`` (over), linearly in
+        share vs log load (a point over only by not being steady counts as its middle), kept ``margin`` of the
+        way (in log load) inside the bracket."""
+        ref = {p.load: p for p in self.points if p.phase == "refine"}
+        t = 0.5
+        shares = [(m["share"], m["alpha"]) for m in (ref[low].summary.get("slo_model") or {}).values()]
+        tops = [m["share"] for m in (ref[top].summary.get("slo_model") or {}).values()]
+        ts = [(a - sl) / (st - sl) for (sl, a), st in zip(shares, tops)
+              if sl is not None and st is not None and st > a >= sl]
+        if ts and ref[top].steady:
+            t = min(ts)
+        t = min(1.0 - margin, max(margin, t))
+        return math.exp(math.log(low) + t * (math.log(top) - math.log(low)))
+
     def _refine_length(self) -> float | None:
-        """The next refine point's schedule length: with a time budget, the budget left split evenly over as many
-        points of ``--duration`` as fit in it (so the last one does not leave a gap); else ``--duration``."""
+        """The next refine point's schedule length: under constant arrivals ``CONSTANT_REFINE_SHARE`` of the first,
+        at least ``CONSTANT_REFINE_MIN_S`` (short points bisect a deterministic response); else, with a time budget, the budget left split evenly
+        over as many points of ``--duration`` as fit in it (so the last one does not leave a gap); else
+        ``--duration``."""
         typical = self._typical_span()
+        if self.constant() and typical > 0:
+            first = next(p for p in self.points if p.phase == "refine")
+            span = float(first.summary["schedule"]["span_s"])
+            return max(CONSTANT_REFINE_SHARE * span, min(span, CONSTANT_REFINE_MIN_S))
         if self.ss.time_budget_s is None or typical <= 0:
             return None
         left = self.ss.time_budget_s - (self.clock() - self.t0)
@@ -504,6 +544,8 @@ class _RateSearch(_Bracketing):
                                                         f"of {kind}, with no stated confidence")
             mid = math.sqrt(blo * bhi) if blo is not None and bhi is not None else blo
             est = b if b is not None and blo is not None and bhi is not None and blo <= b <= bhi else mid
+            if self.constant() and kind.startswith("refine") and blo is not None and bhi is not None:
+                est = self.interpolate(blo, bhi, 0.0)
             doc.update({"boundary": None if est is None else round(est, 6), "interval": [blo, bhi], "safe": blo,
                         "confidence": None})
         doc["note"] = note or None
