@@ -168,7 +168,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("host-load-changed",
          "other work on this host kept {base:.2f} cores busy during the baseline and {cand:.2f} during this run, "
          "beside a server on this host: its speed moves with such load, so the verdicts may be the machine's, not "
-         "the change's (the gate exits 2, undecided)",
+         "the change's ({then})",
          "run the baseline and the gate on an otherwise quiet machine, or compare live with bench ab (waves "
          "alternated)"),
     Kind("gpu-clock-moved",

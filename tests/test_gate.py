@@ -483,6 +483,18 @@ def test_host_load_change_is_pure_and_needs_a_local_server():
     assert host_load_change(results({"c": {"decode_tok_s": [50.0] * 4}}), with_load(1.1)) is None  # an older baseline
 
 
+def test_compare_warns_of_other_work_and_keeps_its_exit(tmp_path, bench_main, capsys):
+    def doc(other):
+        r = results({"c": {"decode_tok_s": [50.0, 50.5, 49.5, 50.2]}})
+        r.machine = {"other_load": {"other_cores": other, "server_local": True}}
+        return _write(tmp_path / f"r{other}.json", r)
+
+    assert bench_main(["compare", doc(0.0), doc(1.2)]) == 0
+    err = capsys.readouterr().err
+    assert "other work on this host kept 0.00 cores busy during the baseline and 1.20" in err
+    assert "read the verdicts with care" in err
+
+
 def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys):
     baseline = _write(tmp_path / "b.json", results({}, profile="gate-sim"))
     # unreachable endpoint (a closed port): exit 3 for bench gate, not 4

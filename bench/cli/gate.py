@@ -293,7 +293,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     _warn([warning("not-comparable", difference=d) for d in check_comparable(a, b, force)])
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
     _warn([warning("cell-not-covered", cell=cid, which="B") for cid in uncovered_cells(a, b)])
-    _warn(comparison_notes(a.cells, b.cells))  # GPU clocks or throttling that moved between A and B
+    _moved_beside(a, b, then="read the verdicts with care")  # what moved between A and B beside the change
     main = main_verdicts(a, b)
     stdout.print(side_by_side_table(main, f"bench compare: A = {file_a}, B = {file_b}"))
     verdicts = compare_results(a, b, rules)
@@ -382,14 +382,16 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
         raise SystemExit(code)
 
 
-def _moved_beside(baseline: Results, candidate: Results) -> dict[str, Any]:
+def _moved_beside(baseline: Results, candidate: Results, then: str = "the gate exits 2, undecided") -> dict[str, Any]:
     """Warn of what moved beside the change between the runs: GPU clocks or throttling, other work on the host of
-    a local server (the gate is then undecided); their gate.json keys (``gpu_notes``, ``host_load``)."""
+    a local server (the gate is then undecided: ``then`` says so); their gate.json keys (``gpu_notes``,
+    ``host_load``)."""
     gpu_notes = comparison_notes(baseline.cells, candidate.cells)
     _warn(gpu_notes)
     host = host_load_change(baseline, candidate)
     if host:
-        _warn([warning("host-load-changed", base=host["baseline_other_cores"], cand=host["candidate_other_cores"])])
+        _warn([warning("host-load-changed", base=host["baseline_other_cores"], cand=host["candidate_other_cores"],
+                       then=then)])
     return {**({"gpu_notes": gpu_notes} if gpu_notes else {}), **({"host_load": host} if host else {})}
 
 
