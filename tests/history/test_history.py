@@ -400,8 +400,12 @@ def postgres_url() -> Iterator[str]:
             pw = pwd.getpwnam("postgres")
         except KeyError:
             pytest.skip("running as root and there is no postgres user to run the server as")
+        runuser = shutil.which("runuser") or next((p for p in ("/usr/sbin/runuser", "/sbin/runuser")
+                                                    if os.path.exists(p)), None)
+        if runuser is None:
+            pytest.skip("running as root and there is no runuser to start the server as the postgres user")
         os.chown(tmp, pw.pw_uid, pw.pw_gid)
-        as_user = ["runuser", "-u", "postgres", "--"]
+        as_user = [runuser, "-u", "postgres", "--"]
     data = tmp / "data"
     subprocess.run([*as_user, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "bench", "--no-sync",
                     "-E", "UTF8"], check=True, capture_output=True, timeout=120)
