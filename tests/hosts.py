@@ -40,7 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -301,17 +301,7 @@ class Hosts:
 
     def close(self) -> None:
         """Stop everything this run started and remove its namespaces, bridge and folder. Idempotent."""
-        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 3.0)):
-            pids = self._own_pids()
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, sig)
-            deadline = time.monotonic() + wait_s
-            while pids and time.monotonic() < deadline:
-                for p in self.procs:
-                    p.poll()
-                pids = {pid for pid in pids if _alive(pid)}
-                time.sleep(0.1)
+        _stop(self._own_pids, reap=lambda: [p.poll() for p in self.procs])
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(1)
@@ -328,6 +318,21 @@ class Hosts:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _stop(pids_of: Callable[[], set[int]], reap: Callable[[], object] = lambda: None) -> None:
+    """SIGTERM the processes ``pids_of()`` names and wait up to 5 s for them to go, then SIGKILL whatever it names
+    then and wait up to 3 s; ``reap`` (waiting on our own children) runs while waiting."""
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 3.0)):
+        pids = pids_of()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait_s
+        while pids and time.monotonic() < deadline:
+            reap()
+            pids = {pid for pid in pids if _alive(pid)}
+            time.sleep(0.1)
 
 
 def clean_env() -> dict[str, str]:
@@ -416,15 +421,7 @@ class PrivateNet:
     def close(self) -> None:
         """Stop every process in the namespace and delete it (and the folder). Idempotent."""
         if self._made:
-            for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 3.0)):
-                pids = {int(x) for x in _run(["ip", "netns", "pids", self.name], check=False).stdout.split()}
-                for pid in pids:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(pid, sig)
-                deadline = time.monotonic() + wait_s
-                while pids and time.monotonic() < deadline:
-                    pids = {pid for pid in pids if _alive(pid)}
-                    time.sleep(0.1)
+            _stop(lambda: set(Hosts.ns_pids(self.name)))
             _run(["ip", "netns", "del", self.name], check=False)
             self._made = False
         shutil.rmtree(self.dir, ignore_errors=True)

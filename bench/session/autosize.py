@@ -108,17 +108,20 @@ def lag_summary(samples: Sequence[float]) -> dict[str, Any]:
             "max_ms": round(x[-1], 3)}
 
 
+def _median_gap_ns(records: Sequence[RequestRecord]) -> int | None:
+    """The median gap between consecutive token events of a stream, over the records (None without any)."""
+    gaps = sorted(b - a for r in records for ts in [[e.t_ns for e in r.events if e.has_text]]
+                  for a, b in zip(ts, ts[1:]) if b > a)
+    return gaps[len(gaps) // 2] if gaps else None
+
+
 def lag_budget_ms(records: Sequence[RequestRecord]) -> float:
     """Half the median gap between consecutive token events of a stream, clipped to 1-20 ms (20 ms when the
     records have no such gap)."""
-    gaps: list[int] = []
-    for r in records:
-        ts = [e.t_ns for e in r.events if e.has_text]
-        gaps.extend(b - a for a, b in zip(ts, ts[1:]) if b > a)
-    if not gaps:
+    gap = _median_gap_ns(records)
+    if gap is None:
         return LAG_BUDGET_MAX_MS
-    gaps.sort()
-    return min(LAG_BUDGET_MAX_MS, max(LAG_BUDGET_MIN_MS, gaps[len(gaps) // 2] / 2e6))
+    return min(LAG_BUDGET_MAX_MS, max(LAG_BUDGET_MIN_MS, gap / 2e6))
 
 
 class WorkerChoice(dict[str, Any]):
@@ -149,12 +152,11 @@ def cpu_workers(records: Sequence[RequestRecord], cpu_s: float | None, streams: 
     cost of the wave counted against its events, so an over-estimate) times the events per second the measured
     waves bring (``streams`` / the median gap between two events of a stream), over :data:`CPU_TARGET`. None
     without CPU time or events."""
-    ts = [[e.t_ns for e in r.events if e.has_text] for r in records]
-    events = sum(len(t) for t in ts)
-    gaps = sorted(b - a for t in ts for a, b in zip(t, t[1:]) if b > a)
-    if not cpu_s or cpu_s <= 0 or not events or not gaps:
+    events = sum(1 for r in records for e in r.events if e.has_text)
+    gap = _median_gap_ns(records)
+    if not cpu_s or cpu_s <= 0 or not events or gap is None:
         return None
-    events_per_s = streams / (gaps[len(gaps) // 2] / 1e9)
+    events_per_s = streams / (gap / 1e9)
     return max(1, math.ceil(events_per_s * cpu_s / events / CPU_TARGET))
 
 
