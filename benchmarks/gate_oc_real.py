@@ -11,16 +11,23 @@ baseline, then runs one gate per case, in rotating order, each with ``--max-time
 * 10% slower    f = 0.90, allowance 5 %   -> regression
 * 5% slower     f = 0.95, allowance 3 %   -> regression
 
-    python benchmarks/gate_oc_real.py --n 5 --max-time 120
+``--mode ab`` measures ``bench ab`` instead: per case, A through a 0-delay proxy and B through the delayed one,
+waves interleaved (the delay from 8 calibration requests per round). ``--url`` gates a running server (the H200
+rounds: benchmarks/gpu/gate_oc_h200.sh).
+
+    python benchmarks/gate_oc_real.py --n 20 --max-time 300 --baseline-requests 48
+    python benchmarks/gate_oc_real.py --mode ab --n 20 --max-time 300
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import platform
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -34,8 +41,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.client import ClientSettings  # noqa: E402
 from bench.config.profile import parse_profile  # noqa: E402
-from bench.driver import run_gate, run_profile  # noqa: E402
-from bench.gate import Rule  # noqa: E402
+from bench.driver import ABRounds, run_ab, run_gate, run_profile  # noqa: E402
+from bench.gate import Rule, Verdict, overall_exit  # noqa: E402
+from bench.results import Results  # noqa: E402
+from bench.sequential import sequential_compare  # noqa: E402
 from bench.tools.engine import LocalEngine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,31 +80,65 @@ class ProxyProcess:
         self.proc.wait(timeout=10)
 
 
-async def _round(upstream: str, rep: int, args: argparse.Namespace) -> list[dict[str, Any]]:
-    prof = parse_profile(PROFILE, "gate-oc-real")
+async def _baseline(upstream: str, requests: int) -> tuple[Results, float]:
+    """A baseline of ``requests`` through a 0-delay proxy, and its median gap between events (ms)."""
+    prof = parse_profile({**PROFILE, "requests": requests}, "gate-oc-real")
     with ProxyProcess(upstream, 0.0) as px:
         baseline = await run_profile(px.url, prof, ClientSettings(), out_dir=None)
-    cell = baseline.cells[0]
-    itl = statistics.median(cell.samples["itl_ms_p50"])
+    return baseline, statistics.median(baseline.cells[0].samples["itl_ms_p50"])
+
+
+async def _gate(upstream: str, baseline: Results, delay: float, rules: list[Rule], args: argparse.Namespace
+                ) -> tuple[int, Verdict, list[int] | None, bool]:
+    """One ``bench gate`` against the stored ``baseline``: (exit code, verdict, looks, budget ran out)."""
+    prof = parse_profile(PROFILE, "gate-oc-real")
+    with ProxyProcess(upstream, delay) as px:
+        o = await run_gate(px.url, prof, ClientSettings(), baseline, rules,
+                           deadline=time.monotonic() + args.max_time - 1.0)
+    return o.code, o.verdicts[0], o.looks.get(o.verdicts[0].cell), o.budget_ran_out
+
+
+async def _ab(upstream: str, delay: float, rules: list[Rule], args: argparse.Namespace
+              ) -> tuple[int, Verdict, list[int] | None, bool]:
+    """One sequential ``bench ab`` (A: a 0-delay proxy, B: the delayed one, waves interleaved)."""
+    prof = parse_profile(PROFILE, "gate-oc-real")
+    rounds = ABRounds(rules, time.monotonic() + args.max_time - 1.0)
+    with ProxyProcess(upstream, 0.0) as pa, ProxyProcess(upstream, delay) as pb:
+        ra, rb = await run_ab(pa.url, pb.url, prof, ClientSettings(), rounds=rounds)
+    vs = sequential_compare(ra, rb, rules, rounds.look_map(), seed=rounds.seed)
+    return overall_exit(vs), vs[0], rounds.looks.get(vs[0].cell), rounds.budget_ran_out
+
+
+async def _round(upstream: str, rep: int, args: argparse.Namespace) -> list[dict[str, Any]]:
+    baseline, itl = await _baseline(upstream, args.baseline_requests if args.mode == "gate" else 8)
     cases = list(CASES)
     out = []
     for case in cases[rep % len(cases):] + cases[:rep % len(cases)]:
         f, allowance = CASES[case]
         delay = itl * (1.0 / f - 1.0)
         rules = [Rule("decode_tok_s", "*", "median", allowance, 0)]
-        with ProxyProcess(upstream, delay) as px:
-            t0 = time.monotonic()
-            o = await run_gate(px.url, prof, ClientSettings(), baseline, rules, deadline=t0 + args.max_time - 1.0)
-            wall = time.monotonic() - t0
-        v = o.verdicts[0]
-        row = {"case": case, "rep": rep, "code": o.code, "verdict": v.verdict, "f": f, "allowance": allowance,
+        t0 = time.monotonic()
+        if args.mode == "ab":
+            code, v, looks, ran_out = await _ab(upstream, delay, rules, args)
+        else:
+            code, v, looks, ran_out = await _gate(upstream, baseline, delay, rules, args)
+        wall = time.monotonic() - t0
+        row = {"case": case, "rep": rep, "code": code, "verdict": v.verdict, "f": f, "allowance": allowance,
                "itl_ms": itl, "delay_ms": delay, "ratio": v.ratio, "lo": v.lo, "hi": v.hi, "mde_pct": v.mde_pct,
-               "planned_mde_pct": v.planned_mde_pct, "looks": o.looks.get(v.cell), "wall_s": round(wall, 1),
-               "budget_ran_out": o.budget_ran_out}
-        print(f"  {case} {rep + 1}/{args.n}: exit {o.code} {v.verdict} ratio {v.ratio:.3f} (true {f:.3f}, "
-              f"+{delay:.2f} ms/event) looks {row['looks']} {wall:.0f} s", file=sys.stderr, flush=True)
+               "planned_mde_pct": v.planned_mde_pct, "looks": looks, "wall_s": round(wall, 1),
+               "budget_ran_out": ran_out}
+        print(f"  {case} {rep + 1}/{args.n}: exit {code} {v.verdict} ratio {v.ratio:.3f} (true {f:.3f}, "
+              f"+{delay:.2f} ms/event) looks {looks} {wall:.0f} s", file=sys.stderr, flush=True)
         out.append(row)
     return out
+
+
+def _mode_text(args: argparse.Namespace) -> str:
+    if args.mode == "ab":
+        return ("sequential bench ab per case (A: 0-delay proxy, B: delayed proxy, waves interleaved, 16 per side "
+                "at the first look); the delay from 8 calibration requests per round")
+    return (f"{args.baseline_requests} requests per baseline (16 at a gate's first look), a fresh baseline per round "
+            "through a 0-delay proxy")
 
 
 def main() -> None:
@@ -103,18 +146,32 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=5, help="rounds (one gate per case each)")
     ap.add_argument("--max-time", type=float, default=120.0, help="each gate's --max-time (s)")
     ap.add_argument("--threads", type=int, default=1, help="llama-server threads")
+    ap.add_argument("--baseline-requests", type=int, default=48,
+                    help="requests of each round's baseline (a gate's first look is at 16 candidate requests)")
     ap.add_argument("--json", type=Path, help="also write every gate's row here")
+    ap.add_argument("--mode", choices=("gate", "ab"), default="gate",
+                    help="gate: a stored baseline per round, then bench gate per case; ab: bench ab per case, A "
+                         "through a 0-delay proxy and B through the delayed one, waves interleaved")
+    ap.add_argument("--url", help="gate this running server instead of starting the embedded engine")
+    ap.add_argument("--engine", default="bench's embedded SmolLM2-135M Q4_1", help="the engine, as printed")
+    ap.add_argument("--stop-after", type=float, default=None,
+                    help="start no new round after this many seconds (a device call's limit)")
     args = ap.parse_args()
     rows: list[dict[str, Any]] = []
     t_all = time.monotonic()
-    with LocalEngine(parallel=2, ctx_size=4096, threads=args.threads) as eng:
+    with contextlib.ExitStack() as stack:
+        url = args.url or stack.enter_context(LocalEngine(parallel=2, ctx_size=4096, threads=args.threads)).url
         for rep in range(args.n):
-            rows += asyncio.run(_round(eng.url, rep, args))
-    print(f"# gate operating characteristics on llama-server through bench proxy "
+            if args.stop_after is not None and rep and time.monotonic() - t_all > args.stop_after:
+                print(f"stopped after {rep} rounds (--stop-after {args.stop_after:g})", file=sys.stderr)
+                break
+            rows += asyncio.run(_round(url, rep, args))
+    print(f"# {'bench ab' if args.mode == 'ab' else 'gate'} operating characteristics on llama-server through bench proxy "
           f"({datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()})\n")
-    print(f"command: python benchmarks/gate_oc_real.py {' '.join(sys.argv[1:])}\n")
-    print(f"engine: llama-server (bench's embedded SmolLM2-135M Q4_1), {args.threads} thread(s); profile: max_tokens "
-          f"32, 16 requests per baseline, 1 stream; a fresh baseline per round through a 0-delay proxy; "
+    print(f"command: python benchmarks/gate_oc_real.py {shlex.join(sys.argv[1:])}\n")
+    threads = f", {args.threads} thread(s)" if not args.url else ""
+    print(f"engine: llama-server ({args.engine}){threads}; {len(rows) // len(CASES)} rounds; profile: max_tokens "
+          f"32, 1 stream; {_mode_text(args)}; "
           f"--max-time {args.max_time:g} s per gate; total {time.monotonic() - t_all:.0f} s\n")
     print("| case | wanted | gates | pass (0) | regression (1) | undecided (2) | ratio median | looks median (max) | "
           "wall s median (max) |")
