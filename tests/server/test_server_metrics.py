@@ -296,3 +296,33 @@ def test_a_crashed_scraper_is_a_warning_not_silence(monkeypatch: pytest.MonkeyPa
     Sweep(session)._server_checks(out, [], summary)
     assert any("the /metrics scraper stopped during the cell (RuntimeError: parser bug)" in w
                for w in summary.warnings)
+
+
+def test_open_loop_points_carry_the_servers_counters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``bench run --rate`` cell and each ``bench capacity`` point.json hold ``server_metrics`` over the whole
+    point (warm-up and cool-down requests too): the sim's counters equal the usage of every record of the point."""
+    import json
+
+    from bench.cli.app import main
+    from bench.records import read_records
+
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6)) as url:
+        assert main(["run", url, "--rate", "20", "--requests", "12", "--arrival", "constant", "--input-tokens", "16",
+                     "--max-tokens", "5", "--out", str(tmp_path / "run"), "--json"]) == 0, capsys.readouterr().err
+        [c] = json.loads(capsys.readouterr().out)["cells"]
+        rc = main(["capacity", url, "--by", "concurrency", "--slo", "ttft_p90=2s", "--input-tokens", "16",
+                   "--max-tokens", "4", "--start", "1", "--max-load", "2", "--trials", "1", "--max-points", "2",
+                   "--out", str(tmp_path / "cap"), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    recs = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r.meta.get("phase") == "measure"]
+    sm = c["server_metrics"]
+    assert len(recs) == 12 and all(r.ok for r in recs) and c["window"]["requests"] < 12  # the window is a part
+    assert sm["backend"] == "bench-sim" and sm["requests"] == 12 and sm["server_ttft_count"] == 12
+    assert sm["generation_tokens"] == sum(r.usage["completion_tokens"] for r in recs) == 60
+    assert sm["prompt_tokens"] == sum(r.usage["prompt_tokens"] for r in recs)
+    assert not [w for w in c["warnings"] if "token" in w]
+    for p in json.loads(out)["points"]:
+        point = json.loads((Path(p["dir"]) / "point.json").read_text())
+        done = [r for r in read_records(Path(p["dir"]) / "records.jsonl") if r.ok]
+        assert point["server_metrics"]["generation_tokens"] == sum(r.usage["completion_tokens"] for r in done) > 0
