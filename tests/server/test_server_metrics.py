@@ -17,6 +17,7 @@ from bench.server.metrics import (
     cross_check_notes,
     cross_checks,
     detect_metrics,
+    histogram_bucket,
     histogram_quantile,
     parse_page,
     summarize_snapshots,
@@ -106,6 +107,8 @@ def test_histogram_quantile() -> None:
     assert histogram_quantile(0.5, b) == pytest.approx(0.15)
     assert histogram_quantile(0.99, b) == 0.2  # in +Inf: the last finite bound
     assert histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+    assert histogram_bucket(0.5, b) == (0.1, 0.2) and histogram_bucket(0.25, b) == (0.0, 0.1)
+    assert histogram_bucket(0.99, b) == (0.2, float("inf")) and histogram_bucket(0.5, []) is None
 
 
 def _cell(**kw: object) -> dict:
@@ -121,6 +124,12 @@ def test_cross_checks() -> None:
     assert cross_checks(healthy, _cell(), prefix_cache_expected=False) == []  # a healthy run: no warning
     assert cross_check_notes(healthy, _cell()) == [
         "decode-s4-d1000: TTFT p50 80.0 ms at bench, 70.0 ms at the server: +10.0 ms is network, HTTP and client"]
+    # vLLM's TTFT buckets (0.1, 0.25]: both p50s inside the server's p50 bucket, the difference is not measured
+    coarse = {"server_ttft_ms_p50": 175.0, "server_ttft_ms_p50_bucket": [100.0, 250.0]}
+    assert cross_check_notes(coarse, _cell(ttft_ms={"median": 125.8})) == [
+        "decode-s4-d1000: TTFT p50 125.8 ms at bench, 175.0 ms at the server, whose histogram puts it in (100, 250] ms"
+        " with bench's: the difference is within the bucket, not measured"]
+    assert "+85.0 ms is network" in cross_check_notes(coarse, _cell(ttft_ms={"median": 260.0}))[0]
     w = cross_checks({"generation_tokens": 1100}, _cell(), prefix_cache_expected=False)
     assert len(w) == 1 and "1100" in w[0] and "+7.4 %" in w[0] and "another client" in w[0]
     assert cross_checks({"generation_tokens": 1034}, _cell(), False) == []  # within 1 %
