@@ -179,11 +179,12 @@ def histogram_bucket(q: float, buckets: Sequence[tuple[float, float]]) -> tuple[
 def _hist_summary(key: str, h: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {f"server_{key}_count": int(round(h["count"]))}
     if h["count"] > 0:
-        out[f"server_{key}_ms_mean"] = round(h["sum"] / h["count"] * 1000, 3)
+        mean = h["sum"] / h["count"]
+        out[f"server_{key}_ms_mean"] = round(mean * 1000, 3)
         for q in (50, 90, 99):
             v = histogram_quantile(q / 100, h["buckets"])
-            if v is not None:
-                out[f"server_{key}_ms_p{q}"] = round(v * 1000, 3)
+            if v is not None:  # Markov: a duration's q quantile is at most mean / (1 - q), whatever the buckets
+                out[f"server_{key}_ms_p{q}"] = round(min(v, max(mean, 0.0) / (1 - q / 100)) * 1000, 3)
         b = histogram_bucket(0.5, h["buckets"])
         if b is not None and not math.isinf(b[1]):
             out[f"server_{key}_ms_p50_bucket"] = [round(b[0] * 1000, 3), round(b[1] * 1000, 3)]

@@ -335,3 +335,18 @@ def test_open_loop_points_carry_the_servers_counters(tmp_path: Path, capsys: pyt
         point = json.loads((Path(p["dir"]) / "point.json").read_text())
         done = [r for r in read_records(Path(p["dir"]) / "records.jsonl") if r.ok]
         assert point["server_metrics"]["generation_tokens"] == sum(r.usage["completion_tokens"] for r in done) > 0
+
+
+def test_quantiles_of_a_coarse_first_bucket_are_bounded_by_the_mean() -> None:
+    """vLLM's queue-time buckets start at 300 ms: 430 requests that queued 15 us on average all fall in (0, 0.3] s,
+    where interpolation alone says p50 = 150 ms. A duration's q quantile is at most mean / (1 - q) (Markov)."""
+    def page(n: float, total_s: float) -> str:
+        return ("# TYPE vllm:request_queue_time_seconds histogram\n"
+                + "".join(f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {n}\n' for le in ("0.3", "0.5", "+Inf"))
+                + f"vllm:request_queue_time_seconds_count {n}\nvllm:request_queue_time_seconds_sum {total_s}\n")
+
+    s = summarize_snapshots("vllm", [Snapshot(0.0, parse_page(page(8, 0.0003548))),
+                                     Snapshot(1.0, parse_page(page(438, 0.0069315)))])
+    assert s["server_queue_count"] == 430 and s["server_queue_ms_mean"] == pytest.approx(0.0153, abs=1e-3)
+    assert s["server_queue_ms_p50"] == pytest.approx(2 * 0.0153, abs=2e-3) and s["server_queue_ms_p99"] < 2.0
+    assert s["server_queue_ms_p50_bucket"] == [0.0, 300.0]
