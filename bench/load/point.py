@@ -41,6 +41,7 @@ from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.report.tables import num
 from bench.results import cell_from_dict
+from bench.server.metrics import cross_check_notes, cross_checks
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
 from bench.warns import in_cell, warning
@@ -344,18 +345,47 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
     closed = bool(plan) and ls.max_concurrency is not None and all(p.at_s == 0 for p in plan)
     if observer is not None:
         observer.cell_started(cell, len(plan))
-    if getattr(session, "pool", None) is not None and not closed:
-        if ls.max_concurrency:
-            raise ConfigError("--max-concurrency is not available with --workers > 1 or --ray in open-loop runs")
-        run = await run_plan_pool(session, plan, texts, tag=tag)
-    else:
-        run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
-                             drain_s=ls.drain_s, counters=counters, on_done=_observed(on_done, observer, cell),
-                             closed=closed)
+    if getattr(session, "pool", None) is not None and not closed and ls.max_concurrency:
+        raise ConfigError("--max-concurrency is not available with --workers > 1 or --ray in open-loop runs")
+    scraper = getattr(session, "scraper", None)  # the server's /metrics around the whole point
+    if scraper is not None:
+        await scraper.begin()
+    try:
+        if getattr(session, "pool", None) is not None and not closed:
+            run = await run_plan_pool(session, plan, texts, tag=tag)
+        else:
+            run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
+                                 drain_s=ls.drain_s, counters=counters, on_done=_observed(on_done, observer, cell),
+                                 closed=closed)
+    except BaseException:
+        if scraper is not None:
+            await scraper.stop()
+        raise
+    sm = await scraper.end() if scraper is not None else None
     summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
+    if sm is not None:
+        point_server_metrics(sm, run, summary)
     if observer is not None:
         observer.cell_done(cell, cell_from_dict(summary, f"point {load['id']}"))
     return run, summary
+
+
+def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any]) -> None:
+    """The server's own counters over a whole point (every request it sent, the warm-up and cool-down too, not
+    the window only): stored as ``s["server_metrics"]``, its tokens cross-checked against the point's successful
+    records (a warning past :data:`bench.server.metrics.TOKEN_MISMATCH_WARN_PCT`), its TTFT beside the window's
+    (a note)."""
+    sm = dict(sm)
+    if sm.get("scraper_error"):
+        s["warnings"].append(warning("scraper-stopped", s["id"], error=sm["scraper_error"]))
+    ok = [m for m in (request_metrics(r) for r in run.records) if m.ok]
+    view = {**s, "output_tokens_total": sum(m.output_tokens for m in ok),
+            "requests_failed": len(run.records) - len(ok)}
+    s["warnings"] += cross_checks(sm, view, prefix_cache_expected=False)
+    notes = cross_check_notes(sm, view)
+    if notes:
+        sm["notes"] = notes
+    s["server_metrics"] = sm
 
 
 def _observed(on_done: Any, observer: Any, cell: Cell) -> Any:

@@ -46,7 +46,8 @@ from bench.server.metric_names import (
 from bench.warns import warning
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
-           "page_from", "available_keys", "spec_from_timings", "table_fields", "TABLE_FIELDS", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile"]
+           "page_from", "available_keys", "spec_from_timings", "table_fields", "TABLE_FIELDS", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile",
+           "histogram_bucket"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -161,14 +162,32 @@ def _histogram_delta(snaps: Sequence[Snapshot], base: str) -> dict[str, Any] | N
     return {"count": count, "sum": ssum, "buckets": buckets}
 
 
+def histogram_bucket(q: float, buckets: Sequence[tuple[float, float]]) -> tuple[float, float] | None:
+    """The ``(lower, upper)`` bounds of the bucket that holds the ``q`` quantile (upper inf for the ``+Inf`` bucket):
+    what the server's histogram knows of that quantile; None when it is empty."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    lo = 0.0
+    for b, c in buckets:
+        if c >= q * total:
+            return lo, b
+        lo = b
+    return None
+
+
 def _hist_summary(key: str, h: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {f"server_{key}_count": int(round(h["count"]))}
     if h["count"] > 0:
-        out[f"server_{key}_ms_mean"] = round(h["sum"] / h["count"] * 1000, 3)
+        mean = h["sum"] / h["count"]
+        out[f"server_{key}_ms_mean"] = round(mean * 1000, 3)
         for q in (50, 90, 99):
             v = histogram_quantile(q / 100, h["buckets"])
-            if v is not None:
-                out[f"server_{key}_ms_p{q}"] = round(v * 1000, 3)
+            if v is not None:  # Markov: a duration's q quantile is at most mean / (1 - q), whatever the buckets
+                out[f"server_{key}_ms_p{q}"] = round(min(v, max(mean, 0.0) / (1 - q / 100)) * 1000, 3)
+        b = histogram_bucket(0.5, h["buckets"])
+        if b is not None and not math.isinf(b[1]):
+            out[f"server_{key}_ms_p50_bucket"] = [round(b[0] * 1000, 3), round(b[1] * 1000, 3)]
     return out
 
 
@@ -459,5 +478,9 @@ def cross_check_notes(server_metrics: dict[str, Any], cell_summary: dict[str, An
     b50 = bt.get("median") if isinstance(bt, dict) else None
     if st is None or b50 is None:
         return []
+    lo, hi = server_metrics.get("server_ttft_ms_p50_bucket") or (None, None)
+    if lo is not None and hi is not None and lo < b50 <= hi:
+        return [f"{cid}: TTFT p50 {b50:.1f} ms at bench, {st:.1f} ms at the server, whose histogram puts it in "
+                f"({lo:g}, {hi:g}] ms with bench's: the difference is within the bucket, not measured"]
     return [f"{cid}: TTFT p50 {b50:.1f} ms at bench, {st:.1f} ms at the server: {b50 - st:+.1f} ms is network, "
             "HTTP and client"]

@@ -22,12 +22,14 @@ from typing import Any
 
 import httpx
 
-from bench.client import ClientSettings, ImageSet, RequestSpec, discover_model, root_url
+from bench.client import ClientSettings, ImageSet, RequestSpec, discover_model
 from bench.client.border import admit
+from bench.errors import TokenizerError
 from bench.measure.metrics import request_metrics
 from bench.records import RequestRecord
 from bench.server.info import discover_server
 from bench.server.metrics import available_keys, detect_metrics, parse_page
+from bench.server.tokenizer import HttpTokenizer
 from bench.tools.record import Capture, capture, tee_client
 from bench.transport.sse import SSEDecoder
 
@@ -206,23 +208,32 @@ class _Checker:
         return {"images": "accepted", "images_error": None, "image_tokens": added}
 
     async def prefix_cache(self) -> dict[str, Any]:
+        """The same prompt twice: cached tokens in the second's usage, else (a server that does not report them,
+        such as vLLM without ``--enable-prompt-tokens-details``) prefix-cache hits on its ``/metrics`` page."""
         nonce = uuid.uuid4().hex
         words = " ".join(f"{nonce[i % 32]}{i}" for i in range(200))
         body = {"messages": [{"role": "user", "content": f"{nonce} {words}"}], "max_tokens": 4}
+        scraper = await detect_metrics(self.client, self.base)
+        if scraper is not None and scraper.source == "metrics":
+            await scraper.begin()
         first = request_metrics((await self.send("chat", body)).record)
         second = request_metrics((await self.send("chat", body)).record)
+        sm = await scraper.end() if scraper is not None and scraper.source == "metrics" else {}
         c1, c2, pt = first.cached_tokens, second.cached_tokens, second.prompt_tokens or 0
         hit = pt > 0 and c2 >= c1 + max(16, (pt - c1) // 4)
-        return {"prefix_cache": bool(hit), "cached_tokens_second": c2, "cached_tokens_first": c1}
+        hits = sm.get("prefix_cache_hits")
+        seen = pt > 0 and not hit and c1 == c2 == 0 and hits is not None and hits >= max(16, pt // 4)
+        return {"prefix_cache": bool(hit or seen), "cached_tokens_second": c2, "cached_tokens_first": c1,
+                "prefix_cache_hits_metrics": hits, "prefix_cache_seen_in": "usage" if hit else
+                "metrics" if seen else None}
 
     async def tokenize(self, text: str) -> int | None:
+        """Tokens of ``text`` by the server's ``/tokenize`` in either form bench sizes prompts with (llama.cpp's
+        ``content``, vLLM's and SGLang's ``prompt`` + ``model``), or None."""
         try:
-            r = await self.client.post(root_url(self.base) + "/tokenize", json={"content": text},
-                                       headers={"Accept": "application/json"}, timeout=10.0)
-            toks = r.json().get("tokens") if r.status_code == 200 else None
-        except (httpx.HTTPError, ValueError, AttributeError):
+            return await HttpTokenizer(self.client, self.base, self.model).count(text)
+        except TokenizerError:
             return None
-        return len(toks) if isinstance(toks, list) else None
 
     async def metrics(self) -> dict[str, Any]:
         scraper = await detect_metrics(self.client, self.base)

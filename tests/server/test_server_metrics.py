@@ -17,6 +17,7 @@ from bench.server.metrics import (
     cross_check_notes,
     cross_checks,
     detect_metrics,
+    histogram_bucket,
     histogram_quantile,
     parse_page,
     summarize_snapshots,
@@ -106,6 +107,8 @@ def test_histogram_quantile() -> None:
     assert histogram_quantile(0.5, b) == pytest.approx(0.15)
     assert histogram_quantile(0.99, b) == 0.2  # in +Inf: the last finite bound
     assert histogram_quantile(0.5, [(0.1, 0.0), (float("inf"), 0.0)]) is None
+    assert histogram_bucket(0.5, b) == (0.1, 0.2) and histogram_bucket(0.25, b) == (0.0, 0.1)
+    assert histogram_bucket(0.99, b) == (0.2, float("inf")) and histogram_bucket(0.5, []) is None
 
 
 def _cell(**kw: object) -> dict:
@@ -121,6 +124,12 @@ def test_cross_checks() -> None:
     assert cross_checks(healthy, _cell(), prefix_cache_expected=False) == []  # a healthy run: no warning
     assert cross_check_notes(healthy, _cell()) == [
         "decode-s4-d1000: TTFT p50 80.0 ms at bench, 70.0 ms at the server: +10.0 ms is network, HTTP and client"]
+    # vLLM's TTFT buckets (0.1, 0.25]: both p50s inside the server's p50 bucket, the difference is not measured
+    coarse = {"server_ttft_ms_p50": 175.0, "server_ttft_ms_p50_bucket": [100.0, 250.0]}
+    assert cross_check_notes(coarse, _cell(ttft_ms={"median": 125.8})) == [
+        "decode-s4-d1000: TTFT p50 125.8 ms at bench, 175.0 ms at the server, whose histogram puts it in (100, 250] ms"
+        " with bench's: the difference is within the bucket, not measured"]
+    assert "+85.0 ms is network" in cross_check_notes(coarse, _cell(ttft_ms={"median": 260.0}))[0]
     w = cross_checks({"generation_tokens": 1100}, _cell(), prefix_cache_expected=False)
     assert len(w) == 1 and "1100" in w[0] and "+7.4 %" in w[0] and "another client" in w[0]
     assert cross_checks({"generation_tokens": 1034}, _cell(), False) == []  # within 1 %
@@ -296,3 +305,48 @@ def test_a_crashed_scraper_is_a_warning_not_silence(monkeypatch: pytest.MonkeyPa
     Sweep(session)._server_checks(out, [], summary)
     assert any("the /metrics scraper stopped during the cell (RuntimeError: parser bug)" in w
                for w in summary.warnings)
+
+
+def test_open_loop_points_carry_the_servers_counters(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A ``bench run --rate`` cell and each ``bench capacity`` point.json hold ``server_metrics`` over the whole
+    point (warm-up and cool-down requests too): the sim's counters equal the usage of every record of the point."""
+    import json
+
+    from bench.cli.app import main
+    from bench.records import read_records
+
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6)) as url:
+        assert main(["run", url, "--rate", "20", "--requests", "12", "--arrival", "constant", "--input-tokens", "16",
+                     "--max-tokens", "5", "--out", str(tmp_path / "run"), "--json"]) == 0, capsys.readouterr().err
+        [c] = json.loads(capsys.readouterr().out)["cells"]
+        rc = main(["capacity", url, "--by", "concurrency", "--slo", "ttft_p90=2s", "--input-tokens", "16",
+                   "--max-tokens", "4", "--start", "1", "--max-load", "2", "--trials", "1", "--max-points", "2",
+                   "--out", str(tmp_path / "cap"), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    recs = [r for r in read_records(tmp_path / "run" / "records.jsonl") if r.meta.get("phase") == "measure"]
+    sm = c["server_metrics"]
+    assert len(recs) == 12 and all(r.ok for r in recs) and c["window"]["requests"] < 12  # the window is a part
+    assert sm["backend"] == "bench-sim" and sm["requests"] == 12 and sm["server_ttft_count"] == 12
+    assert sm["generation_tokens"] == sum(r.usage["completion_tokens"] for r in recs) == 60
+    assert sm["prompt_tokens"] == sum(r.usage["prompt_tokens"] for r in recs)
+    assert not [w for w in c["warnings"] if "token" in w]
+    for p in json.loads(out)["points"]:
+        point = json.loads((Path(p["dir"]) / "point.json").read_text())
+        done = [r for r in read_records(Path(p["dir"]) / "records.jsonl") if r.ok]
+        assert point["server_metrics"]["generation_tokens"] == sum(r.usage["completion_tokens"] for r in done) > 0
+
+
+def test_quantiles_of_a_coarse_first_bucket_are_bounded_by_the_mean() -> None:
+    """vLLM's queue-time buckets start at 300 ms: 430 requests that queued 15 us on average all fall in (0, 0.3] s,
+    where interpolation alone says p50 = 150 ms. A duration's q quantile is at most mean / (1 - q) (Markov)."""
+    def page(n: float, total_s: float) -> str:
+        return ("# TYPE vllm:request_queue_time_seconds histogram\n"
+                + "".join(f'vllm:request_queue_time_seconds_bucket{{le="{le}"}} {n}\n' for le in ("0.3", "0.5", "+Inf"))
+                + f"vllm:request_queue_time_seconds_count {n}\nvllm:request_queue_time_seconds_sum {total_s}\n")
+
+    s = summarize_snapshots("vllm", [Snapshot(0.0, parse_page(page(8, 0.0003548))),
+                                     Snapshot(1.0, parse_page(page(438, 0.0069315)))])
+    assert s["server_queue_count"] == 430 and s["server_queue_ms_mean"] == pytest.approx(0.0153, abs=1e-3)
+    assert s["server_queue_ms_p50"] == pytest.approx(2 * 0.0153, abs=2e-3) and s["server_queue_ms_p99"] < 2.0
+    assert s["server_queue_ms_p50_bucket"] == [0.0, 300.0]

@@ -102,3 +102,53 @@ def test_check_llama_server(llama_server: str, capsys) -> None:
     assert rep["usage"] in ("final", "every_chunk") and rep["tokenize"] is True
     assert rep["context_tokens"] and rep["context_tokens"] > 0 and rep["tokens_per_event"] == pytest.approx(1.0)
     assert rep["keeps_open_after_done"] is False and rep["prefix_cache"] is True
+
+
+@pytest.mark.parametrize("hits", [0, 200])
+def test_check_vllms_tokenize_form_and_a_cache_only_its_metrics_show(hits: int, capsys, monkeypatch) -> None:
+    """vLLM's ways, on a replayed case: ``/tokenize`` takes only its own form (``prompt`` + ``model``: 400 for
+    llama.cpp's ``content``), and usage carries no cached tokens (vLLM without --enable-prompt-tokens-details)
+    while its /metrics page counts prefix-cache hits: ``hits`` per chat request after the first."""
+    from aiohttp import web
+
+    import bench.tools.replay as replay
+
+    chunk = {"id": "x", "object": "chat.completion.chunk", "choices": [{"index": 0, "delta": {"content": "hi"},
+                                                                         "finish_reason": None}]}
+    usage = {"id": "x", "object": "chat.completion.chunk", "choices": [],
+             "usage": {"prompt_tokens": 300, "completion_tokens": 1, "total_tokens": 301}}
+    evs = ((1.0, f"data: {json.dumps(chunk)}\n\n".encode()), (2.0, f"data: {json.dumps(usage)}\n\n".encode()),
+           (3.0, b"data: [DONE]\n\n"))
+    case = Case("vllm-like", "", "chat", 200, {"content-type": "text/event-stream"}, evs, {})
+    chats = [0]
+    make = replay._make_app
+
+    async def tokenize(request: web.Request) -> web.Response:
+        body = await request.json()
+        if "prompt" not in body:
+            return web.json_response({"error": {"message": "body.prompt: Field required"}}, status=400)
+        return web.json_response({"count": 7, "tokens": list(range(7)), "max_model_len": 8192})
+
+    async def metrics(request: web.Request) -> web.Response:
+        n = hits * max(0, chats[0] - 1)
+        return web.Response(text=f'# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{{engine="0"}} '
+                                 f'{n}.0\n', content_type="text/plain")
+
+    @web.middleware
+    async def count(request: web.Request, handler):
+        chats[0] += request.path == "/v1/chat/completions"
+        return await handler(request)
+
+    def app(c: Case) -> web.Application:
+        a = make(c)
+        a.middlewares.append(count)
+        a.router.add_post("/tokenize", tokenize)
+        a.router.add_get("/metrics", metrics)
+        return a
+
+    monkeypatch.setattr(replay, "_make_app", app)
+    with serve_case(case) as url:
+        rep = _check(url, capsys)
+    assert rep["tokenize"] is True and rep["chat_template_tokens"] == 300 - 7
+    assert rep["metrics_backend"] == "vllm" and rep["cached_tokens_second"] == 0
+    assert rep["prefix_cache"] is (hits > 0) and rep["prefix_cache_seen_in"] == ("metrics" if hits else None)
