@@ -1,5 +1,5 @@
-"""The oracle bound for ``bench capacity --by rate`` (issue 24): how often can *any* search with a budget of ``T``
-s put its boundary within 2 % of the truth, if it knew where to measure and the exact slope?
+"""The oracle bound for ``bench capacity --by rate`` (issue 24): how often could a search with a budget of ``T`` s
+put its boundary within 2 % of the truth if it knew where to measure and the exact slope?
 
 The oracle knows the true boundary ``L*`` (the truth of benchmarks/capacity_coverage.py, read from its cache)
 and spends the whole budget on ONE point of ``T`` s at exactly ``L*``: bench's schedule for that load and seed
@@ -12,9 +12,9 @@ point's statistic into a load estimate with the *true* local slope at ``L*``, as
   ``L = L* exp((logit(alpha) - logit(share)) / b)``, ``b`` = d logit(long-run share over the limit) / d log(load)
   at ``L*``;
 * cv: the same with the share corrected by a control variate (:mod:`bench.load.control`, as the search does)
-  whose proxy is fitted on independent long points around ``L*`` (``PROXIES``) and whose expectation is drawn
-  over ``--draws`` schedules of the same process: the best this proxy family can do, not the search's
-  cross-fitted one; cv2: the same with a proxy fitted on only two 50-s points at ``L* / 1.06`` and ``1.06 L*``
+  whose proxy is fitted on independent long points around ``L*`` (``PROXIES``: 6,000 s of data outside the
+  budget) and whose expectation is drawn over 300 schedules of the same process: the best this proxy family can
+  do, not the search's cross-fitted one; cv2: the same with a proxy fitted on only two 50-s points at ``L* / 1.06`` and ``1.06 L*``
   (about what a search's other refine points give it; ten such proxies, from different seeds, in turn, each
   expectation over 100 schedules). On the sim a request's latency is a deterministic
   function of the schedule (fixed sizes), so a perfect control variate would remove all the noise: the cv
@@ -29,9 +29,9 @@ information about the load is and does not pay for probes, warm-ups of several p
 slope, a search of the same estimator family with budget ``T`` should do no better (it is a bound for this
 estimator family, not a proof over every conceivable estimator). The two-point columns are the simpler check:
 how often a point of ``T`` s at ``L* / 1.02`` reads a share over ``alpha`` and one at ``1.02 L*`` one under
-it; if both are large, no statistic of such a point tells loads 4 % apart.
+it; if both are large, the plain share of such a point does not tell loads 4 % apart.
 
-    python benchmarks/capacity_oracle.py --cases A-ttft-poisson,B-ttft-poisson --seeds 200 \\
+    python benchmarks/capacity_oracle.py --cases A-ttft-poisson,B-ttft-poisson --seeds 100 \\
         --budgets 60,120,170,300,600,1200 --truth-cache benchmarks/results/capacity_truth-2026-12-02-vm.json
 """
 
