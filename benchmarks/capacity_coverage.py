@@ -86,14 +86,14 @@ TRUTH_RUN_S = 3000.0
 TRUTH_SKIP_S = 300.0
 
 
-def one_search(args: tuple[str, str, str, int, float, float | None]) -> dict[str, Any]:
-    shape, metric, arrival, seed, duration, budget = args
+def one_search(args: tuple[str, str, str, int, float, float | None, float]) -> dict[str, Any]:
+    shape, metric, arrival, seed, duration, budget, width = args
     cfg, pt, ot, objs = SHAPES[shape]
     slo = objs[metric][0]
     kind, burst = ARRIVALS[arrival]
     ls = LoadSettings(duration_s=duration, input_tokens=str(pt), slo=slo, seed=seed, arrival=kind, burstiness=burst)
     mp = ModelPoints(cfg, ls, parse_slo(slo), max_tokens=ot)
-    doc = asyncio.run(search(SearchSettings(time_budget_s=budget), mp, clock=mp.clock))
+    doc = asyncio.run(search(SearchSettings(time_budget_s=budget, target_width=width), mp, clock=mp.clock))
     return {"boundary": doc["boundary"], "interval": doc["interval"], "confidence": doc["confidence"],
             "elapsed_s": doc["elapsed_s"], "points": len(doc["points"]), "note": doc["note"]}
 
@@ -124,6 +124,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
     ap.add_argument("--time-budget", type=float, default=170.0)
     ap.add_argument("--truth-horizon", type=float, default=1000.0, help="the first guess's horizon, s")
+    ap.add_argument("--target-width", type=float, default=SearchSettings.target_width,
+                    help="stop refining at this interval width (--target-width)")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cases", default="all", help="comma list like A-ttft-poisson (default: all 12)")
     ap.add_argument("--json", type=Path, help="write every search and the table here")
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.truth_cache:
             a.truth_cache.write_text(json.dumps({**cached, **{"-".join(c): v for c, v in got.items()},
                                                  "horizon_s": a.truth_horizon}, indent=1) + "\n")
-        jobs = [(s, m, ar, seed, a.duration, a.time_budget) for (s, m, ar) in cases for seed in range(a.searches)]
+        jobs = [(s, m, ar, seed, a.duration, a.time_budget, a.target_width) for (s, m, ar) in cases for seed in range(a.searches)]
         results = list(pool.map(one_search, jobs, chunksize=2))
     out: dict[str, Any] = {"argv": sys.argv, "cases": {}}
     print("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | mean err | calibrated | coverage "
