@@ -433,12 +433,19 @@ def _bench_output_tokens(cell: dict[str, Any]) -> float | None:
     return None
 
 
+def _failed_can_explain(server: float, mine: float, cell: dict[str, Any]) -> bool:
+    """True when the server's surplus fits in what the cell's failed or cut requests could have generated (each at
+    most ``max_tokens``): bench keeps no tokens of a request it cut, the server counted what it had written."""
+    failed, cap = cell.get("requests_failed") or 0, cell.get("max_tokens")
+    return bool(failed) and isinstance(cap, (int, float)) and 0 < server - mine <= failed * cap
+
+
 def _token_check(sm: dict[str, Any], cell: dict[str, Any], cid: str) -> list[str]:
     server, mine = sm.get("generation_tokens"), _bench_output_tokens(cell)
     if server is None or mine is None or mine <= 0:
         return []
     diff = (server - mine) / mine * 100
-    if abs(diff) <= TOKEN_MISMATCH_WARN_PCT:
+    if abs(diff) <= TOKEN_MISMATCH_WARN_PCT or _failed_can_explain(server, mine, cell):
         return []
     failed = cell.get("requests_failed") or 0
     cause = (f"{failed} failed request(s) generated tokens bench does not count" if failed and diff > 0 else
@@ -451,7 +458,9 @@ def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
                  prefix_cache_expected: bool) -> list[str]:
     """Warnings from comparing what the server counted with what bench measured in one cell. Pure.
 
-    * generated tokens differ by more than :data:`TOKEN_MISMATCH_WARN_PCT` % -> warning;
+    * generated tokens differ by more than :data:`TOKEN_MISMATCH_WARN_PCT` % -> warning, unless the server's surplus
+      fits in what the cell's failed or cut requests could have generated (``max_tokens`` each: their own
+      warnings already tell);
     * prefix-cache hits over :data:`PREFIX_HIT_WARN_RATE` of prompt tokens in a cell meant to defeat the cache
       (``prefix_cache_expected`` False) and whose prompts are longer than the shortest (depth > 0: at depth 0 the
       chat template's shared header alone is a large share) -> warning: the numbers measure a warm cache.

@@ -350,3 +350,35 @@ def test_quantiles_of_a_coarse_first_bucket_are_bounded_by_the_mean() -> None:
     assert s["server_queue_count"] == 430 and s["server_queue_ms_mean"] == pytest.approx(0.0153, abs=1e-3)
     assert s["server_queue_ms_p50"] == pytest.approx(2 * 0.0153, abs=2e-3) and s["server_queue_ms_p99"] < 2.0
     assert s["server_queue_ms_p50_bucket"] == [0.0, 300.0]
+
+
+def test_token_surplus_that_failed_requests_can_explain_is_not_a_warning() -> None:
+    """A request bench cut was written by the server (its tokens counted there) but keeps no tokens at bench: a
+    surplus within failed x max_tokens is theirs (their own warnings tell), a larger one is somebody else's."""
+    from bench.server.metrics import cross_checks
+
+    cell = {"id": "rate-5", "output_tokens_total": 1200, "requests_failed": 8, "max_tokens": 100}
+    assert cross_checks({"generation_tokens": 1675}, cell, prefix_cache_expected=False) == []
+    assert cross_checks({"generation_tokens": 2001}, cell, prefix_cache_expected=False)  # > 8 x 100 more
+    no_fail = {**cell, "requests_failed": 0}
+    assert cross_checks({"generation_tokens": 1675}, no_fail, prefix_cache_expected=False)
+    assert cross_checks({"generation_tokens": 1000}, cell, prefix_cache_expected=False)  # fewer: not theirs
+
+
+def test_an_open_loop_point_with_cut_requests_does_not_warn_of_a_token_mismatch(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Requests still in flight at --drain are cut: the cut is warned of, the server's count of their tokens is not
+    a second, misleading warning (it said "run against a server no one else uses")."""
+    import json
+
+    from bench.cli.app import main
+
+    with running_sim(SimConfig(decode_step_ms=20.0, prefill_tok_s=1e6)) as url:
+        rc = main(["run", url, "--rate", "5", "--requests", "20", "--arrival", "constant", "--input-tokens", "16",
+                   "--max-tokens", "100", "--drain", "0.5", "--out", str(tmp_path / "run"), "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    [c] = json.loads(out)["cells"]
+    assert c["counts"]["cut"] > 0 and c["server_metrics"]["generation_tokens"] > c["counts"]["finished"] * 100
+    assert any("were cut" in w for w in c["warnings"])
+    assert not [w for w in c["warnings"] if "tokens bench does not count" in w or "generated" in w], c["warnings"]
