@@ -214,11 +214,17 @@ class _Checker:
         words = " ".join(f"{nonce[i % 32]}{i}" for i in range(200))
         body = {"messages": [{"role": "user", "content": f"{nonce} {words}"}], "max_tokens": 4}
         scraper = await detect_metrics(self.client, self.base)
-        if scraper is not None and scraper.source == "metrics":
+        scraper = scraper if scraper is not None and scraper.source == "metrics" else None
+        if scraper is not None:
             await scraper.begin()
-        first = request_metrics((await self.send("chat", body)).record)
-        second = request_metrics((await self.send("chat", body)).record)
-        sm = await scraper.end() if scraper is not None and scraper.source == "metrics" else {}
+        try:
+            first = request_metrics((await self.send("chat", body)).record)
+            second = request_metrics((await self.send("chat", body)).record)
+        except BaseException:
+            if scraper is not None:
+                await scraper.stop()
+            raise
+        sm = await scraper.end() if scraper is not None else {}
         c1, c2, pt = first.cached_tokens, second.cached_tokens, second.prompt_tokens or 0
         hit = pt > 0 and c2 >= c1 + max(16, (pt - c1) // 4)
         hits = sm.get("prefix_cache_hits")
