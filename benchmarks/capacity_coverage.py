@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
     ap.add_argument("--time-budget", type=float, default=170.0)
     ap.add_argument("--truth-horizon", type=float, default=1000.0, help="the first guess's horizon, s")
-    ap.add_argument("--target-width", type=float, default=SearchSettings.target_width,
+    ap.add_argument("--target-width", type=float, default=SearchSettings().target_width,
                     help="stop refining at this interval width (--target-width)")
     ap.add_argument("--seed-step", type=int, default=1,
                     help="search i runs with seed i * this; a search's points use seed, seed + 1, ... so with 1 "
