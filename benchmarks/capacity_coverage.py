@@ -124,8 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
     ap.add_argument("--time-budget", type=float, default=170.0)
     ap.add_argument("--truth-horizon", type=float, default=1000.0, help="the first guess's horizon, s")
-    ap.add_argument("--target-width", type=float, default=SearchSettings.target_width,
+    ap.add_argument("--target-width", type=float, default=SearchSettings().target_width,
                     help="stop refining at this interval width (--target-width)")
+    ap.add_argument("--seed-step", type=int, default=1,
+                    help="search i runs with seed i * this; a search's points use seed, seed + 1, ... so with 1 "
+                    "neighbouring searches share most arrival streams (not independent); 100 keeps them apart")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--cases", default="all", help="comma list like A-ttft-poisson (default: all 12)")
     ap.add_argument("--json", type=Path, help="write every search and the table here")
@@ -145,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if a.truth_cache:
             a.truth_cache.write_text(json.dumps({**cached, **{"-".join(c): v for c, v in got.items()},
                                                  "horizon_s": a.truth_horizon}, indent=1) + "\n")
-        jobs = [(s, m, ar, seed, a.duration, a.time_budget, a.target_width) for (s, m, ar) in cases for seed in range(a.searches)]
+        jobs = [(s, m, ar, seed, a.duration, a.time_budget, a.target_width) for (s, m, ar) in cases
+                for seed in range(0, a.searches * a.seed_step, a.seed_step)]
         results = list(pool.map(one_search, jobs, chunksize=2))
     out: dict[str, Any] = {"argv": sys.argv, "cases": {}}
     print("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | mean err | calibrated | coverage "

@@ -19,7 +19,8 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
    point's own variance (:func:`bench.load.estimate.fit_shares`); constant arrivals and ITL objectives keep
    :func:`bench.load.estimate.fit_boundary` (binomial weights, the points' Pearson scatter, Student-t). The
-   boundary is where the fitted share is ``alpha``; ``interval`` is its Fieller interval at ``confidence``
+   boundary is where the fitted share is ``alpha``; ``interval`` is its Fieller interval (with ``SHIFT_SD``, a
+   bias common to all points, in :func:`bench.load.estimate.fit_shares`) at ``confidence``
    (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the interval's
    width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the point or
    time budget runs out (then the answer is the interval earned so far, marked in ``note``; a level is stated

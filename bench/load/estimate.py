@@ -260,7 +260,8 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     variances (the control-variate shares of :mod:`bench.load.control`): quasi-binomial, each point weighted by
     its effective requests ``share (1 - share) / variance``; the dispersion is the points' Pearson chi-square
     around the model over points - 2 when that exceeds 1 (Student-t with points - 2 degrees of freedom then,
-    the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`."""
+    the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`, the intercept's variance plus
+    ``SHIFT_SD ** 2`` (a bias common to all points, which their scatter cannot show)."""
     x = np.log(np.asarray(rates, dtype=float))
     n = np.asarray(ns, dtype=float)
     s = np.clip(np.asarray(shares, dtype=float), 0.0, 1.0)
@@ -282,7 +283,15 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     tq = t_quantile(0.5 + level / 2, df)
     L = math.log(alpha / (1 - alpha))
     cov = cov * phi
+    cov[0, 0] += SHIFT_SD ** 2  # a shift common to every point's logit: no scatter between points shows it
     lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
     theta = (L - a) / b if b > 0 else None
     est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
     return Fit(est, lo, hi, a, b, int(x.size), phi, df, scatter, True)
+
+
+# The sd (logit) of a bias shared by every refine point's share, which :func:`fit_shares` adds to the intercept's
+# variance: each point starts from an empty engine (its window's share sits a little under the long-run share),
+# and logit(share) bends across the loads tried (the fitted line is a chord). Measured on the sim's engine model:
+# 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson); benchmarks/results/capacity_coverage-2026-12-04c-vm.md.
+SHIFT_SD = 0.15

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from bench.load.control import BIN_EDGES_U, QUEUE_SPEEDS, Process, features
-from bench.load.estimate import fit_shares
+from bench.load.estimate import SHIFT_SD, fit_shares
 
 
 def test_queue_features_are_the_lindley_recursion() -> None:
@@ -38,3 +38,15 @@ def test_fit_shares_recovers_a_known_crossing() -> None:
     fit = fit_shares(rates, true, [1e-4] * 4, [500] * 4, 0.1, 0.95)
     assert fit is not None and fit.boundary is not None and fit.lo is not None and fit.hi is not None
     assert abs(fit.boundary / 10.0 - 1) < 1e-3 and fit.lo < 10.0 < fit.hi and fit.adjusted
+
+
+def test_fit_shares_interval_allows_a_shift_common_to_all_points() -> None:
+    # exact shares with tiny variances: the points' scatter says nothing, yet every point may share a bias (start-up
+    # transient, curvature across the loads tried); the interval keeps +-z SHIFT_SD / slope in log rate
+    rates = [9.0, 9.3, 10.7, 11.0]
+    true = [1 / (1 + math.exp(-(-2.197 + 20 * math.log(r / 10.0)))) for r in rates]
+    fit = fit_shares(rates, true, [1e-8] * 4, [10**6] * 4, 0.1, 0.95)
+    assert fit is not None and fit.lo is not None and fit.hi is not None
+    half = 1.959964 * SHIFT_SD / 20
+    assert math.log(10.0 / fit.lo) > 0.95 * half and math.log(fit.hi / 10.0) > 0.95 * half
+    assert math.log(fit.hi / fit.lo) < 2.2 * half
