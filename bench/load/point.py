@@ -41,7 +41,7 @@ from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
 from bench.report.tables import num
 from bench.results import cell_from_dict
-from bench.server.metrics import cross_check_notes, cross_checks
+from bench.server.metrics import counters_beside
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
 from bench.warns import in_cell, warning
@@ -375,17 +375,11 @@ def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any]) -
     the window only): stored as ``s["server_metrics"]``, its tokens cross-checked against the point's successful
     records (a warning past :data:`bench.server.metrics.TOKEN_MISMATCH_WARN_PCT`), its TTFT beside the window's
     (a note)."""
-    sm = dict(sm)
-    if sm.get("scraper_error"):
-        s["warnings"].append(warning("scraper-stopped", s["id"], error=sm["scraper_error"]))
     ok = [m for m in (request_metrics(r) for r in run.records) if m.ok]
     view = {**s, "output_tokens_total": sum(m.output_tokens for m in ok),
             "requests_failed": len(run.records) - len(ok)}
-    s["warnings"] += cross_checks(sm, view, prefix_cache_expected=False)
-    notes = cross_check_notes(sm, view)
-    if notes:
-        sm["notes"] = notes
-    s["server_metrics"] = sm
+    s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=False)
+    s["warnings"] += warns
 
 
 def _observed(on_done: Any, observer: Any, cell: Cell) -> Any:

@@ -47,7 +47,7 @@ from bench.warns import warning
 
 __all__ = ["Page", "Snapshot", "parse_page", "summarize_snapshots", "MetricsScraper", "detect_metrics",
            "page_from", "available_keys", "spec_from_timings", "table_fields", "TABLE_FIELDS", "cross_checks", "cross_check_notes", "TOKEN_MISMATCH_WARN_PCT", "PREFIX_HIT_WARN_RATE", "histogram_quantile",
-           "histogram_bucket"]
+           "histogram_bucket", "counters_beside"]
 
 TOKEN_MISMATCH_WARN_PCT = 1.0
 PREFIX_HIT_WARN_RATE = 0.05
@@ -493,3 +493,20 @@ def cross_check_notes(server_metrics: dict[str, Any], cell_summary: dict[str, An
                 f"({lo:g}, {hi:g}] ms with bench's: the difference is within the bucket, not measured"]
     return [f"{cid}: TTFT p50 {b50:.1f} ms at bench, {st:.1f} ms at the server: {b50 - st:+.1f} ms is network, "
             "HTTP and client"]
+
+
+def counters_beside(server_metrics: dict[str, Any], view: dict[str, Any], *,
+                    prefix_cache_expected: bool) -> tuple[dict[str, Any], list[str]]:
+    """The server's counters over one cell or open-loop point beside bench's figures ``view`` (its summary, with
+    ``output_tokens_total`` of its successful requests): the copy to store (TTFT notes added, :func:`cross_check_notes`)
+    and the warnings (a scraper that stopped; :func:`cross_checks`, unless the counters cover some waves only:
+    ``partial``). Pure."""
+    sm = dict(server_metrics)
+    cid = str(view.get("id", "cell"))
+    warns = [warning("scraper-stopped", cid, error=sm["scraper_error"])] if sm.get("scraper_error") else []
+    if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare
+        warns += cross_checks(sm, view, prefix_cache_expected=prefix_cache_expected)
+    notes = cross_check_notes(sm, view)
+    if notes:
+        sm["notes"] = notes
+    return sm, warns

@@ -27,11 +27,11 @@ from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.records import RequestRecord
 from bench.results import CellResult
 from bench.server.gpu import GpuSample
-from bench.server.metrics import cross_check_notes, cross_checks
+from bench.server.metrics import counters_beside
 from bench.session.endpoint import Session
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context, workers_lag
 from bench.stats import bootstrap_ci
-from bench.warns import in_cell, warning
+from bench.warns import in_cell
 
 __all__ = ["CellRun", "Sweep", "POOL_PHASES"]
 
@@ -321,17 +321,10 @@ class Sweep:
     def _server_checks(self, server_metrics: dict[str, Any], ms: list[RequestMetrics], summary: CellResult) -> None:
         """The server's own counters beside bench's (``ms``: the cell's request metrics): stored, cross-checked
         (warnings), TTFT compared (notes)."""
-        sm = dict(server_metrics)
-        if sm.get("scraper_error"):
-            summary.warnings.append(warning("scraper-stopped", summary.id, error=sm["scraper_error"]))
-        ok = [m for m in ms if m.ok]
-        view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ok)}
-        if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare
-            summary.warnings += cross_checks(sm, view, prefix_cache_expected=self.session.profile.prefix_cache)
-        notes = cross_check_notes(sm, view)
-        if notes:
-            sm["notes"] = notes
-        summary.server_metrics = sm
+        view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ms if m.ok)}
+        summary.server_metrics, warns = counters_beside(server_metrics, view,
+                                                        prefix_cache_expected=self.session.profile.prefix_cache)
+        summary.warnings += warns
 
     def _gpu_summary(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> dict[str, Any] | None:
         """The cell's ``gpu`` section: its windows' samples over the successful requests' output tokens (and, at
