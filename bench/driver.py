@@ -196,13 +196,14 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
         raise ConfigError("--ray is not available with --sessions: the conversations run in this process")
     plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else None  # made once, sent as made
     planned = len(plan) if plan is not None else ls.users * ls.turns
+    need = (f"the {ls.mode} schedule", max(p.input_tokens + p.output_tokens for p in plan)) if plan else None
     from bench.report.export import VIEWS
 
     out = RunOutput(out_dir, VIEWS if views is None else views)
     async with stoppable() as got:
         session = await _open(got, out, lambda: out.final(_not_started(base, profile, model, load_dict(ls))), base,
                               settings, profile, model=model, out_dir=out_dir, observer=observer, workers=workers,
-                              ray_address=ray_address)
+                              ray_address=ray_address, need=need)
         try:
             summary = await measure_load(session, ls, plan)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)

@@ -98,18 +98,25 @@ CellAnnotator = Callable[["Session", CellResult], None]
 """Adds to a fresh cell summary what the core does not compute (the roofline...): called by the cell-summary step."""
 
 
-def check_fits_context(profile: Profile, context: int | None) -> None:
-    """Refuse, before sending anything, a profile whose prompt + output cannot fit the server's context.
+def check_fits_context(profile: Profile, context: int | None, need: tuple[str, int] | None = None) -> None:
+    """Refuse, before sending anything, a profile whose prompt + output cannot fit the server's context. ``need``:
+    what an open-loop run sends instead of the profile's cells (a label and its largest prompt + output tokens).
 
     Raises:
-        ConfigError: naming the cell's depth, the context and the fix.
+        ConfigError: naming the cell's depth (or the schedule's largest request), the context and the fix.
     """
     if not context:
         return
+    if need is not None:
+        if need[1] > context:
+            raise ConfigError(f"{need[0]}: its largest request, {need[1]} prompt + output tokens, does not fit "
+                              f"the server's context of {context} tokens (use smaller --input-tokens/--max-tokens, "
+                              "or start the server with a larger context)")
+        return
     for c in profile.cells():
-        need = c.depth + c.max_tokens
-        if need > context:
-            raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {need} "
+        total = c.depth + c.max_tokens
+        if total > context:
+            raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {total} "
                               f"tokens do not fit the server's context of {context} tokens (use --depths below "
                               f"{context - c.max_tokens}, or start the server with a larger context)")
 
@@ -180,7 +187,8 @@ class Session:
     async def open(cls, base: str, settings: ClientSettings, profile: Profile, *, model: str | None = None,
                    out_dir: Path | None = None, observer: Observer | None = None, workers: int | str = 1,
                    pool: ReaderPool | None = None, annotators: list[CellAnnotator] | None = None,
-                   ray_address: str | None = None, gpu: GpuSampler | None = None) -> Session:
+                   ray_address: str | None = None, gpu: GpuSampler | None = None,
+                   need: tuple[str, int] | None = None) -> Session:
         """Connect, learn the server, pick a tokenizer, check forced lengths, measure the fixed overhead.
 
         ``workers > 1`` runs each measured wave's streams in that many worker processes (:mod:`bench.session.workers`);
@@ -188,7 +196,8 @@ class Session:
         (:mod:`bench.session.autosize`); ``ray_address``: the measured waves run in ``workers`` Ray actors on that cluster
         (:mod:`bench.session.ray_actors`); ``pool`` is any object with the same ``start``/``arun``/``close``. Set-up and
         probes stay in this process; a pool reads the warm-up waves too (:data:`bench.session.sweep.POOL_PHASES`). ``gpu``: a GPU sampler run around each cell's measured waves (the
-        session closes it).
+        session closes it). ``need``: an open loop's largest request (:func:`check_fits_context`), checked against
+        the server's context instead of the profile's cells, which it does not run.
 
         Raises:
             EndpointUnreachable: the URL does not answer.
@@ -205,7 +214,7 @@ class Session:
         try:
             s.model = model or await discover_model(s.client, base, settings.api_key)
             s.server = await discover_server(s.client, base)
-            check_fits_context(profile, s.server.get("context_size"))
+            check_fits_context(profile, s.server.get("context_size"), need)
             if out_dir is not None:
                 s.writer = RecordWriter(Path(out_dir) / "records.jsonl")
             await s._setup_tokenizer()

@@ -21,8 +21,9 @@
 #                    decode profile at 1-4 streams (prose); auto = only when bench has bench.server.metrics
 #         capacity   CAPACITY=auto|1|0: bench capacity --by concurrency against llama-server (issue 14); auto =
 #                    only when `bench capacity` exists
-#         ratecap    issue 24: two `bench capacity --by rate` searches (seeds 1, 2; RC_ARGS, RC_BUDGET) and fixed-rate
-#                    points (RC_POINT_S s) at RC_LADDER x the first boundary
+#         ratecap    issue 24: `bench capacity --by rate` searches (RC_SEEDS, default 1 2; RC_ARGS, RC_BUDGET) and
+#                    fixed-rate points (RC_POINT_S s) at RC_LADDER x RC_BOUNDARY (default: the first search's);
+#                    RC_TAG names the step's done-file, so a second call can run the ladder alone
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
 #                    only when fidelity.py has --scale-workers
 #         hotpath    benchmarks/hotpath.py: events one bench process ingests at 16 streams (issue 17; no GPU)
@@ -69,7 +70,7 @@ CAPACITY=${CAPACITY:-auto}; CAP_S=${CAP_S:-240}
 CAP_ARGS=${CAP_ARGS:---by concurrency --start 1 --factor 2 --max-load 16 --duration 10 --trials 3 --max-points 12 --slo ttft_p90=1s,tpot_p90=15ms --input-tokens 512 --max-tokens 128}
 RC_SLO=${RC_SLO:-ttft_p90=1s,tpot_p90=15ms}; RC_SIZES=${RC_SIZES:---input-tokens 512 --max-tokens 128}
 RC_ARGS=${RC_ARGS:---by rate --slo $RC_SLO $RC_SIZES}; RC_BUDGET=${RC_BUDGET:-120}; RC_LADDER=${RC_LADDER:-0.8 1.0 1.2}
-RC_POINT_S=${RC_POINT_S:-45}; RC_RUN_ARGS=${RC_RUN_ARGS:---slo $RC_SLO $RC_SIZES}; RC_S=${RC_S:-470}
+RC_POINT_S=${RC_POINT_S:-45}; RC_SEEDS=${RC_SEEDS:-1 2}; RC_RUN_ARGS=${RC_RUN_ARGS:---slo $RC_SLO $RC_SIZES}; RC_S=${RC_S:-470}
 FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
 HOT_ARGS=${HOT_ARGS:---streams 16 --seconds 4 --variants kernel,kernel+h11,kernel+uvloop,user,httpx}
@@ -278,27 +279,30 @@ step_capacity() {  # issue 14: the highest concurrency within the SLOs, against 
   local rc=$?; log "bench capacity: rc $rc"; tail -25 "$R/capacity.out"; stop_server; return $rc
 }
 
-step_ratecap() {  # issue 24 item 7: two rate searches (seeds 1, 2) and a ladder of long fixed-rate points
-  want ratecap "$RC_S" "$R/ratecap.ok" || return 0
+step_ratecap() {  # issue 24 item 7: rate searches (RC_SEEDS) and a ladder of long fixed-rate points (RC_LADDER)
+  local tag=${RC_TAG:-ratecap}
+  want "$tag" "$RC_S" "$R/$tag.ok" || return 0
   start_server ratecap || return 1
   local seed rc=0 b r
-  for seed in 1 2; do
+  for seed in $RC_SEEDS; do
     rm -rf "$R/ratecap-$seed"; echo "bench capacity URL $RC_ARGS --seed $seed --time-budget $RC_BUDGET" > "$R/ratecap-$seed.cmd"
     # shellcheck disable=SC2086
-    MAXT=$((RC_BUDGET + 60)) bounded $PY -m bench capacity "$URL" $RC_ARGS --seed $seed --time-budget "$RC_BUDGET" \
+    MAXT=$((${RC_BUDGET%.*} + 60)) bounded $PY -m bench capacity "$URL" $RC_ARGS --seed $seed --time-budget "$RC_BUDGET" \
       --out "$R/ratecap-$seed" > "$R/ratecap-$seed.out" 2>&1 || rc=$?
     log "bench capacity seed $seed: rc $rc"; tail -12 "$R/ratecap-$seed.out"
   done
-  b=$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['boundary'] or '')" "$R/ratecap-1/capacity.json" 2>/dev/null)
-  for f in $RC_LADDER; do  # fixed-rate points at f x the first search's boundary
-    [ -n "$b" ] || break
+  # the ladder: fixed-rate points at f x RC_BOUNDARY (default: the first search's boundary)
+  b=${RC_BOUNDARY:-$($PY -c "import json,sys; print(json.load(open(sys.argv[1]))['boundary'] or '')" "$R/ratecap-1/capacity.json" 2>/dev/null)}
+  for f in $RC_LADDER; do
+    [ -n "$b" ] || { log "ladder: no boundary"; rc=1; break; }
     r=$($PY -c "print(round($b * $f, 3))")
+    echo "bench run URL --rate $r --duration $RC_POINT_S $RC_RUN_ARGS" > "$R/ratecap-ladder-$f.cmd"
     # shellcheck disable=SC2086
     MAXT=$((RC_POINT_S + 60)) bounded $PY -m bench run "$URL" --rate "$r" --duration "$RC_POINT_S" $RC_RUN_ARGS \
       --out "$R/ratecap-ladder-$f" > "$R/ratecap-ladder-$f.out" 2>&1
     log "ladder ${f}x = $r req/s: rc $?"; tail -8 "$R/ratecap-ladder-$f.out"
   done
-  stop_server; [ $rc -eq 0 ] && touch "$R/ratecap.ok"; return $rc
+  stop_server; [ $rc -eq 0 ] && touch "$R/$tag.ok"; return $rc
 }
 
 step_fidelity() {  # issue 17: bench's own timestamps against bench sim (no GPU), 1-16 worker processes

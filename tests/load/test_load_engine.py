@@ -46,3 +46,26 @@ def test_capacity_real_engine(llama_server: str, tmp_path: Path, capsys: pytest.
     for p in doc["points"]:
         assert (p["achieved_rps"] is None or p["achieved_rps"] > 0) and p["completed_rps"] >= 0
         assert (Path(p["dir"]) / "records.jsonl").is_file()
+
+
+def test_rate_run_checks_its_schedule_not_the_profiles_cells(tmp_path: Path,
+                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A server with a 2,048-token context: the default profile's 2,048-token cell would not fit, but an
+    open-loop run never sends it, so 32-token requests run; a schedule whose requests do not fit is refused up
+    front with one line (exit 3) naming the schedule's largest request. Found running a rate ladder on a server
+    with small slots (benchmarks/gpu/run_h200.sh, step ratecap)."""
+    from bench.tools.engine import LocalEngine
+
+    with LocalEngine(parallel=2, ctx_size=2048) as eng:
+        rc = main(["run", eng.url, "--rate", "5", "--duration", "3", "--input-tokens", "32", "--max-tokens", "8",
+                   "--warmup", "0", "--cooldown", "0", "--out", str(tmp_path / "ok"), "--json"])
+        out, err = capsys.readouterr()
+        assert rc == 0, err
+        c = json.loads(out)["cells"][0]
+        assert c["counts"]["finished"] == c["counts"]["planned"] > 0
+        rc = main(["run", eng.url, "--rate", "2", "--duration", "2", "--input-tokens", "2100", "--max-tokens", "8",
+                   "--out", str(tmp_path / "big")])
+        out, err = capsys.readouterr()
+    assert rc == 3, err
+    assert "the rate schedule: its largest request, 2108 prompt + output tokens, does not fit" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
