@@ -145,7 +145,7 @@ class SSEDecoder:
         """The fast path: the data of the whole events at the start of ``buf`` (up to its last empty line) when no
         event is open, ``buf`` has no CR and every block there is one ``data: `` line (what servers send), and
         where the rest of ``buf`` starts; else no events and 0. The first block is checked before the split, so a
-        server whose events have other lines (``event:``, ``id:``, several ``data:``) costs one ``find``."""
+        server whose events have other lines (``event:``, ``id:``, several ``data:``) costs a few ``find`` calls."""
         if buf[:6] != "data: " or self._has_data or self._event or "\r" in buf:
             return [], 0
         end = buf.rfind("\n\n")
