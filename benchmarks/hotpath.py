@@ -4,6 +4,7 @@
     python benchmarks/hotpath.py --profile             # + a cProfile of the default variant (top 25 by tottime)
     python benchmarks/hotpath.py --streams 16 --seconds 5 --step-ms 0.1 --variants kernel,user,kernel+uvloop
     python benchmarks/hotpath.py --source blast --sims 2      # a source faster than the client
+    python benchmarks/hotpath.py --source blast --sims 1 --split   # + CPU per event: framing, SSE, parse, the rest
 
 Method. The sim runs in its own processes (``benchmarks/simproc.py``) with a decode step far shorter than the client
 can follow (``--step-ms``, default 0.1 ms: 10,000 events/s per stream asked), so the client is the bottleneck:
@@ -28,6 +29,12 @@ client competing) *events/s* is bounded by the sim and *events per CPU-s* is the
 many events per write, faster than any client; the client is then the slower side (*client CPU %* near 100) and
 *events/s* is what one process ingests, wall-clock, with reads of many events each (the best case; one event per
 read is the worst, what the ``fidelity.py`` waves at 20 events/s per stream have).
+
+``--split`` adds, per variant, the client's CPU per event in chunked framing (``ChunkedDecoder.feed``), SSE decoding
+(the client's SSE sink: ``bench.transport.sse``), the end-of-stream parse (JSON and records: ``bench.client.events``)
+and the rest (event loop, socket reads and stamps, requests): ``process_time_ns`` around each call (one a read, or
+64 events for the parse), so the split costs the wave a few thousand clock reads. It also runs on trees from before
+issue 30 (their parse is ``_parse_events``), to compare.
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.transport.kernel_stamps or data_received), ``+uvloop`` (the ``fast`` extra's
 event loop), ``+h11`` (chunked bodies framed by h11, as before bench.transport.chunked took that over), ``+queue`` (a
@@ -70,6 +77,55 @@ class BlastProcess(SimProcess):
 RESULTS = Path(__file__).resolve().parent / "results" / "hotpath.md"
 
 
+class CPUSplit:
+    """``--split``: the client's CPU (``process_time_ns``) in each part of the hot path, summed over calls."""
+
+    def __init__(self) -> None:
+        self.ns: dict[str, int] = {}
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def __enter__(self) -> CPUSplit:
+        from bench.client import events, request
+        from bench.transport import chunked
+
+        parse = "_parse_log" if hasattr(events, "_parse_log") else "_parse_events"  # before issue 30: _parse_events
+        for part, owner, name in (("chunked", chunked.ChunkedDecoder, "feed"), ("sse", request._SSESink, "feed"),
+                                  ("parse", events, parse), ("parse", events, "_finish")):
+            self._wrap(part, owner, name)
+        return self
+
+    def _wrap(self, part: str, owner: Any, name: str) -> None:
+        real, ns, clock = getattr(owner, name), self.ns, time.process_time_ns
+        ns[part] = 0
+
+        def timed(*args: Any) -> Any:
+            t0 = clock()
+            try:
+                return real(*args)
+            finally:
+                ns[part] += clock() - t0
+
+        self._undo.append((owner, name, real))
+        setattr(owner, name, timed)
+
+    def __exit__(self, *exc: object) -> None:
+        for owner, name, real in reversed(self._undo):
+            setattr(owner, name, real)
+
+    def reset(self) -> None:
+        for part in self.ns:
+            self.ns[part] = 0
+
+    def per_event(self, events: int, cpu_s: float) -> dict[str, float]:
+        """ns per event in each part, and ``rest``: the wave's other CPU."""
+        out = {part: ns / events for part, ns in self.ns.items()}
+        out["rest"] = cpu_s * 1e9 / events - sum(out.values())
+        return out
+
+
+SPLIT: CPUSplit | None = None  # set by --split for the wave: reset when the measured wave starts
+
+
 def specs(streams: int, tokens: int, tag: str) -> list[RequestSpec]:
     return [RequestSpec(f"{tag}-{i:03d}", "chat", {"messages": [{"role": "user", "content": f"hot {tag} {i}"}],
                                                    "max_tokens": tokens}, {"stream": i}) for i in range(streams)]
@@ -88,6 +144,8 @@ async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens
                                for i, s in enumerate(specs(streams, 2, "warm"))))
         gc.collect()
         gc.disable()
+        if SPLIT is not None:
+            SPLIT.reset()
         sp = specs(streams, tokens, "hot")
         cpu0, w0 = time.process_time(), time.perf_counter()
         if prof is not None:
@@ -107,7 +165,21 @@ async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens
 OFF_FLAGS = {"h11": "CHUNKED_FRAMING", "queue": "PUMP_BODIES"}
 
 
-def run_variant(variant: str, base: list[str], streams: int, tokens: int, profile: bool) -> dict[str, Any]:
+def run_variant(variant: str, base: list[str], streams: int, tokens: int, profile: bool,
+                split: bool = False) -> dict[str, Any]:
+    """:func:`measure_variant`, with ``--split``'s accounting around it when ``split``."""
+    global SPLIT
+    if not split:
+        return measure_variant(variant, base, streams, tokens, profile)
+    with CPUSplit() as SPLIT:
+        try:
+            r = measure_variant(variant, base, streams, tokens, profile)
+        finally:
+            acc, SPLIT = SPLIT, None
+    return dict(r, split_ns=acc.per_event(max(r["events"], 1), r["cpu_s"]))
+
+
+def measure_variant(variant: str, base: list[str], streams: int, tokens: int, profile: bool) -> dict[str, Any]:
     """One measured wave with ``variant`` (``kernel``, ``user``, ``httpx``, each optionally ``+uvloop``,
     ``+h11``, ``+queue``)."""
     parts = variant.split("+")
@@ -118,8 +190,8 @@ def run_variant(variant: str, base: list[str], streams: int, tokens: int, profil
         for name in off:
             setattr(fastio, name, False)
         try:
-            return dict(run_variant("+".join(p for p in parts if p not in OFF_FLAGS), base, streams, tokens,
-                                    profile), variant=variant)
+            return dict(measure_variant("+".join(p for p in parts if p not in OFF_FLAGS), base, streams, tokens,
+                                        profile), variant=variant)
         finally:
             for name in off:
                 setattr(fastio, name, True)
@@ -173,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sims", default="auto", help="sim processes the streams are spread over (auto: enough that "
                     "the client, not the sim, is the bottleneck: one per stream, at most cores - 2, at least 1)")
     ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
+    ap.add_argument("--split", action="store_true", help="CPU per event in chunked framing, SSE decoding, the "
+                    "end-of-stream parse and the rest, per variant (the script's docstring)")
     ap.add_argument("--out", default=str(RESULTS), help="markdown table to write ('' = none)")
     a = ap.parse_args(argv)
     tokens = max(16, int(a.seconds * a.rate))
@@ -183,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
         sims = [stack.enter_context(source(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
                                                prefill_tok_s=1e8, tokens_per_event=1)) for _ in range(a.sims)]
         for i, v in enumerate(x.strip() for x in a.variants.split(",") if x.strip()):
-            r = run_variant(v, [s.base for s in sims], a.streams, tokens, a.profile and i == 0)
+            r = run_variant(v, [s.base for s in sims], a.streams, tokens, a.profile and i == 0, a.split)
             rows.append(r)
             print(f"{v:16s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
                   f"{r['events_per_cpu_s']:9.0f} events per CPU-s  client CPU {r['client_cpu_pct']:3.0f} %  "
                   f"failed {r['failed']}  {r['stamp_source']}", flush=True)
+            if "split_ns" in r:
+                print("    CPU per event (ns): " + "  ".join(f"{k} {v:.0f}" for k, v in r["split_ns"].items()))
             if "profile" in r:
                 print(r["profile"])
     if a.out:

@@ -2,8 +2,9 @@
 
 JSON is parsed after the stream ends, by one worker task per event loop that yields to the loop after each
 :data:`PARSE_BUDGET_S` (1 ms) of work, so the end-of-stream work of requests that finish together never holds up
-the reads (and stamps) of the others on the same loop for longer than that. :func:`_parse_events` folds the common
-chunk inline; every other chunk goes to :func:`_absorb`.
+the reads (and stamps) of the others on the same loop for longer than that. The events come as the read path kept
+them (:class:`bench.transport.sse.SSELog`: a stamp and a str per event); :func:`_parse_run` folds the common chunk
+inline; every other chunk goes to :func:`_absorb`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,14 @@ import asyncio
 import json
 import time
 import weakref
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
 from bench.records import Event, RequestRecord
 from bench.redaction import redact
-from bench.transport.sse import SSEEvent
+from bench.transport.sse import SSEEvent, SSELog
 
 
 def _json_loader() -> Callable[[str], Any]:
@@ -29,9 +31,6 @@ def _json_loader() -> Callable[[str], Any]:
     except ImportError:  # pragma: no cover - exercised where orjson is absent
         return json.loads
     return orjson.loads
-
-
-_loads = _json_loader()
 
 
 _loads = _json_loader()
@@ -52,7 +51,7 @@ class _Deferred:
     """
 
     def __init__(self) -> None:
-        self.queue: deque[tuple[RequestRecord, list[SSEEvent], asyncio.Future[None]]] = deque()
+        self.queue: deque[tuple[RequestRecord, SSELog, asyncio.Future[None]]] = deque()
         self.task = asyncio.get_running_loop().create_task(self._run())
 
     async def _run(self) -> None:
@@ -62,7 +61,7 @@ class _Deferred:
             rec, raw, fut = self.queue.popleft()
             try:
                 for i in range(0, max(len(raw), 1), PARSE_SLICE):
-                    if _parse_events(rec, raw[i:i + PARSE_SLICE]):
+                    if _parse_log(rec, raw, i, i + PARSE_SLICE):
                         break
                     if perf() - t0 > PARSE_BUDGET_S:
                         await asyncio.sleep(0)
@@ -80,7 +79,7 @@ class _Deferred:
 _deferred: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _Deferred] = weakref.WeakKeyDictionary()
 
 
-async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
+async def _parse_sliced(rec: RequestRecord, raw: SSELog) -> None:
     """Parse ``raw`` into ``rec`` and apply the success rules (:func:`_finish`), through the loop's
     :class:`_Deferred` worker: off the path that stamps reads."""
     loop = asyncio.get_running_loop()
@@ -96,9 +95,35 @@ async def _parse_sliced(rec: RequestRecord, raw: list[SSEEvent]) -> None:
 
 
 def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
-    """Turn decoded SSE events into :class:`Event` objects and fill usage/finish/error fields. Only ``message``
-    events carry chunks; other types are ignored except ``error``. Returns True at ``[DONE]`` (the response is
-    complete there: what follows is ignored).
+    """:func:`_parse_log` of decoded events (all of them)."""
+    log = SSELog()
+    log.add(raw)
+    return _parse_log(rec, log, 0, len(log))
+
+
+def _parse_log(rec: RequestRecord, log: SSELog, start: int, stop: int) -> bool:
+    """Turn the events ``start:stop`` of ``log`` into :class:`Event` objects and fill usage/finish/error fields.
+    Only ``message`` events carry chunks (:func:`_parse_run`); other types are ignored except ``error``. Returns
+    True at ``[DONE]`` (the response is complete there: what follows is ignored)."""
+    if rec.done:
+        return True
+    at = log.other_at
+    k = bisect_left(at, start) if at else 0
+    i = start
+    while i < stop:
+        j = at[k] if k < len(at) and at[k] < stop else stop  # the next event that is not a message, or the end
+        if i < j and _parse_run(rec, log.t_ns[i:j], log.data[i:j]):
+            return True
+        if j >= stop:
+            break
+        _no_chunk(rec, log.other[k])
+        k += 1
+        i = j + 1
+    return rec.done
+
+
+def _parse_run(rec: RequestRecord, stamps: list[int], datas: list[str]) -> bool:
+    """``message`` events (each one's arrival stamp and data) into ``rec``; True at ``[DONE]``.
 
     The common chunk is folded in here, with no call and the fewest lookups: one choice, index 0, and either a
     non-empty ``delta`` without tool calls whose content and reasoning are strs or null, or (completions) no
@@ -107,19 +132,16 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
     sent = rec.sent_ns
     loads = _loads
     append = rec.events.append
-    for sse in raw:
-        if rec.done:
-            return True
-        if sse.event != "message":
-            _no_chunk(rec, sse)
-            continue
+    for t, data in zip(stamps, datas, strict=True):
         try:
-            obj = loads(sse.data)
+            obj = loads(data)
         except (ValueError, RecursionError):  # also a keep-alive or [DONE]: rare, so not checked for first
-            _no_chunk(rec, sse)
+            _not_json(rec, data)
+            if rec.done:
+                return True
             continue
         if obj.__class__ is not dict:  # the loaders give plain dicts, lists and strs: exact-type checks suffice
-            _set_error(rec, f"event is not a JSON object: {_one_line(sse.data)[:120]}", "bad_json")
+            _set_error(rec, f"event is not a JSON object: {_one_line(data)[:120]}", "bad_json")
             continue
         choices = obj.get("choices")
         if choices.__class__ is list and len(choices) == 1 and "error" not in obj and "timings" not in obj:
@@ -145,28 +167,29 @@ def _parse_events(rec: RequestRecord, raw: list[SSEEvent]) -> bool:
                 if usage and usage.__class__ is dict:  # some servers send usage on every chunk
                     rec.usage = usage
                 if sim.__class__ is dict:
-                    s, w, k = sim.get("sched_ns"), sim.get("write_ns"), sim.get("tokens")
-                    append(Event(sse.t_ns - sent, text, r1 + r2, "", s if s.__class__ is int else None,
-                                 w if w.__class__ is int else None, k if k.__class__ is int else None))
+                    s, w, n = sim.get("sched_ns"), sim.get("write_ns"), sim.get("tokens")
+                    append(Event(t - sent, text, r1 + r2, "", s if s.__class__ is int else None,
+                                 w if w.__class__ is int else None, n if n.__class__ is int else None))
                 else:
-                    append(Event(sse.t_ns - sent, text, r1 + r2))
+                    append(Event(t - sent, text, r1 + r2))
                 continue
-        _absorb(rec, obj, sse.t_ns - sent)
-    return rec.done
+        _absorb(rec, obj, t - sent)
+    return False
 
 
 def _no_chunk(rec: RequestRecord, sse: SSEEvent) -> None:
-    """An event that carries no chunk: an ``error`` event fails the request, other non-``message`` events (ping)
-    are ignored; a ``message`` whose data is not JSON is a keep-alive (empty), ``[DONE]``, or a failure."""
-    if sse.event != "message":
-        if sse.event == "error":
-            _set_error(rec, f"error event: {_one_line(sse.data)}", "stream_error")
-        return
-    data = sse.data.strip()
-    if data == "[DONE]":
+    """An event that is not a ``message``: an ``error`` event fails the request, others (ping) are ignored."""
+    if sse.event == "error":
+        _set_error(rec, f"error event: {_one_line(sse.data)}", "stream_error")
+
+
+def _not_json(rec: RequestRecord, data: str) -> None:
+    """A ``message`` whose data is not JSON: a keep-alive (empty), ``[DONE]``, or a failure."""
+    text = data.strip()
+    if text == "[DONE]":
         rec.done = True
-    elif data:
-        _set_error(rec, f"event is not JSON: {_one_line(sse.data)[:120]}", "bad_json")
+    elif text:
+        _set_error(rec, f"event is not JSON: {_one_line(data)[:120]}", "bad_json")
 
 
 def _one_line(s: str) -> str:

@@ -55,7 +55,7 @@ from bench.records import RequestRecord
 from bench.redaction import add_secret
 from bench.transport.http import FastConnectError, FastIOError, FastPool, FastTimeout, stamp_tracker
 from bench.transport.limits import local_limit_text
-from bench.transport.sse import SSEDecoder, SSEEvent
+from bench.transport.sse import SSEDecoder, SSELog
 
 __all__ = ["stream_request", "require_ok", "DONE_GRACE_S"]
 
@@ -95,7 +95,7 @@ async def stream_request(
         rec.images, rec.image_bytes = body_images(spec.body)
         choice = spec.body.get("tool_choice")
         rec.tool_forced = bool(spec.body.get("tools")) and (choice == "required" or isinstance(choice, dict))
-    raw: list[SSEEvent] = []
+    raw = SSELog()
     try:
         await _exchange(client, base, spec, model, rec, raw, tap)
     except asyncio.CancelledError:
@@ -129,7 +129,7 @@ def _stream_timeout(client: httpx.AsyncClient) -> httpx.Timeout:
 
 
 async def _exchange(client: httpx.AsyncClient, base: str, spec: RequestSpec, model: str, rec: RequestRecord,
-                    raw: list[SSEEvent], tap: StreamTap | None) -> None:
+                    raw: SSELog, tap: StreamTap | None) -> None:
     """Send the request and read the response into ``rec`` (status, end) and ``raw`` (SSE events). A wave of
     requests takes turns (bench.client.turns) to build and send theirs, sharing the loop with the streams already
     running (a request of an open-loop schedule sends at once: bench.client.turns.scheduled_task)."""
@@ -191,7 +191,7 @@ def _log_response(spec: RequestSpec, url: str, headers: list[tuple[str, str]], s
                   response.status_code, response.headers.get("content-type", ""))
 
 
-async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: list[SSEEvent],
+async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: SSELog,
                          tap: StreamTap | None) -> None:
     ctype = response.headers.get("content-type", "")
     inflate = _content_decoder(response.headers.get("content-encoding", ""), refuse=response.status_code < 300)
@@ -220,7 +220,7 @@ async def _read_response(response: Any, fast: bool, rec: RequestRecord, raw: lis
     finally:
         t_end = time.perf_counter_ns()
         if t_done is None:
-            raw.extend(sink.dec.close(t_end))
+            raw.add(sink.dec.close(t_end))
         rec.end_ns = (t_done if t_done is not None else t_end) - rec.sent_ns
     await _after_done(response, stamped, fast)
 
@@ -231,7 +231,7 @@ class _SSESink:
 
     __slots__ = ("inflate", "dec", "raw", "tap")
 
-    def __init__(self, inflate: Any, raw: list[SSEEvent], tap: StreamTap | None) -> None:
+    def __init__(self, inflate: Any, raw: SSELog, tap: StreamTap | None) -> None:
         self.inflate = inflate
         self.dec = SSEDecoder()
         self.raw = raw
@@ -241,20 +241,29 @@ class _SSESink:
         """One body piece stamped ``t``; True once it completed the ``[DONE]`` event."""
         if self.inflate is not None:
             chunk = _inflate(self.inflate, chunk)
-        evs = self.dec.feed(chunk, t)
-        if evs:
-            self.raw.extend(evs)
+        raw = self.raw
+        n = self.dec.feed_log(chunk, t, raw)
+        if n:
             if self.tap is not None:
-                self.tap.events += len(evs)
-            for ev in evs:
-                if len(ev.data) < 16 and _is_done(ev):  # a chunk's JSON is longer: one len() per event
-                    return True
+                self.tap.events += n
+            data = raw.data
+            if (len(data[-1]) if n == 1 else min(map(len, data[-n:]))) < 16:  # a chunk's JSON is longer
+                return _done_in(raw, len(data) - n)
         return False
 
     def flush(self) -> None:
         """The body ended: what the compressed stream still held."""
         if self.inflate is not None:
-            self.raw.extend(self.dec.feed(_inflate(self.inflate, b"", final=True), time.perf_counter_ns()))
+            self.dec.feed_log(_inflate(self.inflate, b"", final=True), time.perf_counter_ns(), self.raw)
+
+
+def _done_in(raw: SSELog, start: int) -> bool:
+    """True when a ``message`` event from ``start`` on is ``[DONE]``."""
+    for i in range(start, len(raw)):
+        d = raw.data[i]
+        if len(d) < 16 and d.strip() == "[DONE]" and i not in raw.other_at:
+            return True
+    return False
 
 
 async def _read_sse(stamped: Any, sink: _SSESink) -> int | None:
@@ -264,11 +273,6 @@ async def _read_sse(stamped: Any, sink: _SSESink) -> int | None:
             return int(t)
     sink.flush()
     return None
-
-
-def _is_done(ev: SSEEvent) -> bool:
-    d = ev.data
-    return len(d) < 16 and ev.event == "message" and d.strip() == "[DONE]"
 
 
 async def _after_done(response: Any, stamped: Any, fast: bool) -> None:

@@ -13,11 +13,14 @@ lines or events hide the reads. The decoder follows the WHATWG HTML "server-sent
 - a UTF-8 byte-order mark at the very start is dropped; UTF-8 sequences split across reads are decoded correctly;
   invalid UTF-8 becomes U+FFFD.
 
-Fast paths, same rules in fewer steps: a read with LF-only line ends skips the CR search (``_feed_lf``); a read
-that ends with an empty line and has no CR, after a read that left nothing pending (it ended in LF with no event
-open, so there is no partial line, no pending CR, no byte held by the UTF-8 decoder, and the BOM rule is behind), is
-decoded in one go (``bytes.decode``) and split into whole events (``_feed_clean``). In both, a block that is one
-``data: `` line (the event servers send) is dispatched without the line loop.
+Fast paths, same rules in fewer steps: text with LF-only line ends skips the CR search (``_feed_lf``), and its
+one-line ``data: `` blocks are dispatched without the line loop; when no event is open (the previous read ended
+between events, or inside the first line of the next one), a read's text with no CR is split at once into the data
+of the whole events up to its last empty line, if every block there is one ``data: `` line (``_plain``: what
+servers send; a read of many events then costs a few C-level passes), and only the rest goes through the line rules.
+
+:meth:`SSEDecoder.feed_log` keeps a stream's events in an :class:`SSELog` (a stamp and a str per event, no object),
+which is what bench's client reads with: a read of many events costs a few C-level list operations beyond the split.
 
 Nothing a server sends makes the decoder raise (``tests/transport/test_sse.py`` checks it, and checks it against a reference
 implementation of the rules, on random streams cut at random points).
@@ -31,7 +34,7 @@ from __future__ import annotations
 import codecs
 from dataclasses import dataclass
 
-__all__ = ["SSEDecoder", "SSEEvent"]
+__all__ = ["SSEDecoder", "SSEEvent", "SSELog"]
 
 
 @dataclass(slots=True)
@@ -53,6 +56,41 @@ class SSEEvent:
     complete: bool = True
 
 
+class SSELog:
+    """A stream's events as the read path keeps them, flat: the i-th event arrived with the read stamped
+    ``t_ns[i]`` and carried ``data[i]``. Events whose type is not ``message`` (``event: ping``, ``error``...) are
+    also in ``other`` (whole), at the indexes ``other_at`` (ascending). Event ids and the ``complete`` flag are not
+    kept (bench's client uses neither). A read of ``k`` events adds ``k`` stamps (one int) and ``k`` strs: no
+    object per event."""
+
+    __slots__ = ("t_ns", "data", "other_at", "other")
+
+    def __init__(self) -> None:
+        self.t_ns: list[int] = []
+        self.data: list[str] = []
+        self.other_at: list[int] = []
+        self.other: list[SSEEvent] = []
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def add(self, events: list[SSEEvent]) -> None:
+        """Append decoded events."""
+        for i, ev in enumerate(events, len(self.data)):
+            if ev.event != "message":
+                self.other_at.append(i)
+                self.other.append(ev)
+        self.t_ns += [ev.t_ns for ev in events]
+        self.data += [ev.data for ev in events]
+
+    def events(self) -> list[SSEEvent]:
+        """The events as :class:`SSEEvent` objects (``message`` ones without their id, as complete)."""
+        out = [SSEEvent(t, d) for t, d in zip(self.t_ns, self.data, strict=True)]
+        for i, ev in zip(self.other_at, self.other, strict=True):
+            out[i] = ev
+        return out
+
+
 class SSEDecoder:
     """Incremental SSE decoder: feed it raw bytes with their arrival time, get the events they complete.
 
@@ -64,11 +102,12 @@ class SSEDecoder:
                 ...
         tail = dec.close(t_end_ns)   # list with at most one unterminated event
 
+    or ``dec.feed_log(chunk, t_ns, log)`` with an :class:`SSELog` ``log``, then ``log.add(dec.close(t_end_ns))``.
+
     ``retry`` holds the last valid ``retry:`` value in ms (unused by bench; kept for completeness).
     """
 
-    __slots__ = ("_utf8", "_buf", "_skip_lf", "_data", "_has_data", "_event", "_last_id", "retry", "_started",
-                 "_clean")
+    __slots__ = ("_utf8", "_buf", "_skip_lf", "_data", "_has_data", "_event", "_last_id", "retry", "_started")
 
     def __init__(self) -> None:
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -80,25 +119,52 @@ class SSEDecoder:
         self._last_id: str | None = None
         self.retry: int | None = None
         self._started = False
-        self._clean = False  # nothing pending: see feed
 
     def feed(self, chunk: bytes, t_ns: int) -> list[SSEEvent]:
         """Decode one read. Returns the events this read completed (possibly none), all stamped ``t_ns``."""
-        if self._clean and chunk[-1:] == b"\n":
-            # nothing pending and the read ends in a whole character: one-shot decoding gives what the incremental
-            # decoder would (it holds no bytes); the BOM rule, a pending CR and a partial line do not apply
-            buf = chunk.decode("utf-8", "replace")
-            if "\r" not in buf:
-                if buf.find("\n") == len(buf) - 2 and buf[:6] == "data: ":  # one one-line event: what servers send
-                    return [SSEEvent(t_ns, buf[6:-2], "message", self._last_id)]
-                if buf[-2:] == "\n\n":
-                    return self._feed_clean(buf, t_ns)  # ends with an empty line: leaves nothing pending
-        else:
-            buf = self._text(chunk)
-        out = self._feed_lf(buf, t_ns, []) if "\r" not in buf else self._feed_cr(buf, t_ns)
-        # a read ending in LF leaves no partial line, no pending CR and no bytes in the UTF-8 decoder
-        self._clean = chunk[-1:] == b"\n" and not (self._has_data or self._event)
-        return out
+        buf = self._text(chunk)
+        values, start = self._plain(buf)
+        last_id = self._last_id
+        return self._feed_rest(buf, start, t_ns, [SSEEvent(t_ns, v, "message", last_id) for v in values])
+
+    def feed_log(self, chunk: bytes, t_ns: int, log: SSELog) -> int:
+        """:meth:`feed` into ``log`` (no object per event on the fast path); returns how many events it added."""
+        buf = self._text(chunk)
+        values, start = self._plain(buf)
+        n = len(values)
+        if n:
+            log.data += values
+            log.t_ns += [t_ns] * n
+        evs = self._feed_rest(buf, start, t_ns, [])
+        if not evs:
+            return n
+        log.add(evs)
+        return n + len(evs)
+
+    def _plain(self, buf: str) -> tuple[list[str], int]:
+        """The fast path: the data of the whole events at the start of ``buf`` (up to its last empty line) when no
+        event is open, ``buf`` has no CR and every block there is one ``data: `` line (what servers send), and
+        where the rest of ``buf`` starts; else no events and 0. The first block is checked before the split, so a
+        server whose events have other lines (``event:``, ``id:``, several ``data:``) costs a few ``find`` calls."""
+        if buf[:6] != "data: " or self._has_data or self._event or "\r" in buf:
+            return [], 0
+        end = buf.rfind("\n\n")
+        if end < 0 or buf.find("\n") != buf.find("\n\n"):
+            return [], 0
+        values = buf[6:end].split("\n\ndata: ")
+        for v in values:
+            if "\n" in v:  # a block of several lines, or empty lines between blocks
+                return [], 0
+        return values, end + 2
+
+    def _feed_rest(self, buf: str, start: int, t_ns: int, out: list[SSEEvent]) -> list[SSEEvent]:
+        """``buf`` from ``start`` on by the line rules, its events appended to ``out``."""
+        if start:
+            buf = buf[start:]
+            if "\n" not in buf:  # what is left of the read is empty or a partial line (the usual case)
+                self._buf = buf
+                return out
+        return self._feed_lf(buf, t_ns, out) if "\r" not in buf else self._feed_cr(buf, t_ns, out)
 
     def _text(self, chunk: bytes) -> str:
         """The read's text through the incremental decoder, after the BOM rule, a pending CR and a partial line."""
@@ -113,9 +179,8 @@ class SSEDecoder:
             self._skip_lf = False
         return self._buf + text if self._buf else text
 
-    def _feed_cr(self, buf: str, t_ns: int) -> list[SSEEvent]:
+    def _feed_cr(self, buf: str, t_ns: int, out: list[SSEEvent]) -> list[SSEEvent]:
         """The general line rules (LF, CR or CRLF line ends)."""
-        out: list[SSEEvent] = []
         start = 0
         n = len(buf)
         while start < n:
@@ -139,20 +204,6 @@ class SSEDecoder:
             start = nxt
         self._buf = buf[start:]
         return out
-
-    def _feed_clean(self, text: str, t_ns: int) -> list[SSEEvent]:
-        """LF-only text that ends with an empty line, read with nothing pending. When every block (the text between
-        empty lines) is one ``data: `` line, the events are those lines' values (what servers send); otherwise the
-        LF-only rules of :meth:`_feed_lf` apply (the text ends with an empty line, so nothing is left pending)."""
-        if text[:6] == "data: ":
-            values = text[6:-2].split("\n\ndata: ")
-            for v in values:
-                if "\n" in v:  # a block of several lines, or empty lines between blocks
-                    break
-            else:
-                last_id = self._last_id
-                return [SSEEvent(t_ns, v, "message", last_id) for v in values]
-        return self._feed_lf(text, t_ns, [])  # some block is not one data: line: the LF-only rules
 
     def _feed_lf(self, buf: str, t_ns: int, out: list[SSEEvent]) -> list[SSEEvent]:
         """LF-only text: whole events (blocks ended by an empty line) first; a block that is one ``data: `` line,

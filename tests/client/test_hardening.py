@@ -36,7 +36,7 @@ from bench.redaction import add_secret, redact
 from bench.server.info import discover_server
 from bench.server.tokenizer import HttpTokenizer
 from bench.session.loop_lag import LagMonitor, lag_warning
-from bench.transport.sse import SSEEvent
+from bench.transport.sse import SSEEvent, SSELog
 from tests.transport.test_http import Server, read_request
 
 BOTH = pytest.mark.parametrize("fast_io", [True, False], ids=["fastio", "httpx"])
@@ -628,7 +628,9 @@ def test_end_of_stream_parsing_yields_to_the_loop() -> None:
 
     async def parse(raw: list[SSEEvent]) -> tuple[RequestRecord, int]:
         rec = RequestRecord("r", "chat", "m")
-        await client_mod._parse_sliced(rec, raw)
+        log = SSELog()
+        log.add(raw)
+        await client_mod._parse_sliced(rec, log)
         return rec, ticks[0]
 
     async def main_():

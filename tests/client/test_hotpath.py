@@ -94,3 +94,111 @@ def test_blastserver_streams_are_what_a_sim_stream_records() -> None:
         assert r.ok and r.done and r.finish_reason == "length" and r.usage["completion_tokens"] == 150
         assert len(text) == 150 and all(e.tokens == 1 and e.write_ns is not None for e in text)
     assert connects == 1
+
+
+# ---- the read path as a whole (chunked framing -> SSE decoding -> the stream's SSELog -> [DONE]), under any split
+# of the same bytes into reads: the same events, each stamped with the read that completed it (the reference's) ----
+
+from dataclasses import asdict  # noqa: E402
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bench.client.request import _SSESink  # noqa: E402
+from bench.transport.chunked import ChunkedDecoder  # noqa: E402
+from bench.transport.sse import SSEEvent, SSELog  # noqa: E402
+from tests.transport.test_sse import reference  # noqa: E402
+
+_TEXT = st.text(st.sampled_from(list('ab {}":,é☃😀[DONE]\\')), max_size=12)
+_JSON = st.builds(lambda v, i: json.dumps({"choices": [{"index": 0, "delta": {"content": v}}], "sim": {"tokens": i}},
+                                          ensure_ascii=False), _TEXT, st.integers(0, 3))
+_SERVER_EVENT = st.one_of(
+    st.builds("data: {}\n\n".format, _JSON), st.builds("data: {}\n\n".format, _JSON),  # what servers send
+    st.builds("data: {}\n\n".format, _TEXT), st.sampled_from(["data: [DONE]\n\n", "data:  [DONE] \n\n", "data:\n\n"]),
+    st.builds("event: ping\ndata: {}\n\n".format, _TEXT), st.builds("event: error\ndata: {}\n\n".format, _TEXT),
+    st.sampled_from([": keep-alive\n\n", "\n", "id: 4\n", "retry: 5\n", "data: a\ndata: b\n\n", "data: x"]),
+    st.builds("data: {}\r\n\r\n".format, _TEXT))
+SERVER_STREAMS = st.lists(_SERVER_EVENT, max_size=30).map(lambda evs: "".join(evs).encode())
+READ_PATH = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _chunked(body: bytes, cuts: list[int]) -> tuple[bytes, list[int]]:
+    """``body`` as a chunked body cut into chunks at ``cuts``, and where each body byte sits in it."""
+    bounds = sorted({c for c in cuts if 0 < c < len(body)})
+    out, where = b"", []
+    for a, b in zip([0, *bounds], [*bounds, len(body)], strict=True):
+        if a < b:
+            out += b"%x\r\n" % (b - a)
+            where += range(len(out), len(out) + b - a)
+            out += body[a:b] + b"\r\n"
+    return out + b"0\r\n\r\n", where
+
+
+def _read_path(wire: bytes, cuts: list[int]) -> tuple[list[SSEEvent], int | None, list[SSEEvent]]:
+    """The wire cut into reads (read i stamped i) through bench's read path: the log's events, the stamp at which
+    the sink saw [DONE] (first), and the same body pieces through SSEDecoder.feed (the event-object API)."""
+    bounds = sorted({c for c in cuts if 0 < c < len(wire)})
+    reads = [wire[a:b] for a, b in zip([0, *bounds], [*bounds, len(wire)], strict=True)]
+    chunks, log, plain = ChunkedDecoder(), SSELog(), SSEDecoder()
+    sink = _SSESink(None, log, None)
+    done, evs = None, []
+    for i, r in enumerate(reads):
+        body = chunks.feed(r)
+        if body:
+            if sink.feed(i, body) and done is None:
+                done = i
+            evs += plain.feed(body, i)
+    assert chunks.done
+    log.add(sink.dec.close(len(reads)))
+    return log.events(), done, evs + plain.close(len(reads))
+
+
+@READ_PATH
+@given(SERVER_STREAMS, st.lists(st.integers(0, 2000), max_size=12), st.lists(st.integers(0, 2000), max_size=20))
+def test_any_reads_give_the_same_events_and_stamps(body: bytes, chunk_cuts: list[int], read_cuts: list[int]) -> None:
+    wire, where = _chunked(body, chunk_cuts)
+    reads = sorted({c for c in read_cuts if 0 < c < len(wire)})
+
+    def read_of(pos: int) -> int:  # the read holding body byte ``pos``
+        return sum(1 for c in reads if c <= where[pos])
+
+    events, pending, _ = reference(body, list(range(1, len(body))))  # an event's "read" is its completing byte
+    want = [(read_of(p), kind, data) for p, kind, data, _id in events]
+    if pending is not None:
+        want.append((len(reads) + 1, pending[0], pending[1]))
+    got, done, plain = _read_path(wire, read_cuts)
+    assert [(e.t_ns, e.event, e.data) for e in got] == want
+    assert [(e.t_ns, e.event, e.data) for e in plain] == want
+    first_done = next((t for t, kind, data in want if kind == "message" and data.strip() == "[DONE]"), None)
+    assert done == (first_done if first_done != len(reads) + 1 else None)
+
+
+def _record(raw: list[SSEEvent], step: int) -> dict[str, Any]:
+    log = SSELog()
+    log.add(raw)
+    rec = RequestRecord("r", "chat", "m")
+    for i in range(0, max(len(log), 1), step):
+        if client_mod._parse_log(rec, log, i, i + step):
+            break
+    client_mod._finish(rec)
+    return asdict(rec)
+
+
+_PARSED_EVENT = st.one_of(st.builds(lambda d: ("message", d), _JSON), st.builds(lambda d: ("message", d), _JSON),
+                          st.sampled_from([("message", "[DONE]"), ("message", " "), ("message", "x"),
+                                           ("ping", "{}"), ("error", "boom"), ("other", "[DONE]")]),
+                          st.builds(lambda d: ("ping", d), _JSON))
+
+
+@READ_PATH
+@given(st.lists(_PARSED_EVENT, max_size=40), st.integers(1, 9))
+def test_parsing_a_log_in_slices_gives_the_record_of_one_pass(events: list[tuple[str, str]], step: int) -> None:
+    """The end-of-stream worker parses a stream's log :data:`PARSE_SLICE` events at a time; with events of other
+    types (ping, error) anywhere, any slice size gives the record parsing the events one by one gives."""
+    raw = [SSEEvent(100 + i, data, kind) for i, (kind, data) in enumerate(events)]
+    one_by_one = RequestRecord("r", "chat", "m")
+    for ev in raw:
+        if client_mod._parse_events(one_by_one, [ev]):
+            break
+    client_mod._finish(one_by_one)
+    assert _record(raw, step) == _record(raw, 10_000) == asdict(one_by_one)

@@ -95,3 +95,18 @@ def test_size_lines_the_framing_takes(line: bytes, eol: bytes) -> None:
         for cut in range(len(raw) + 1):
             d = ChunkedDecoder()
             assert d.feed(raw[:cut]) + d.feed(raw[cut:]) == body + b"abc" and d.done and d.rest == b"", (before, cut)
+
+
+def test_fast_path_resumes_after_a_chunk_split_by_a_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that starts inside a chunk (most reads of a fast stream) goes back to the fast path once that chunk
+    ends: the general loop reads one size line per read, not every one after it."""
+    pieces = [b"data: {\"i\":%d}\n\n" % i for i in range(200)]
+    raw = _encode(pieces)
+    lines: list[bytes] = []
+    real = ChunkedDecoder._size_line
+    monkeypatch.setattr(ChunkedDecoder, "_size_line", lambda self, line: (lines.append(line), real(self, line))[1])
+    d = ChunkedDecoder()
+    cuts = [0, 7, len(raw) // 3 + 1, 2 * len(raw) // 3 + 5, len(raw)]
+    out = b"".join(d.feed(raw[a:b]) for a, b in zip(cuts, cuts[1:], strict=False))
+    assert out == b"".join(pieces) and d.done
+    assert len(lines) <= 2 * len(cuts), lines

@@ -215,7 +215,7 @@ def test_retry_with_non_ascii_digits_is_ignored() -> None:
     assert d.retry == 250
 
 
-# ---- the clean-state fast path (SSEDecoder._feed_clean): a read ending with an empty line, after a read that left
+# ---- the clean-state fast path (SSEDecoder._plain): a read ending with an empty line, after a read that left
 # nothing pending, skips the incremental UTF-8 decoder and the line loop; whatever a read leaves pending must keep the
 # next read off it. Every sequence of three reads from these pieces, against the reference --------------------------
 
