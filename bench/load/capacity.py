@@ -136,6 +136,7 @@ RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, du
 
 REFINE_WARMUP_SHARE = 0.25
 PROBE_REQUESTS = 5
+BUDGET_SLACK_S = 1.0  # a stretched refine point leaves this much of the budget: the clock moves before the check
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
@@ -422,8 +423,9 @@ class _RateSearch(_Bracketing):
 
     def _refine_length(self) -> float | None:
         """The next refine point's schedule length: under constant arrivals ``CONSTANT_REFINE_SHARE`` of the first,
-        at least ``CONSTANT_REFINE_MIN_S`` (short points bisect a deterministic response); else, with a time budget, the budget left split evenly
-        over as many points of ``--duration`` as fit in it (so the last one does not leave a gap); else
+        at least ``CONSTANT_REFINE_MIN_S`` (short points bisect a deterministic response); else, with a time budget, the budget left (less
+        ``BUDGET_SLACK_S``: the clock moves on before the budget check) split evenly over as many points of
+        ``--duration`` as fit in it (so the last one does not leave a gap); else
         ``--duration``."""
         typical = self._typical_span()
         if self.constant() and typical > 0:
@@ -432,7 +434,7 @@ class _RateSearch(_Bracketing):
             return max(CONSTANT_REFINE_SHARE * span, min(span, CONSTANT_REFINE_MIN_S))
         if self.ss.time_budget_s is None or typical <= 0:
             return None
-        left = self.ss.time_budget_s - (self.clock() - self.t0)
+        left = self.ss.time_budget_s - (self.clock() - self.t0) - BUDGET_SLACK_S
         k = math.floor(left / (typical + self.overhead_s))
         return max(typical, left / k - self.overhead_s) if k >= 1 else None
 

@@ -257,6 +257,7 @@ def test_docs_describe_the_code() -> None:
                  f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
                  f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
+                 f"`BUDGET_SLACK_S` = {C.BUDGET_SLACK_S:g} s",
                  f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}",
                  f"`CONSTANT_REFINE_SHARE` = {C.CONSTANT_REFINE_SHARE:g}",
                  f"`CONSTANT_REFINE_MIN_S` = {C.CONSTANT_REFINE_MIN_S:g} s", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
@@ -268,3 +269,24 @@ def test_docs_describe_the_code() -> None:
                  "`QUEUE_SPEEDS` = (" + ", ".join(str(x) for x in K.QUEUE_SPEEDS) + ")"):
         assert text in doc, text
     assert "fits a least-squares line over the window" not in doc and "geometric middle of the bracket for rates" not in doc
+
+
+def test_the_last_stretched_refine_point_runs_on_a_clock_that_moves() -> None:
+    """A live search's clock moves on between sizing the last refine point (stretched to fill the budget) and the
+    budget check. Found on the H200 (benchmarks/results/capacity-rate-2026-12-04-h200.md): every search stopped
+    with 72-82 s of its 170 s unused, and a point short. A clock that moves 1 ms per reading runs the same points
+    as the engine model's exact clock."""
+    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="ttft_p90=300ms", seed=1)
+    docs = []
+    for tick in (0.0, 0.001):
+        mp = ModelPoints(SHAPE_A, ls, parse_slo("ttft_p90=300ms"), max_tokens=16)
+        reads = [0]
+
+        def clock(mp: ModelPoints = mp, tick: float = tick, reads: list[int] = reads) -> float:
+            reads[0] += 1
+            return mp.clock() + tick * reads[0]
+
+        docs.append(asyncio.run(search(SearchSettings(time_budget_s=170), mp, clock=clock)))
+    refine = [sum(p["phase"] == "refine" for p in d["points"]) for d in docs]
+    assert refine[0] >= 2 and refine[1] == refine[0], refine
+    assert all(d["elapsed_s"] <= 170 for d in docs)
