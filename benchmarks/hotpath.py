@@ -5,6 +5,7 @@
     python benchmarks/hotpath.py --streams 16 --seconds 5 --step-ms 0.1 --variants kernel,user,kernel+uvloop
     python benchmarks/hotpath.py --source blast --sims 2      # a source faster than the client
     python benchmarks/hotpath.py --source blast --sims 1 --split   # + CPU per event: framing, SSE, parse, the rest
+    python benchmarks/hotpath.py --source blast --sims 1 --rate 15000 --variants kernel --procs 8   # one host
 
 Method. The sim runs in its own processes (``benchmarks/simproc.py``) with a decode step far shorter than the client
 can follow (``--step-ms``, default 0.1 ms: 10,000 events/s per stream asked), so the client is the bottleneck:
@@ -35,6 +36,11 @@ read is the worst, what the ``fidelity.py`` waves at 20 events/s per stream have
 and the rest (event loop, socket reads and stamps, requests): ``process_time_ns`` around each call (one a read, or
 64 events for the parse), so the split costs the wave a few thousand clock reads. It also runs on trees from before
 issue 30 (their parse is ``_parse_events``), to compare.
+
+``--procs N`` runs N client processes at once (the first variant), each with ``--sims`` sources of its own; their
+measured waves start together (a barrier after every process's warm-up), and the host's *events/s* is all their
+events over the span from the first wave's start to the last one's end (``perf_counter`` is CLOCK_MONOTONIC, one
+clock for every process), printed with the share of that span during which every wave ran.
 
 Variants: ``kernel`` / ``user`` (stamp source, bench.transport.kernel_stamps or data_received), ``+uvloop`` (the ``fast`` extra's
 event loop), ``+h11`` (chunked bodies framed by h11, as before bench.transport.chunked took that over), ``+queue`` (a
@@ -124,6 +130,7 @@ class CPUSplit:
 
 
 SPLIT: CPUSplit | None = None  # set by --split for the wave: reset when the measured wave starts
+BARRIER: Any = None  # --procs: every process's measured wave starts when all have warmed up
 
 
 def specs(streams: int, tokens: int, tag: str) -> list[RequestSpec]:
@@ -132,8 +139,9 @@ def specs(streams: int, tokens: int, tag: str) -> list[RequestSpec]:
 
 
 async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens: int,
-                prof: cProfile.Profile | None) -> tuple[list[RequestRecord], float, float]:
-    """Stream ``i`` goes to ``bases[i % len(bases)]`` (one sim process each)."""
+                prof: cProfile.Profile | None) -> tuple[list[RequestRecord], float, float, float]:
+    """Stream ``i`` goes to ``bases[i % len(bases)]`` (one sim process each). Returns the measured wave's records,
+    CPU seconds, and its start and end on ``perf_counter`` (CLOCK_MONOTONIC: one clock for every process)."""
     client = make_http_client(settings, streams)
 
     def base(i: int) -> str:
@@ -146,6 +154,8 @@ async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens
         gc.disable()
         if SPLIT is not None:
             SPLIT.reset()
+        if BARRIER is not None:
+            BARRIER.wait(timeout=120)
         sp = specs(streams, tokens, "hot")
         cpu0, w0 = time.process_time(), time.perf_counter()
         if prof is not None:
@@ -156,7 +166,7 @@ async def _wave(bases: list[str], settings: ClientSettings, streams: int, tokens
             if prof is not None:
                 prof.disable()
             gc.enable()
-        return list(recs), time.process_time() - cpu0, time.perf_counter() - w0
+        return list(recs), time.process_time() - cpu0, w0, time.perf_counter()
     finally:
         await client.aclose()
 
@@ -202,15 +212,16 @@ def measure_variant(variant: str, base: list[str], streams: int, tokens: int, pr
     if "uvloop" in parts:
         import uvloop
 
-        recs, cpu, wall = uvloop.run(coro)
+        recs, cpu, t0, t1 = uvloop.run(coro)
     else:
-        recs, cpu, wall = asyncio.run(coro)
+        recs, cpu, t0, t1 = asyncio.run(coro)
+    wall = t1 - t0
     events = sum(1 for r in recs for e in r.events if e.has_text)
     out = {"variant": variant, "streams": streams, "events": events, "failed": sum(not r.ok for r in recs),
            "wall_s": wall, "cpu_s": cpu, "events_per_s": events / wall if wall > 0 else float("nan"),
            "events_per_cpu_s": events / cpu if cpu > 0 else float("nan"),
            "client_cpu_pct": 100.0 * cpu / wall if wall > 0 else float("nan"),
-           "stamp_source": sorted({r.stamp_source for r in recs})}
+           "stamp_source": sorted({r.stamp_source for r in recs}), "t0": t0, "t1": t1}
     if prof is not None:
         s = io.StringIO()
         pstats.Stats(prof, stream=s).sort_stats("tottime").print_stats(25)
@@ -232,6 +243,58 @@ def machine() -> str:
     return f"{platform.node()}: {os.cpu_count()} cores {model}, Linux {platform.release()}, Python {platform.python_version()}"
 
 
+def _sources(stack: contextlib.ExitStack, a: argparse.Namespace) -> list[str]:
+    """Start ``a.sims`` sources (bench sim, or the blast server) for this process; their base URLs."""
+    source = BlastProcess if a.source == "blast" else SimProcess
+    return [stack.enter_context(source(decode_step_ms=a.step_ms, max_running=max(64, a.streams), prefill_tok_s=1e8,
+                                       tokens_per_event=1)).base for _ in range(a.sims)]
+
+
+def _proc_child(i: int, a: argparse.Namespace, variant: str, tokens: int, barrier: Any, q: Any) -> None:
+    """One of ``--procs`` client processes: its own sources, a warm-up, then the measured wave at the barrier."""
+    global BARRIER
+    BARRIER = barrier
+    try:
+        with contextlib.ExitStack() as stack:
+            r = run_variant(variant, _sources(stack, a), a.streams, tokens, False)
+        q.put((i, r))
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which fails the run
+        barrier.abort()
+        q.put((i, {"error": f"{type(e).__name__}: {e}"}))
+
+
+def run_procs(a: argparse.Namespace, variant: str, tokens: int) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """``--procs N``: N client processes at once, each with ``--sims`` sources of its own, their measured waves
+    started together (a barrier after every warm-up); the host's figures over the union of the waves."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    barrier, q = ctx.Barrier(a.procs), ctx.Queue()
+    procs = [ctx.Process(target=_proc_child, args=(i, a, variant, tokens, barrier, q)) for i in range(a.procs)]
+    for p in procs:
+        p.start()
+    got = dict(q.get(timeout=900) for _ in procs)
+    for p in procs:
+        p.join()
+    rows = [dict(got[i], proc=i + 1) for i in range(a.procs)]
+    bad = [r["error"] for r in rows if "error" in r]
+    if bad:
+        raise SystemExit(f"hotpath --procs: a process failed: {bad[0]}")
+    return rows, host_figures(rows)
+
+
+def host_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Over processes' waves on one clock: all events / (last end - first start) (the host's rate, wall clock),
+    the share of that span during which every wave ran (``overlap``), and the processes' CPU over that span."""
+    t0, t1 = min(r["t0"] for r in rows), max(r["t1"] for r in rows)
+    span = t1 - t0
+    both = max(0.0, min(r["t1"] for r in rows) - max(r["t0"] for r in rows))
+    events = sum(r["events"] for r in rows)
+    return {"procs": len(rows), "events": events, "span_s": span, "events_per_s": events / span,
+            "overlap": both / span, "sum_of_rates": sum(r["events_per_s"] for r in rows),
+            "cpu_s": sum(r["cpu_s"] for r in rows), "failed": sum(r["failed"] for r in rows)}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=16)
@@ -247,17 +310,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", action="store_true", help="cProfile the first variant")
     ap.add_argument("--split", action="store_true", help="CPU per event in chunked framing, SSE decoding, the "
                     "end-of-stream parse and the rest, per variant (the script's docstring)")
+    ap.add_argument("--procs", type=int, default=1, help="client processes at once, each with its own --sims "
+                    "sources, their measured waves started together: the host's events/s over the union of the "
+                    "waves (the first variant only; size the waves with --rate, e.g. 15000 with --source blast)")
     ap.add_argument("--out", default=str(RESULTS), help="markdown table to write ('' = none)")
     a = ap.parse_args(argv)
     tokens = max(16, int(a.seconds * a.rate))
     rows = []
     a.sims = max(1, min(a.streams, (os.cpu_count() or 1) - 2)) if a.sims == "auto" else max(1, int(a.sims))
+    if a.procs > 1:
+        return main_procs(a, tokens)
     with contextlib.ExitStack() as stack:
-        source = BlastProcess if a.source == "blast" else SimProcess
-        sims = [stack.enter_context(source(decode_step_ms=a.step_ms, max_running=max(64, a.streams),
-                                               prefill_tok_s=1e8, tokens_per_event=1)) for _ in range(a.sims)]
+        bases = _sources(stack, a)
         for i, v in enumerate(x.strip() for x in a.variants.split(",") if x.strip()):
-            r = run_variant(v, [s.base for s in sims], a.streams, tokens, a.profile and i == 0, a.split)
+            r = run_variant(v, bases, a.streams, tokens, a.profile and i == 0, a.split)
             rows.append(r)
             print(f"{v:16s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
                   f"{r['events_per_cpu_s']:9.0f} events per CPU-s  client CPU {r['client_cpu_pct']:3.0f} %  "
@@ -271,16 +337,41 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace) -> None:
-    lines = [f"# Hot path: events ingested by one bench process ({a.streams} streams)", "",
+def main_procs(a: argparse.Namespace, tokens: int) -> int:
+    """``--procs N``: the per-process rows and the host's line; the Markdown with both."""
+    variant = next(x.strip() for x in a.variants.split(",") if x.strip())
+    rows, host = run_procs(a, variant, tokens)
+    for r in rows:
+        print(f"proc {r['proc']:2d} {variant:12s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
+              f"{r['events_per_cpu_s']:9.0f} events per CPU-s  client CPU {r['client_cpu_pct']:3.0f} %  "
+              f"wave {r['t1'] - r['t0']:.2f} s  failed {r['failed']}", flush=True)
+    print(f"host: {host['procs']} processes, {host['events']} events in {host['span_s']:.2f} s = "
+          f"{host['events_per_s']:.0f} events/s (all waves running together {100 * host['overlap']:.0f} % of that "
+          f"span; sum of the processes' own rates {host['sum_of_rates']:.0f}), failed {host['failed']}", flush=True)
+    if a.out:
+        write_md(Path(a.out), rows, a, host)
+    return 0
+
+
+def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace,
+             host: dict[str, Any] | None = None) -> None:
+    what = f"{a.procs} bench processes at once, {a.streams} streams each" if host else f"one bench process ({a.streams} streams)"
+    lines = [f"# Hot path: events ingested by {what}", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {machine()}.",
              f"`python benchmarks/hotpath.py --streams {a.streams} --seconds {a.seconds} --step-ms {a.step_ms} "
-             f"--source {a.source} --sims {a.sims} --variants {a.variants}` (method: the script's docstring).", "",
-             "| variant | stamps | events | events/s | events per CPU-s | client CPU % | failed |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+             f"--source {a.source} --sims {a.sims} --variants {a.variants}"
+             + (f" --rate {a.rate:g} --procs {a.procs}" if host else "") + "` (method: the script's docstring).", "",
+             "| " + ("process | " if host else "") + "variant | stamps | events | events/s | events per CPU-s | "
+             "client CPU % | failed |", "|---" * (8 if host else 7) + "|"]
     for r in rows:
-        lines.append(f"| {r['variant']} | {','.join(r['stamp_source'])} | {r['events']} | {r['events_per_s']:.0f} | "
-                     f"{r['events_per_cpu_s']:.0f} | {r['client_cpu_pct']:.0f} | {r['failed']} |")
+        lines.append("| " + (f"{r['proc']} | " if host else "") + f"{r['variant']} | {','.join(r['stamp_source'])} | "
+                     f"{r['events']} | {r['events_per_s']:.0f} | {r['events_per_cpu_s']:.0f} | "
+                     f"{r['client_cpu_pct']:.0f} | {r['failed']} |")
+    if host:
+        lines += ["", f"Host: {host['procs']} processes, {host['events']} events from the first wave's start to the "
+                  f"last one's end ({host['span_s']:.3f} s): **{host['events_per_s']:.0f} events/s**; all waves ran "
+                  f"together for {100 * host['overlap']:.0f} % of that span; the processes' own rates sum to "
+                  f"{host['sum_of_rates']:.0f}; failed {host['failed']}."]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("\n".join(lines) + "\n")
 

@@ -202,3 +202,20 @@ def test_parsing_a_log_in_slices_gives_the_record_of_one_pass(events: list[tuple
             break
     client_mod._finish(one_by_one)
     assert _record(raw, step) == _record(raw, 10_000) == asdict(one_by_one)
+
+
+def test_hotpath_host_figures_are_over_the_union_of_the_waves() -> None:
+    """hotpath --procs: the host's events/s is every process's events over the span from the first wave's start to
+    the last one's end (not the sum of the processes' own rates), with the share of that span all waves ran."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import hotpath
+
+    rows = [{"t0": 10.0, "t1": 12.0, "events": 200_000, "events_per_s": 100_000.0, "cpu_s": 2.0, "failed": 0},
+            {"t0": 11.0, "t1": 14.0, "events": 300_000, "events_per_s": 100_000.0, "cpu_s": 3.0, "failed": 1}]
+    h = hotpath.host_figures(rows)
+    assert h["span_s"] == 4.0 and h["events_per_s"] == 125_000.0 and h["sum_of_rates"] == 200_000.0
+    assert h["overlap"] == 0.25 and h["failed"] == 1 and h["procs"] == 2
+    apart = hotpath.host_figures([dict(rows[0]), dict(rows[1], t0=13.0)])
+    assert apart["overlap"] == 0.0
