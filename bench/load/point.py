@@ -39,6 +39,7 @@ from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
 from bench.prompts import build_prompt, unique_prefix
+from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.report.tables import num
 from bench.results import cell_from_dict
 from bench.server.metrics import counters_beside
@@ -364,21 +365,24 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
     sm = await scraper.end() if scraper is not None else None
     summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
     if sm is not None:
-        point_server_metrics(sm, run, summary)
+        header = int(getattr(session, "template_cached_tokens", 0) or 0) + PREFIX_SHARED_TOKENS_MAX
+        point_server_metrics(sm, run, summary, header_tokens=header)
     if observer is not None:
         observer.cell_done(cell, cell_from_dict(summary, f"point {load['id']}"))
     return run, summary
 
 
-def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any]) -> None:
+def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any], header_tokens: int = 0) -> None:
     """The server's own counters over a whole point (every request it sent, the warm-up and cool-down too, not
     the window only): stored as ``s["server_metrics"]``, its tokens cross-checked against the point's successful
     records (a warning past :data:`bench.server.metrics.TOKEN_MISMATCH_WARN_PCT`), its TTFT beside the window's
-    (a note)."""
+    (a note); its prefix-cache hits beyond ``header_tokens`` (the chat template's shared header) per request
+    warn."""
     ok = [m for m in (request_metrics(r) for r in run.records) if m.ok]
     view = {**s, "output_tokens_total": sum(m.output_tokens for m in ok),
             "requests_failed": len(run.records) - len(ok)}
-    s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=False)
+    s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=False,
+                                                 expected_hits=header_tokens * len(run.records))
     s["warnings"] += warns
 
 

@@ -455,7 +455,7 @@ def _token_check(sm: dict[str, Any], cell: dict[str, Any], cid: str) -> list[str
 
 
 def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
-                 prefix_cache_expected: bool) -> list[str]:
+                 prefix_cache_expected: bool, expected_hits: int = 0) -> list[str]:
     """Warnings from comparing what the server counted with what bench measured in one cell. Pure.
 
     * generated tokens differ by more than :data:`TOKEN_MISMATCH_WARN_PCT` % -> warning, unless the server's surplus
@@ -463,7 +463,9 @@ def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
       warnings already tell);
     * prefix-cache hits over :data:`PREFIX_HIT_WARN_RATE` of prompt tokens in a cell meant to defeat the cache
       (``prefix_cache_expected`` False) and whose prompts are longer than the shortest (depth > 0: at depth 0 the
-      chat template's shared header alone is a large share) -> warning: the numbers measure a warm cache.
+      chat template's shared header alone is a large share), beyond ``expected_hits`` (the hits the shared header
+      explains: its tokens times the requests sent; needs the server's hit and query counts) -> warning: the
+      numbers measure a warm cache.
 
     The TTFT comparison is a note, not a warning: :func:`cross_check_notes`.
     """
@@ -472,6 +474,9 @@ def cross_checks(server_metrics: dict[str, Any], cell_summary: dict[str, Any],
     hits = server_metrics.get("prefix_cache_hits")
     rate = server_metrics.get("prefix_cache_hit_rate")
     depth = cell_summary.get("depth") or 0
+    queries = server_metrics.get("prefix_cache_queries")
+    if expected_hits and hits is not None and queries:
+        rate = (hits - expected_hits) / queries  # the share beyond the template's header
     if not prefix_cache_expected and depth > 0 and rate is not None and rate > PREFIX_HIT_WARN_RATE:
         n = f" ({hits} tokens)" if hits is not None else ""
         out.append(warning("prefix-cache-hits", cid, rate=rate, tokens=n))
@@ -496,7 +501,7 @@ def cross_check_notes(server_metrics: dict[str, Any], cell_summary: dict[str, An
 
 
 def counters_beside(server_metrics: dict[str, Any], view: dict[str, Any], *,
-                    prefix_cache_expected: bool) -> tuple[dict[str, Any], list[str]]:
+                    prefix_cache_expected: bool, expected_hits: int = 0) -> tuple[dict[str, Any], list[str]]:
     """The server's counters over one cell or open-loop point beside bench's figures ``view`` (its summary, with
     ``output_tokens_total`` of its successful requests): the copy to store (TTFT notes added, :func:`cross_check_notes`)
     and the warnings (a scraper that stopped; :func:`cross_checks`, unless the counters cover some waves only:
@@ -505,7 +510,7 @@ def counters_beside(server_metrics: dict[str, Any], view: dict[str, Any], *,
     cid = str(view.get("id", "cell"))
     warns = [warning("scraper-stopped", cid, error=sm["scraper_error"])] if sm.get("scraper_error") else []
     if not sm.get("partial"):  # counters of some waves only (ab, re-measured gate cells): nothing to compare
-        warns += cross_checks(sm, view, prefix_cache_expected=prefix_cache_expected)
+        warns += cross_checks(sm, view, prefix_cache_expected=prefix_cache_expected, expected_hits=expected_hits)
     notes = cross_check_notes(sm, view)
     if notes:
         sm["notes"] = notes

@@ -322,8 +322,10 @@ class Sweep:
         """The server's own counters beside bench's (``ms``: the cell's request metrics): stored, cross-checked
         (warnings), TTFT compared (notes)."""
         view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ms if m.ok)}
+        header = self.session.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX  # hits the shared header explains
         summary.server_metrics, warns = counters_beside(server_metrics, view,
-                                                        prefix_cache_expected=self.session.profile.prefix_cache)
+                                                        prefix_cache_expected=self.session.profile.prefix_cache,
+                                                        expected_hits=header * len(ms))
         summary.warnings += warns
 
     def _gpu_summary(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> dict[str, Any] | None:

@@ -387,7 +387,7 @@ def test_wave_medians_from_sim_records(tmp_path, capsys):
     assert n["waves"] == 2 and n["ci_wide"] is False
 
 
-def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float = 20.0) -> list[str]:
+def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float = 20.0, sweep: str = "s") -> list[str]:
     """The cell warnings of three requests whose TTFT is ``ttft_ms`` and llama.cpp's ``prompt_ms`` is
     ``prompt_ms``."""
     from bench.config.profile import Cell
@@ -403,7 +403,7 @@ def _gap_cell(depth: int, ttft_ms: float, prompt_ms: float, overhead_ms: float =
         r.events = [Event(int((ttft_ms + 20 * k) * ms), content=" w") for k in range(4)]
         r.end_ns = int((ttft_ms + 61) * ms)
         recs.append(r)
-    cell = Cell("s", depth, 1, "prose", 4, 3)
+    cell = Cell(sweep, depth, 1, "prose", 4, 3)
     return summarize_cell(cell, recs, [[r.request_id for r in recs]], overhead_ms, depth_target_tokens=None).warnings
 
 
@@ -414,6 +414,9 @@ def test_cache_ram_warning():
     assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1370.0))  # healthy: 30 ms outside
     assert not any("--cache-ram" in x for x in _gap_cell(0, 1400.0, 500.0))  # depth 0: tiny prompts
     assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 1100.0, overhead_ms=200.0))  # < 2x overhead
+    # an open-loop point: the gap is queueing behind other requests, which --cache-ram 0 would not remove (seen on
+    # the H200 with --cache-ram 0 already given: benchmarks/results/capacity-rate-2026-12-04-h200.md's ladder)
+    assert not any("--cache-ram" in x for x in _gap_cell(2048, 1400.0, 500.0, sweep="rate"))
 
 
 # --- nothing left in the temp folder ------------------------------------------------------------------------------

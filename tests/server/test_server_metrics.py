@@ -138,6 +138,13 @@ def test_cross_checks() -> None:
     assert len(w) == 1 and "40%" in w[0] and "--no-enable-prefix-caching" in w[0]
     assert cross_checks(warm, _cell(), prefix_cache_expected=True) == []
     assert cross_checks(warm, _cell(depth=0), prefix_cache_expected=False) == []  # template header share
+    # 60 requests of 32-token prompts, each with a 16-token template header the server may serve from its cache
+    # (seen on llama-server: 48 % of prompt tokens): the header explains the hits; more than the header warns
+    short = {"prefix_cache_hits": 960, "prefix_cache_queries": 2880, "prefix_cache_hit_rate": 0.3333}
+    assert cross_checks(short, _cell(depth=32), prefix_cache_expected=False, expected_hits=60 * 16) == []
+    w = cross_checks(dict(short, prefix_cache_hits=1400), _cell(depth=32), False, expected_hits=60 * 16)
+    assert len(w) == 1 and "1400 tokens" in w[0]
+    assert len(cross_checks(short, _cell(depth=32), prefix_cache_expected=False)) == 1  # no header known: warns
 
 
 async def _send(client, url: str, n: int, prompt: str, max_tokens: int) -> list:
