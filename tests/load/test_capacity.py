@@ -264,7 +264,7 @@ def test_docs_describe_the_code() -> None:
                  "weighted by its `n` requests alone", "points - 2 degrees of freedom",
                  # the control-variate shares (bench/load/control.py) and their fit (estimate.fit_shares)
                  f"`MIN_ADJUSTED` = {C.MIN_ADJUSTED}", f"`DRAWS` = {K.DRAWS}", f"`BATCHES` = {K.BATCHES}",
-                 f"`VAR_INFLATE` = {K.VAR_INFLATE:g}", f"`RIDGE` = {K.RIDGE:g}",
+                 f"`VAR_INFLATE` = {K.VAR_INFLATE:g}", f"`RIDGE` = {K.RIDGE:g}", f"`FOLDS` = {K.FOLDS}",
                  "`BIN_EDGES_U` = (" + ", ".join(f"{x:g}" for x in K.BIN_EDGES_U) + ")",
                  "`QUEUE_SPEEDS` = (" + ", ".join(str(x) for x in K.QUEUE_SPEEDS) + ")"):
         assert text in doc, text
