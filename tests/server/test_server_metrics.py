@@ -309,6 +309,7 @@ def test_a_crashed_scraper_is_a_warning_not_silence(monkeypatch: pytest.MonkeyPa
     summary = CellResult(id="c")
     session = object.__new__(Session)
     session.profile = Profile()
+    session.template_cached_tokens = 0
     Sweep(session)._server_checks(out, [], summary)
     assert any("the /metrics scraper stopped during the cell (RuntimeError: parser bug)" in w
                for w in summary.warnings)
