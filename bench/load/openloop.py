@@ -3,8 +3,9 @@ server and bench's own schedule keeping (docs/load.md).
 
 Each planned request has an offset ``at_s``; the run starts at ``t0`` (``perf_counter_ns``, a short delay after
 the prompts are built, so building never overlaps timing) and request k is due at ``scheduled_ns = t0 + at_s``,
-kept in its record (same clock as ``queued_ns``/``sent_ns``). The dispatcher sleeps until 1 ms before a due time,
-then yields to the event loop until it passes, so reads keep flowing while it waits; a request whose time has
+kept in its record (same clock as ``queued_ns``/``sent_ns``). The dispatcher sleeps on a timer until 0.1 ms before a
+due time (:func:`bench.session.alarm.sleep_until`: the loop reads meanwhile, no core is kept busy), then yields to
+the event loop until it passes, so reads keep flowing while it waits; a request whose time has
 passed goes at once (never skipped, never bunched up to "catch up" on purpose). ``max_concurrency`` caps requests
 in flight: a capped request waits for a slot, and that wait counts in its latency from the schedule.
 
@@ -35,8 +36,8 @@ from bench.client import RequestSpec, image_rejection
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
 from bench.records import RequestRecord
+from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor, workers_lag
-from bench.session.workers import sleep_until
 from bench.stats import summarize
 
 if TYPE_CHECKING:
