@@ -86,10 +86,14 @@ class Alarm:
         if time.perf_counter_ns() >= t_ns:
             return
         fut = asyncio.get_running_loop().create_future()
+        self.wake_at(t_ns, fut)
+        await fut
+
+    def wake_at(self, t_ns: int, fut: asyncio.Future[None]) -> None:
+        """Set ``fut``'s result (None) once ``perf_counter_ns() >= t_ns``; dropped if done before."""
         heapq.heappush(self.heap, (t_ns, next(self.seq), fut))
         if not self.armed_ns or t_ns < self.armed_ns:
             self._arm(t_ns)
-        await fut
 
     def _arm(self, t_ns: int) -> None:
         v = self.spec.it_value
