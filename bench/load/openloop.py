@@ -35,6 +35,7 @@ import numpy as np
 from bench.client import RequestSpec, image_rejection
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
+from bench.measure.metrics import RequestMetrics, request_metrics
 from bench.records import RequestRecord
 from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor, workers_lag
@@ -79,6 +80,18 @@ class PointRun:
     lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.session.loop_lag; the worst worker's)
     workers: int = 1  # processes or Ray actors that sent the schedule
     lost: int = 0  # of ``cut``: requests cut because their Ray node was lost (in flight or not yet sent)
+    metrics: dict[int, RequestMetrics] = field(default_factory=dict, repr=False, compare=False)  # id(record) ->
+
+    def metrics_of(self, recs: Sequence[RequestRecord]) -> list[RequestMetrics]:
+        """:func:`bench.measure.metrics.request_metrics` of ``recs`` (records of this run), each worked out once
+        per run (a point's summary and its server cross-check both need them)."""
+        memo, out = self.metrics, []
+        for r in recs:
+            m = memo.get(id(r))
+            if m is None:
+                m = memo[id(r)] = request_metrics(r)
+            out.append(m)
+        return out
 
 
 class _Counters:
