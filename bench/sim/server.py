@@ -257,6 +257,16 @@ class StreamSink:
         return await self.write(f"data: {_dumps(err)}\n\n{_DONE}", last=True)
 
 
+async def _end_stream(resp: web.StreamResponse, sink: StreamSink) -> None:
+    """End the response; where the sink's last write carried the terminator, aiohttp writes nothing more."""
+    if sink.ended:
+        sink.writer.chunked = False
+    try:
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
+
+
 # ------------------------------------------------------------------------------------------------
 # handlers
 # ------------------------------------------------------------------------------------------------
@@ -367,12 +377,7 @@ class _Handlers:
             return resp
         engine.submit(seq, arrival)
         await self._await_done(seq)
-        if sink.ended:  # the terminator is out: aiohttp's end of the response writes nothing more
-            sink.writer.chunked = False
-        try:
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
+        await _end_stream(resp, sink)
         return resp
 
     async def _await_done(self, seq: Seq) -> None:
