@@ -9,8 +9,9 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
 
 * dispatch lag: when bench's dispatcher started the request - its scheduled time (bench's own lateness);
 * send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
-* achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point; the
-  worker processes' CPU is not in it) and the sim's CPU (/proc).
+* achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point, set-up
+  and summary included; the worker processes' CPU is not in it) and the sim's CPU (/proc), in % of the point's
+  wall time and in ms per planned request.
 
 ``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
 ``--sims N`` serves from N sim processes listening on one port
@@ -74,14 +75,16 @@ def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: s
     res = asyncio.run(run_load(sim.base, prof, ClientSettings(stamps=stamps), ls, out_dir=None,
                               workers=workers))
     wall = time.perf_counter() - t0
+    client_s, sim_s = time.process_time() - c0, sim.cpu_s() - s0
     cell = res.cells[0].to_dict()
     sc = cell["schedule"]
     return {"rate": rate, "workers": workers, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
             "cut": cell["counts"]["cut"], "errors": cell.get("errors") or {},
-            "client_cpu_pct": round(100 * (time.process_time() - c0) / wall, 1),
-            "sim_cpu_pct": round(100 * (sim.cpu_s() - s0) / wall, 1), "wall_s": round(wall, 2)}
+            "client_cpu_pct": round(100 * client_s / wall, 1), "sim_cpu_pct": round(100 * sim_s / wall, 1),
+            "client_cpu_ms_per_req": round(1e3 * client_s / sc["planned_requests"], 4),
+            "sim_cpu_ms_per_req": round(1e3 * sim_s / sc["planned_requests"], 4), "wall_s": round(wall, 2)}
 
 
 def to_markdown(doc: dict[str, Any]) -> str:
@@ -92,14 +95,14 @@ def to_markdown(doc: dict[str, Any]) -> str:
            "`bench sim` in its own process. "
            f"Command: `{doc['command']}`.", "",
            "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms "
-           "| send lag p50 / p99 / max ms | failed / cut | client CPU % | sim CPU % |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "| send lag p50 / p99 / max ms | failed / cut | client CPU % | sim CPU % | client / sim CPU ms per request |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
         out.append(f"| {r['rate']:g} | {r['workers']}{'' if r.get('stamps', 'auto') == 'auto' else ' (' + r['stamps'] + ' stamps)'} | {r['requests']} | {r['achieved_rps']} | "
                    f"{d['p50']} / {d['p99']} / {d['max']} "
                    f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} / {r.get('cut', '-')} | {r['client_cpu_pct']} | "
-                   f"{r['sim_cpu_pct']} |")
+                   f"{r['sim_cpu_pct']} | {r.get('client_cpu_ms_per_req', '-')} / {r.get('sim_cpu_ms_per_req', '-')} |")
     if doc.get("note"):
         out += ["", doc["note"]]
     return "\n".join(out) + "\n"

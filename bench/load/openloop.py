@@ -3,8 +3,9 @@ server and bench's own schedule keeping (docs/load.md).
 
 Each planned request has an offset ``at_s``; the run starts at ``t0`` (``perf_counter_ns``, a short delay after
 the prompts are built, so building never overlaps timing) and request k is due at ``scheduled_ns = t0 + at_s``,
-kept in its record (same clock as ``queued_ns``/``sent_ns``). The dispatcher sleeps until 1 ms before a due time,
-then yields to the event loop until it passes, so reads keep flowing while it waits; a request whose time has
+kept in its record (same clock as ``queued_ns``/``sent_ns``). The dispatcher sleeps on a timer until 0.1 ms before a
+due time (:func:`bench.session.alarm.sleep_until`: the loop reads meanwhile, no core is kept busy), then yields to
+the event loop until it passes, so reads keep flowing while it waits; a request whose time has
 passed goes at once (never skipped, never bunched up to "catch up" on purpose). ``max_concurrency`` caps requests
 in flight: a capped request waits for a slot, and that wait counts in its latency from the schedule.
 
@@ -34,9 +35,10 @@ import numpy as np
 from bench.client import RequestSpec, image_rejection
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
+from bench.measure.metrics import RequestMetrics, request_metrics
 from bench.records import RequestRecord
+from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor, workers_lag
-from bench.session.workers import sleep_until
 from bench.stats import summarize
 
 if TYPE_CHECKING:
@@ -78,6 +80,18 @@ class PointRun:
     lag: dict[str, Any] | None = None  # event-loop lag of the loop(s) that stamped (bench.session.loop_lag; the worst worker's)
     workers: int = 1  # processes or Ray actors that sent the schedule
     lost: int = 0  # of ``cut``: requests cut because their Ray node was lost (in flight or not yet sent)
+    metrics: dict[int, RequestMetrics] = field(default_factory=dict, repr=False, compare=False)  # id(record) ->
+
+    def metrics_of(self, recs: Sequence[RequestRecord]) -> list[RequestMetrics]:
+        """:func:`bench.measure.metrics.request_metrics` of ``recs`` (records of this run), each worked out once
+        per run (a point's summary and its server cross-check both need them)."""
+        memo, out = self.metrics, []
+        for r in recs:
+            m = memo.get(id(r))
+            if m is None:
+                m = memo[id(r)] = request_metrics(r)
+            out.append(m)
+        return out
 
 
 class _Counters:

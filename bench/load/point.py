@@ -267,7 +267,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
     else:
         lo, hi = default_window(run, ls)
         recs = sorted(_window_records(run, lo, hi), key=lambda r: r.scheduled_ns)
-    ms = [request_metrics(r) for r in recs]
+    ms = run.metrics_of(recs)
     # the run's fixed overhead is in results["run"]; a point's TTFT holds queueing, so no overhead-share flag here
     s = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, depth_target_tokens=None,
                        expected_cached_tokens=None, metrics=ms).to_dict()
@@ -378,7 +378,7 @@ def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any], h
     records (a warning past :data:`bench.server.metrics.TOKEN_MISMATCH_WARN_PCT`), its TTFT beside the window's
     (a note); its prefix-cache hits beyond ``header_tokens`` (the chat template's shared header) per request
     warn."""
-    ok = [m for m in (request_metrics(r) for r in run.records) if m.ok]
+    ok = [m for m in run.metrics_of(run.records) if m.ok]
     view = {**s, "output_tokens_total": sum(m.output_tokens for m in ok),
             "requests_failed": len(run.records) - len(ok)}
     s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=False,

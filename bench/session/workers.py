@@ -52,13 +52,13 @@ from typing import Any
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
 from bench.client.turns import scheduled_task
 from bench.records import RequestRecord
+from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor
 
 __all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "split_specs", "shared_clock",
-           "share_records", "sleep_until", "SPIN_S"]
+           "share_records", "sleep_until"]
 
 DEFAULT_START_DELAY_S = 0.05
-SPIN_S = 0.001  # the last stretch before a due time is spent yielding to the loop instead of in one sleep
 
 
 def shared_clock() -> bool:
@@ -80,19 +80,6 @@ def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------------------------------
 # one worker's share (worker processes and bench.session.ray_actors's actors)
 # ---------------------------------------------------------------------------------------------------------------
-async def sleep_until(t_ns: int, spin_s: float = SPIN_S) -> int:
-    """Wait until ``perf_counter_ns()`` passes ``t_ns``: sleep to ``spin_s`` before it, then yield to the event
-    loop until it passes (so reads keep flowing meanwhile). Returns how late it woke (ns, >= 0 up to the clock's
-    resolution)."""
-    perf = time.perf_counter_ns
-    wait = (t_ns - perf()) / 1e9
-    if wait > spin_s:
-        await asyncio.sleep(wait - spin_s)
-    while perf() < t_ns:
-        await asyncio.sleep(0)
-    return perf() - t_ns
-
-
 async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *, model: str, secret: str | None,
                         start_ns: int, offsets: Sequence[int] | None = None,
                         monitor: LagMonitor | None = None) -> AsyncIterator[tuple[int, RequestRecord]]:

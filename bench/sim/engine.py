@@ -15,6 +15,7 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any, Protocol
 
+from bench.sim.alarm import alarm_for
 from bench.sim.config import SimConfig
 from bench.sim.truth import encode_ns, jitter_factor, output_length, prefill_ns, step_ns
 
@@ -22,7 +23,8 @@ __all__ = ["Engine", "Seq", "Sink", "EngineStats"]
 
 log = logging.getLogger("bench.sim")
 
-# Sleep until this long before a deadline, then yield with sleep(0) until _BUSY_NS before it, then busy-wait.
+# Sleep on the loop's timer (bench.sim.alarm) until _BUSY_NS before a deadline, then busy-wait; without a timer,
+# sleep until _SLEEP_MARGIN_NS before it, then yield with sleep(0) until _BUSY_NS before it, then busy-wait.
 _SLEEP_MARGIN_NS = 1_500_000
 _BUSY_NS = 100_000
 
@@ -354,12 +356,25 @@ class Engine:
     async def _wait_until(self, deadline: int, interruptible: bool) -> bool:
         """Sleep until ``deadline`` (perf_counter_ns). Returns True if woken early by a new arrival."""
         loop = asyncio.get_running_loop()
+        alarm = alarm_for(loop)
         while True:
             rem = deadline - perf_counter_ns()
             if rem <= 0:
                 return False
-            if rem > _SLEEP_MARGIN_NS:
+            if alarm is not None and rem > _BUSY_NS:  # sleep on the timer (bench.sim.alarm) to _BUSY_NS before
                 fut: asyncio.Future[None] = loop.create_future()
+                if interruptible:
+                    self._waiter = fut
+                alarm.wake_at(deadline - _BUSY_NS, fut)
+                try:
+                    await fut
+                finally:
+                    self._waiter = None
+                if interruptible and perf_counter_ns() < deadline - _BUSY_NS:
+                    return True
+                continue
+            if rem > _SLEEP_MARGIN_NS:
+                fut = loop.create_future()
                 if interruptible:
                     self._waiter = fut
                 h = loop.call_later((rem - _SLEEP_MARGIN_NS) / 1e9, _wake, fut)

@@ -175,10 +175,13 @@ def _usage(seq: Seq) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------------
 class StreamSink:
     """Writes SSE events straight to the connection's transport (one ``transport.write`` per event, framed as
-    an HTTP/1.1 chunk when the response is chunked): the step loop never awaits a slow client."""
+    an HTTP/1.1 chunk when the response is chunked): the step loop never awaits a slow client. The last write
+    (the one ending in ``[DONE]``) carries the chunked body's terminator too (``ended``): written by the handler
+    after it, the terminator came one loop pass later, in a send of its own, and a client waiting for it to reuse
+    the connection waited that long (one opening a new connection when it waited too long)."""
 
     __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk",
-                 "rkeys")
+                 "rkeys", "ended")
 
     def __init__(self, writer: Any, transport: Any, chat: bool, rid: str, created: int, model: str,
                  include_usage: bool, usage_mode: str = "final",
@@ -196,15 +199,18 @@ class StreamSink:
             f'{{"id":{_dumps(rid)},"object":"{obj}","created":{created},"model":{_dumps(model)},"choices":'
         )
         self.head = self.obj_head + '[{"index":0,'
+        self.ended = False  # the terminator of the chunked body went out with the last event
 
-    async def write(self, text: str) -> bool:
+    async def write(self, text: str, last: bool = False) -> bool:
+        """One write; ``last``: the body's last (a chunked body's terminator follows in the same write)."""
         tr = self.transport
         if tr is None or tr.is_closing():
             return False
         data = text.encode("utf-8")
         try:
             if self.chunked:
-                tr.write(b"%x\r\n%b\r\n" % (len(data), data))
+                tr.write(b"%x\r\n%b\r\n%b" % (len(data), data, b"0\r\n\r\n" if last else b""))
+                self.ended = last
             else:
                 tr.write(data)
         except (ConnectionError, RuntimeError):
@@ -232,7 +238,7 @@ class StreamSink:
         )
         if seq.first_write_ns is None:
             seq.first_write_ns = write_ns
-        return await self.write(data)
+        return await self.write(data, last=final)
 
     def _final(self, seq: Seq) -> str:
         truth = _dumps(seq.truth())
@@ -248,7 +254,17 @@ class StreamSink:
     async def error(self, seq: Seq, sched_ns: int) -> bool:
         err = {"error": {"message": f"bench sim: simulated error in stream (request {seq.no})",
                          "type": "server_error", "code": 500}}
-        return await self.write(f"data: {_dumps(err)}\n\n{_DONE}")
+        return await self.write(f"data: {_dumps(err)}\n\n{_DONE}", last=True)
+
+
+async def _end_stream(resp: web.StreamResponse, sink: StreamSink) -> None:
+    """End the response; where the sink's last write carried the terminator, aiohttp writes nothing more."""
+    if sink.ended:
+        sink.writer.chunked = False
+    try:
+        await resp.write_eof()
+    except (ConnectionError, RuntimeError):
+        pass
 
 
 # ------------------------------------------------------------------------------------------------
@@ -361,10 +377,7 @@ class _Handlers:
             return resp
         engine.submit(seq, arrival)
         await self._await_done(seq)
-        try:
-            await resp.write_eof()
-        except (ConnectionError, RuntimeError):
-            pass
+        await _end_stream(resp, sink)
         return resp
 
     async def _await_done(self, seq: Seq) -> None:

@@ -4,8 +4,9 @@ Why: through httpx/httpcore/anyio/h11 each network read costs ~150-250 µs of Py
 a server writes one event to each of N streams at the same instant (every decode step of a batching engine), the
 k-th stream's stamp taken after that stack is late by about k x 200 µs. Here the stamp is taken in
 :meth:`StampProtocol.data_received`, which the event loop calls for every ready socket in one pass before any
-task runs; it only stamps, queues ``(t_ns, bytes)`` and wakes the waiting reader. HTTP parsing (``h11``) happens
-later, in the reading task, and every body piece keeps the stamp of the read that completed it.
+task runs; it only stamps, queues ``(t_ns, bytes)`` and wakes the waiting reader. HTTP parsing happens later, in
+the reading task, and every body piece keeps the stamp of the read that completed it: a request's head and a chunked
+response's head by :mod:`bench.transport.head`, any other head and sized or close-delimited bodies by ``h11``.
 
 Kernel stamps: on Linux (``FastPool(stamps="auto")``, the default) connections are opened by :mod:`bench.transport.kernel_stamps`
 instead, whose protocol has the same seam but stamps each read with the kernel's receive time (``SO_TIMESTAMPNS``),
@@ -41,6 +42,7 @@ import h11
 
 from bench.errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
 from bench.transport.chunked import ChunkedDecoder
+from bench.transport.head import RequestHead, head_end, parse_chunked_head, replay_h11
 from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import BodyPump, StampProtocol, cut_text, exc_text
 
@@ -55,16 +57,20 @@ PUMP_BODIES = True  # kernel-stamped chunked bodies decoded in the read callback
 
 
 class _Conn:
-    """One TCP connection with its h11 state."""
+    """One TCP connection with its h11 state: None while no exchange needed h11 (bench.transport.head wrote the
+    request and read a chunked response's head); ``sent``: the request of the current exchange then (method,
+    target, headers without Content-Length) and its head, from which h11's state is made when h11 must read the
+    response (:meth:`FastPool._head_by_h11`)."""
 
-    __slots__ = ("key", "proto", "h11", "idle_since", "got_bytes")
+    __slots__ = ("key", "proto", "h11", "idle_since", "got_bytes", "sent")
 
     def __init__(self, key: tuple[str, str, int], proto: StampProtocol) -> None:
         self.key = key
         self.proto = proto
-        self.h11 = h11.Connection(h11.CLIENT)
+        self.h11: h11.Connection | None = None
         self.idle_since = 0.0
         self.got_bytes = False  # any byte received in the current request/response cycle
+        self.sent: tuple[str, str, list[tuple[str, str]], RequestHead] | None = None
 
     def close(self) -> None:
         tr = self.proto.transport
@@ -111,6 +117,7 @@ class FastResponse:
                 yield piece
             return
         h = conn.h11
+        assert h is not None  # a body not framed by bench.transport.chunked: h11 read its head
         proto = conn.proto
         timeout = self._read_timeout
         try:
@@ -167,15 +174,16 @@ class FastResponse:
             raise FastIOError(f"invalid chunked body: {e}") from None
 
     def _release_chunked(self, dec: ChunkedDecoder) -> None:
-        """The chunked body ended: the connection goes back to the pool with a fresh h11 state if nothing
-        followed the body and neither side asked to close, else it is closed."""
+        """The chunked body ended: the connection goes back to the pool with a fresh state (no h11 state: the next
+        exchange makes one if it needs it) if nothing followed the body and neither side asked to close, else it
+        is closed."""
         conn = self._conn
         if conn is None:
             return
-        if dec.rest or not self._keep_alive or conn.h11.our_state is not h11.DONE:
+        if dec.rest or not self._keep_alive or (conn.h11 is not None and conn.h11.our_state is not h11.DONE):
             self._discard()
             return
-        conn.h11 = h11.Connection(h11.CLIENT)
+        conn.h11 = None
         self._conn = None
         self._pool._put_back(conn, renewed=True)
 
@@ -218,6 +226,7 @@ class FastResponse:
             await self._drain_chunked(conn, self._chunked, grace)
             return
         h, proto = conn.h11, conn.proto
+        assert h is not None  # not chunked: h11 read the head
         deadline = time.monotonic() + grace
         try:
             while True:
@@ -332,11 +341,8 @@ class FastPool:
         port = parts.port or (443 if parts.scheme == "https" else 80)
         target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         items = list(headers.items()) if isinstance(headers, Mapping) else list(headers)
-        names = {k.lower() for k, _ in items}
-        if "host" not in names:
+        if not any(k.lower() == "host" for k, _ in items):
             items.insert(0, ("Host", parts.netloc.rsplit("@", 1)[-1]))
-        if "content-length" not in names and "transfer-encoding" not in names:
-            items.append(("Content-Length", str(len(body))))
         key = (parts.scheme, host, port)
         conn = self._take_idle(key)
         if conn is not None:
@@ -386,12 +392,12 @@ class FastPool:
         return None
 
     def _put_back(self, conn: _Conn, *, renewed: bool = False) -> None:
-        """Pool ``conn`` again; ``renewed``: its h11 state is already a fresh one (a body bench.transport.chunked framed)."""
+        """Pool ``conn`` again; ``renewed``: its state is already a fresh one (a body bench.transport.chunked framed)."""
         h = conn.h11
         if self._closed or not conn.usable:
             conn.close()
             return
-        if not renewed:
+        if not renewed and h is not None:
             if h.our_state is not h11.DONE or h.their_state is not h11.DONE:
                 conn.close()
                 return
@@ -463,14 +469,17 @@ class FastPool:
 
     async def _send_request(self, conn: _Conn, method: str, target: str, headers: list[tuple[str, str]],
                             body: bytes, *, reused: bool) -> None:
+        """Write the request: its head from bench.transport.head on a connection with no h11 state (the same bytes
+        as h11's), else through h11 (``Content-Length`` added unless a framing header is there)."""
         if reused and not conn.usable:
             raise StaleConnection("idle connection closed by the server")
-        h = conn.h11
         try:
-            out = h.send(h11.Request(method=method, target=target, headers=headers)) or b""
-            if body:
-                out += h.send(h11.Data(data=body)) or b""
-            out += h.send(h11.EndOfMessage()) or b""
+            head = RequestHead.get(method, target, headers) if conn.h11 is None else None
+            if head is not None:
+                conn.sent = (method, target, headers, head)
+                out = head.encode(body)
+            else:
+                out = _h11_request(conn, method, target, headers, body)
         except h11.LocalProtocolError as e:
             raise FastIOError(f"cannot send request: {e}") from None
         tr = conn.proto.transport
@@ -480,9 +489,46 @@ class FastPool:
         await conn.proto.drain(WRITE_TIMEOUT_S)
 
     async def _read_head(self, conn: _Conn, read_timeout: float | None, *, reused: bool) -> FastResponse:
-        """Read until h11 has the response head (skipping 1xx); the stamp of the read that completed it is kept."""
+        """Read the response head: a chunked HTTP/1.1 one by bench.transport.head, any other by h11
+        (:meth:`_head_by_h11`); the stamp of the read that completed it is kept."""
+        if conn.h11 is not None:
+            return await self._head_by_h11(conn, read_timeout, reused=reused)
+        proto, buf, t = conn.proto, b"", 0
+        while True:
+            item = await proto.next_chunk(read_timeout)
+            if item is None:
+                if not conn.got_bytes:
+                    _no_response(conn, reused)
+                return await self._head_by_h11(conn, read_timeout, reused=reused, pending=buf, eof=True, t=t)
+            conn.got_bytes = True
+            t, data = item
+            buf = buf + data if buf else data
+            end = head_end(buf)
+            if end is None:
+                continue
+            got = parse_chunked_head(buf[:end]) if end > 0 and CHUNKED_FRAMING else None
+            if got is None:
+                return await self._head_by_h11(conn, read_timeout, reused=reused, pending=buf, t=t)
+            resp = FastResponse(self, conn, got[0], got[2], got[1], read_timeout)
+            resp._t = t
+            if end < len(buf):  # the body's first bytes go back to the front of the reads, with the head's stamp
+                proto.chunks.appendleft((t, buf[end:]))
+            resp._chunked = ChunkedDecoder()
+            assert conn.sent is not None
+            resp._keep_alive = "close" not in got[2].get("connection", "").lower() and not conn.sent[3].close
+            return resp
+
+    async def _head_by_h11(self, conn: _Conn, read_timeout: float | None, *, reused: bool, pending: bytes = b"",
+                           eof: bool = False, t: int = 0) -> FastResponse:
+        """Read until h11 has the response head (skipping 1xx). A connection with no h11 state gets one that
+        has sent the request, and ``pending`` (the reads so far; ``eof``: then the end of the connection)."""
+        if conn.h11 is None:
+            assert conn.sent is not None
+            conn.h11 = replay_h11(*conn.sent[:3])
+            conn.h11.receive_data(pending)
+            if eof:
+                conn.h11.receive_data(b"")
         h = conn.h11
-        t = 0
         while True:
             try:
                 ev = h.next_event()
@@ -507,22 +553,43 @@ class FastPool:
 
     async def _feed_head(self, conn: _Conn, read_timeout: float | None, *, reused: bool) -> int | None:
         """One read into h11 while waiting for the head; its stamp, or None at EOF."""
-        proto = conn.proto
+        proto, h = conn.proto, conn.h11
+        assert h is not None
         item = await proto.next_chunk(read_timeout)
         try:
             if item is None:
-                if reused and not conn.got_bytes:
-                    raise StaleConnection("server closed the connection without sending a response")
                 if not conn.got_bytes:
-                    raise FastIOError("server disconnected without sending a response"
-                                      + (f" ({exc_text(proto.exc)})" if proto.exc else ""))
-                conn.h11.receive_data(b"")
+                    _no_response(conn, reused)
+                h.receive_data(b"")
                 return None
             conn.got_bytes = True
-            conn.h11.receive_data(item[1])
+            h.receive_data(item[1])
             return item[0]
         except h11.RemoteProtocolError as e:
             raise FastIOError(_h11_text(e, proto)) from None
+
+
+def _no_response(conn: _Conn, reused: bool) -> None:
+    """The connection ended before any byte of the response: a stale pooled one, or an error."""
+    if reused:
+        raise StaleConnection("server closed the connection without sending a response")
+    proto = conn.proto
+    raise FastIOError("server disconnected without sending a response"
+                      + (f" ({exc_text(proto.exc)})" if proto.exc else ""))
+
+
+def _h11_request(conn: _Conn, method: str, target: str, headers: list[tuple[str, str]], body: bytes) -> bytes:
+    """The request's bytes through the connection's h11 state (made when it has none)."""
+    if conn.h11 is None:
+        conn.h11 = h11.Connection(h11.CLIENT)
+    h = conn.h11
+    if not any(k.lower() in ("content-length", "transfer-encoding") for k, _ in headers):
+        headers = [*headers, ("Content-Length", str(len(body)))]
+    out = h.send(h11.Request(method=method, target=target, headers=headers)) or b""
+    if body:
+        out += h.send(h11.Data(data=body)) or b""
+    out += h.send(h11.EndOfMessage()) or b""
+    return out
 
 
 def _frame_chunked(resp: FastResponse, conn: _Conn, ev: h11.Response) -> None:
@@ -533,6 +600,7 @@ def _frame_chunked(resp: FastResponse, conn: _Conn, ev: h11.Response) -> None:
     codings = [c.strip() for c in resp.headers.get("transfer-encoding", "").lower().split(",")]
     if codings != ["chunked"]:
         return  # h11 refuses other transfer codings; leave the error to it
+    assert conn.h11 is not None
     data, closed = conn.h11.trailing_data
     if data:  # what h11 had read past the head goes back to the front of the reads, with the head's stamp
         conn.proto.chunks.appendleft((resp._t, bytes(data)))

@@ -80,6 +80,35 @@ def test_records_round_trip_and_truncated_line(tmp_path) -> None:
     assert request_metrics(back[0]).to_dict() == request_metrics(r).to_dict()
 
 
+def test_record_to_dict_is_asdicts_with_compact_events() -> None:
+    """RequestRecord.to_dict builds its dict field by field (asdict made a dict of every event only to drop it):
+    the same keys in the same order, the same values, deep copies of the containers."""
+    import collections
+    import dataclasses
+
+    from bench.records import _DERIVED
+
+    @dataclasses.dataclass
+    class Tag:
+        name: str
+        at: tuple[int, int]
+
+    r = rec([(10, " a"), (20, " b")], usage={"completion_tokens": 2, "details": {"x": [1, (2, 3)]}})
+    r.meta = {"phase": "p", "k": 3, "t": (1, [2]), "tag": Tag("x", (1, 2)), "dd": collections.OrderedDict(a=[1])}
+    r.tool_calls, r.scheduled_ns, r.timings = [{"id": "c", "name": "f", "arguments": "{}"}], 5, {"n": 1.5}
+    ref = dataclasses.asdict(r)
+    ref["events"] = [[round(e.t_ns / 1e6, 6), e.content, e.reasoning, e.tool, e.sched_ns, e.write_ns, e.tokens]
+                     for e in r.events]
+    ref["ok"] = r.ok
+    for k in _DERIVED:
+        v = getattr(r, k)
+        ref[k] = None if v is None else round(v, 6)
+    got = r.to_dict()
+    assert got == ref and list(got) == list(ref) and repr(got) == repr(ref)
+    assert got["meta"] is not r.meta and got["meta"]["t"][1] is not r.meta["t"][1]
+    assert got["usage"]["details"]["x"] is not r.usage["details"]["x"]  # type: ignore[index]
+
+
 def _cell_records() -> list[RequestRecord]:
     """Two waves of two requests (distinct ids and send times; the second wave slower), one of them failed."""
     out = []

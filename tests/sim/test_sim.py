@@ -477,3 +477,41 @@ def test_cli_noise_flags() -> None:
 
     cfg = config_from_args(build_parser().parse_args(["--step-jitter-pct", "3", "--drift-pct", "1.5"]))
     assert cfg.step_jitter_pct == 3.0 and cfg.drift_pct == 1.5
+
+
+def _raw_exchange(sock, path: str, body: bytes) -> bytes:
+    """One request on a raw socket; every byte of the response up to its chunked terminator, as the reads came:
+    a list of the reads joined by b"|"."""
+    sock.sendall(b"POST /v1%s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                 % (path.encode(), len(body), body))
+    reads: list[bytes] = []
+    sock.settimeout(10)
+    while not b"".join(reads).endswith(b"0\r\n\r\n"):
+        try:
+            got = sock.recv(65536)
+        except TimeoutError:
+            break
+        if not got:
+            break
+        reads.append(got)
+    return b"|".join(reads)
+
+
+@pytest.mark.parametrize("error_rate", [0.0, 1.0])
+def test_the_last_event_carries_the_chunked_terminator_and_the_connection_is_kept(error_rate: float) -> None:
+    """[DONE] and the chunked body's terminator go out in one write (one read here, as a client's [DONE] and the
+    end of the body come together), exactly one terminator, and the next request on the same connection is
+    answered (also after a stream that fails: error_rate 1)."""
+    import socket as _socket
+
+    cfg = SimConfig(decode_step_ms=1, error_rate=error_rate, error_kind="stream", error_after_tokens=1)
+    with running_sim(cfg) as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with _socket.create_connection(("127.0.0.1", port)) as sock:
+            for path, body in [("/completions", {"prompt": "x", "max_tokens": 3, "stream": True}),
+                               ("/chat/completions", {**chat_body("x", 2), "stream": True}),
+                               ("/completions", {"prompt": "y", "max_tokens": 1, "stream": True})]:
+                raw = _raw_exchange(sock, path, json.dumps(body).encode())
+                last = raw.rsplit(b"|", 1)[-1]
+                assert last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), raw[-200:]
+                assert raw.replace(b"|", b"").count(b"\r\n0\r\n\r\n") == 1
