@@ -1,4 +1,5 @@
-"""A timer to the microsecond for the step loop, without keeping a core busy (Linux ``timerfd``).
+"""A timer to the microsecond without keeping a core busy (Linux ``timerfd``): the sim's step loop, and bench's
+senders through :func:`bench.session.alarm.sleep_until` (one timer per event loop for both).
 
 asyncio's timers wake through ``epoll_wait``, whose timeout is whole milliseconds rounded up; so the step loop used
 to yield with ``sleep(0)`` for the last 1.5 ms before each deadline: with 1 ms steps it never slept, and each sim
@@ -6,7 +7,7 @@ process kept a core busy (benchmarks/results/openloop-cpu-2026-12-04-vm.md), a c
 needed. Here each event loop gets one ``timerfd`` armed at the earliest wake time of its waiters (absolute
 CLOCK_MONOTONIC, the clock of ``perf_counter_ns`` on Linux) and watched by the loop like a socket, so the loop
 sleeps in ``epoll_wait`` until the timer or a request wakes it. None where there is no timerfd: the step loop then
-waits as before. The same mechanism as ``bench.session.alarm`` (the sim imports nothing else of bench).
+waits as before. It lives here because the sim imports nothing else of bench.
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def _libc() -> Any:
 
 class Alarm:
     """One event loop's timer: :meth:`wake_at` sets a future's result once ``perf_counter_ns()`` reached a time
-    (never before it); a future done meanwhile (woken otherwise, cancelled) is dropped."""
+    (never before it); a future done meanwhile (woken otherwise, cancelled) is dropped. :meth:`wait` awaits such a
+    time. Waits may overlap."""
 
     __slots__ = ("fd", "libc", "spec", "heap", "armed_ns", "seq")
 
@@ -63,7 +65,7 @@ class Alarm:
         self.fd, self.libc = fd, libc  # no reference to the loop: the timer is closed when the loop goes
         self.spec = _Itimerspec()
         self.heap: list[tuple[int, int, asyncio.Future[None]]] = []
-        self.armed_ns = 0
+        self.armed_ns = 0  # the time the timer is set for (0: not set)
         self.seq = itertools.count()
         try:
             loop.add_reader(fd, self._fired)
@@ -72,8 +74,16 @@ class Alarm:
             raise
         weakref.finalize(loop, _close, fd)
 
+    async def wait(self, t_ns: int) -> None:
+        """Return once ``perf_counter_ns() >= t_ns`` (one loop iteration after the timer fired)."""
+        if time.perf_counter_ns() >= t_ns:
+            return
+        fut = asyncio.get_running_loop().create_future()
+        self.wake_at(t_ns, fut)
+        await fut
+
     def wake_at(self, t_ns: int, fut: asyncio.Future[None]) -> None:
-        """Set ``fut``'s result (None) once ``perf_counter_ns() >= t_ns``."""
+        """Set ``fut``'s result (None) once ``perf_counter_ns() >= t_ns``; dropped if done before."""
         heapq.heappush(self.heap, (t_ns, next(self.seq), fut))
         if not self.armed_ns or t_ns < self.armed_ns:
             self._arm(t_ns)
