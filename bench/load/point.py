@@ -365,7 +365,7 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
     sm = await scraper.end() if scraper is not None else None
     summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
     if sm is not None:
-        header = int(getattr(session, "template_cached_tokens", 0) or 0) + PREFIX_SHARED_TOKENS_MAX
+        header = getattr(session, "shared_prefix_tokens", PREFIX_SHARED_TOKENS_MAX)  # a stand-in session: no probes
         point_server_metrics(sm, run, summary, header_tokens=header)
     if observer is not None:
         observer.cell_done(cell, cell_from_dict(summary, f"point {load['id']}"))

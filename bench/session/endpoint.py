@@ -48,6 +48,7 @@ from bench.errors import ConfigError, EndpointUnreachable, ServerError, Tokenize
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO
 from bench.prompts import build_prompt, unique_prefix
+from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.prompts.content import stream_text
 from bench.records import RecordWriter, RequestRecord
 from bench.results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo
@@ -176,6 +177,12 @@ class Session:
     def workers(self) -> int:
         """Processes (or actors) reading the measured waves."""
         return int(getattr(self.pool, "workers", 1)) if self.pool is not None else 1
+
+    @property
+    def shared_prefix_tokens(self) -> int:
+        """Prompt tokens per request a prefix cache may serve in a run meant to defeat it: the chat template's
+        shared header (seen in the overhead probes) and the few tokens unique prompts may still share."""
+        return self.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
 
     @property
     def force_length(self) -> bool:

@@ -23,7 +23,6 @@ from bench.measure.metrics import RequestMetrics, request_metrics
 from bench.measure.queueing import queueing_summary
 from bench.measure.slo import point_slo, waves_wall_s
 from bench.measure.summary import summarize_cell
-from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.records import RequestRecord
 from bench.results import CellResult
 from bench.server.gpu import GpuSample
@@ -294,7 +293,7 @@ class Sweep:
         """The one cell-summary step (used for every cell of run, gate, its re-measurements, and ab)."""
         cell, p = run.cell, self.session.profile
         cpu = 100.0 * run.cpu_s / run.wall_s if run.wall_s > 0 else None
-        expected = None if p.prefix_cache else self.session.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX
+        expected = None if p.prefix_cache else self.session.shared_prefix_tokens
         ms = run.metrics()  # each record's metrics, computed once for everything below
         run.summary = summarize_cell(cell, run.records, run.waves, self.session.overhead_ms,
                                      depth_target_tokens=cell.depth or None, expected_cached_tokens=expected,
@@ -322,10 +321,9 @@ class Sweep:
         """The server's own counters beside bench's (``ms``: the cell's request metrics): stored, cross-checked
         (warnings), TTFT compared (notes)."""
         view = {**summary.to_dict(), "output_tokens_total": sum(m.output_tokens for m in ms if m.ok)}
-        header = self.session.template_cached_tokens + PREFIX_SHARED_TOKENS_MAX  # hits the shared header explains
         summary.server_metrics, warns = counters_beside(server_metrics, view,
                                                         prefix_cache_expected=self.session.profile.prefix_cache,
-                                                        expected_hits=header * len(ms))
+                                                        expected_hits=self.session.shared_prefix_tokens * len(ms))
         summary.warnings += warns
 
     def _gpu_summary(self, run: CellRun, ms: list[RequestMetrics], summary: CellResult) -> dict[str, Any] | None:
