@@ -10,13 +10,14 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
 * dispatch lag: when bench's dispatcher started the request - its scheduled time (bench's own lateness);
 * send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
 * achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point, set-up
-  and summary included; the worker processes' CPU is not in it) and the sim's CPU (/proc), in % of the point's
-  wall time and in ms per planned request.
+  and summary included, plus the CPU of the worker processes, which end with the point) and the sim's CPU
+  (/proc), in % of the point's wall time (one core = 100 %) and in ms per planned request.
 
 ``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
 ``--sims N`` serves from N sim processes listening on one port
 (``bench sim --reuse-port``; the kernel spreads the connections), for rates one sim process cannot serve; the sim
-CPU column is then their sum.
+CPU column is then their sum. ``--server blast`` serves from ``benchmarks/blastserver.py`` instead (one write per
+short answer, the server side nearly free): for per-host rates that the sims and the client cannot share a host at.
 Results go to
 ``benchmarks/results/schedule_accuracy-<UTC date>-<host>.json`` and ``.md``.
 """
@@ -27,6 +28,7 @@ import argparse
 import asyncio
 import json
 import os
+import resource
 import socket
 import sys
 import time
@@ -46,13 +48,21 @@ from bench.config.profile import Profile  # noqa: E402
 from bench.driver import run_load  # noqa: E402
 
 
-class SimGroup:
-    """``n`` sim processes on one port (SO_REUSEPORT): ``base`` and ``cpu_s()`` as one :class:`SimProcess`."""
+class BlastProcess(SimProcess):
+    """``benchmarks/blastserver.py`` in its own process: a short answer in one write, a few tens of microseconds of
+    server CPU per request (``--server blast``)."""
 
-    def __init__(self, n: int, **flags: Any) -> None:
-        first = SimProcess(**flags, reuse_port=True)
+    COMMAND = [str(Path(__file__).resolve().parent / "blastserver.py")]
+
+
+class SimGroup:
+    """``n`` sim processes (or blast servers: ``kind``) on one port (SO_REUSEPORT): ``base`` and ``cpu_s()`` as
+    one :class:`SimProcess`."""
+
+    def __init__(self, n: int, kind: type[SimProcess] = SimProcess, **flags: Any) -> None:
+        first = kind(**flags, reuse_port=True)
         port = first.base.rsplit(":", 1)[1].split("/")[0]
-        self.procs = [first] + [SimProcess(**flags, reuse_port=True, port=port) for _ in range(n - 1)]
+        self.procs = [first] + [kind(**flags, reuse_port=True, port=port) for _ in range(n - 1)]
         self.base = first.base
 
     def cpu_s(self) -> float:
@@ -65,17 +75,24 @@ class SimGroup:
             p.proc.wait()
 
 
+def _client_cpu_s() -> float:
+    """CPU seconds of this process and of its ended children: the worker processes of a point are joined at its
+    end, so a point's difference holds them too (the servers, still running, are not in it)."""
+    ch = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return time.process_time() + ch.ru_utime + ch.ru_stime
+
+
 def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: str = "auto") -> dict[str, Any]:
     """Run one point at ``rate`` (sent from ``workers`` processes, arrival stamps from ``stamps``: auto, kernel or
     user) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
                       cooldown_s=0.0, drain_s=30.0)
-    c0, s0, t0 = time.process_time(), sim.cpu_s(), time.perf_counter()
+    c0, s0, t0 = _client_cpu_s(), sim.cpu_s(), time.perf_counter()
     res = asyncio.run(run_load(sim.base, prof, ClientSettings(stamps=stamps), ls, out_dir=None,
                               workers=workers))
     wall = time.perf_counter() - t0
-    client_s, sim_s = time.process_time() - c0, sim.cpu_s() - s0
+    client_s, sim_s = _client_cpu_s() - c0, sim.cpu_s() - s0
     cell = res.cells[0].to_dict()
     sc = cell["schedule"]
     return {"rate": rate, "workers": workers, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
@@ -135,7 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
     ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
-    ap.add_argument("--sims", type=int, default=1, help="sim processes on one port (SO_REUSEPORT)")
+    ap.add_argument("--sims", type=int, default=1, help="server processes on one port (SO_REUSEPORT)")
+    ap.add_argument("--server", choices=("sim", "blast"), default="sim", help="what answers: bench sim (default) or "
+                    "benchmarks/blastserver.py (one write per short answer: the server side nearly free, for rates "
+                    "a host's sims cannot serve beside the client)")
     ap.add_argument("--stamps", default="auto", help="comma list of stamp sources (auto, kernel, user), each run "
                     "at every rate")
     ap.add_argument("--cprofile", type=Path, help="profile the client process (cProfile) into this file; the top "
@@ -143,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--note", default="", help="a line added under the table")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     a = ap.parse_args(argv)
-    sim = SimGroup(a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
+    if a.server == "blast":
+        sim = SimGroup(a.sims, BlastProcess)
+    else:
+        sim = SimGroup(a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
     try:
         rows = run_rows(a, sim)
     finally:

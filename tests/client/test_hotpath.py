@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
@@ -67,32 +68,36 @@ def test_sse_fast_path_matches_general_path(sep: str) -> None:
 def test_blastserver_streams_are_what_a_sim_stream_records() -> None:
     """benchmarks/blastserver.py (hotpath's --source blast) sends streams bench records like a sim's: every token
     one content event with the sim's stamps, the finish reason and usage, [DONE], and the connection kept alive
-    (blocks of 64 events per write, so a stream of 150 tokens spans three writes and a partial one)."""
+    (blocks of 64 events per write, so a stream of 150 tokens spans three writes and a partial one; a stream of
+    one token is one write). It answers a model probe, and 404 to what it does not serve."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
     import blastserver
 
     async def main() -> tuple[list[RequestRecord], int]:
-        server = await asyncio.start_server(blastserver._serve, "127.0.0.1", 0)
+        server = await asyncio.get_running_loop().create_server(blastserver._Conn, "127.0.0.1", 0)
         base = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1"
         c = make_http_client(ClientSettings(), 2)
         try:
             recs = []
-            for i in range(2):  # one after the other: the second reuses the first's connection
+            for i, n in enumerate((150, 1, 150)):  # one after the other: each reuses the first's connection
                 spec = RequestSpec(f"b{i}", "chat", {"messages": [{"role": "user", "content": "x"}],
-                                                      "max_tokens": 150})
+                                                      "max_tokens": n})
                 recs.append(await stream_request(c, base, spec, model=MODEL))
+            async with httpx.AsyncClient() as h:
+                models, other = await h.get(base + "/models"), await h.get(base + "/props")
+            assert models.json()["data"][0]["id"] == "bench-sim" and other.status_code == 404
             return recs, c.bench_fast_pool.connects  # type: ignore[attr-defined]
         finally:
             await c.aclose()
             server.close()
 
     recs, connects = asyncio.run(main())
-    for r in recs:
+    for r, n in zip(recs, (150, 1, 150)):
         text = [e for e in r.events if e.has_text]
-        assert r.ok and r.done and r.finish_reason == "length" and r.usage["completion_tokens"] == 150
-        assert len(text) == 150 and all(e.tokens == 1 and e.write_ns is not None for e in text)
+        assert r.ok and r.done and r.finish_reason == "length" and r.usage["completion_tokens"] == n
+        assert len(text) == n and all(e.tokens == 1 and e.write_ns is not None for e in text)
     assert connects == 1
 
 
