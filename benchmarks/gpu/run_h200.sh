@@ -28,6 +28,7 @@
 #                    only when fidelity.py has --scale-workers
 #         hotpath    benchmarks/hotpath.py: events one bench process ingests at 16 streams (issue 17; no GPU)
 #         schedacc   benchmarks/schedule_accuracy.py: send lag at 10..5000 req/s, 1-16 workers (issue 14; no GPU)
+#         scale      benchmarks/scale_streams.py $SCALE_ARGS: streams x 20 events/s from one host (issue 30; no GPU)
 #         gate       benchmarks/gate_real.py on the GPU: self-gates and a slowdown with a random SmolLM2-shaped
 #                    model (issue 13); GATE_ARGS
 #
@@ -75,6 +76,7 @@ FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
 HOT_ARGS=${HOT_ARGS:---streams 16 --seconds 4 --variants kernel,kernel+h11,kernel+uvloop,user,httpx}
 SCHED_ARGS=${SCHED_ARGS:---rates 10,100,1000,5000 --workers 1,2,4,8,16 --duration 3}; SCHED_S=${SCHED_S:-200}
+SCALE_ARGS=${SCALE_ARGS:---streams 16384 --sims 6 --workers 9 --waves 1 --seconds 6}; SCALE_S=${SCALE_S:-240}
 SMALL_MODEL=${SMALL_MODEL:-$WORK/rand135m.gguf}; GATE_S=${GATE_S:-400}
 GATE_ARGS=${GATE_ARGS:---rounds 10 --threads 2 --server-args "-ngl 99" --slow-args "-ngl 22"}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -329,6 +331,14 @@ step_schedacc() {  # issue 14: bench's own schedule keeping on this machine's co
   (cd "$REPO" && MAXT=$((SCHED_S + 60)) bounded $PY benchmarks/schedule_accuracy.py $SCHED_ARGS --out "$R/schedacc") > "$R/schedacc.out" 2>&1
   local rc=$?; log "schedule_accuracy: rc $rc"; tail -30 "$R/schedacc.out"
   [ $rc -eq 0 ] && touch "$R/schedacc.ok"
+}
+
+step_scale() {  # issue 30 item 3: 16,384 streams x 20 events/s from one host (bench sim processes, no GPU)
+  want scale "$SCALE_S" "$R/scale.md" || return 0
+  # shellcheck disable=SC2086
+  (cd "$REPO" && MAXT=$SCALE_S bounded $PY benchmarks/scale_streams.py $SCALE_ARGS --out "$R/scale.md.tmp") > "$R/scale.out" 2>&1
+  log "scale_streams: rc $?"; tail -20 "$R/scale.out"
+  [ -s "$R/scale.md.tmp" ] && mv "$R/scale.md.tmp" "$R/scale.md"
 }
 
 step_gate() {  # issue 13: bench gate's fairness on a real engine (a quiet GPU machine), benchmarks/gate_real.py
