@@ -141,6 +141,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("no-calibration",
          "cannot calibrate prompt length (no usage.prompt_tokens): {error}",
          "prompt sizes assume 4 characters per token; a server with /tokenize or usage sizes them"),
+    Kind("calibration-implausible",
+         "the server counted {short} and {long} prompt tokens for two probes {chars} characters apart ({cpt}): "
+         "its usage.prompt_tokens does not follow the prompt, so prompt sizes assume 4 characters per "
+         "token", "input sizes and depths are rough here; a server with /tokenize or a counting usage sizes them"),
     Kind("prompt-sizes-estimated",
          "prompt lengths calibrated at {cpt:.2f} chars/token from two probes: an estimate (the server has no "
          "working /tokenize)", "a server with /tokenize (llama-server, vLLM, SGLang) sizes prompts exactly"),

@@ -65,6 +65,10 @@ from bench.warns import warning
 __all__ = ["Session", "ReaderPool", "Observer", "CellAnnotator", "machine_info", "default_out_dir",
            "check_fits_context"]
 
+# the chars per token a calibration may learn: prose runs 3-6 on BPE vocabularies, CJK and byte-level ones go
+# towards 1; a ratio outside comes from a usage.prompt_tokens that does not count the prompt (a fixed number)
+CALIBRATION_CPT = (0.5, 16.0)
+
 _CONTEXT_ERROR = re.compile(r"context|too long|maximum.*length|exceed|n_ctx|max_model_len", re.I)
 
 
@@ -373,7 +377,13 @@ class Session:
                 self.tokenizer, self.tokenizer_kind = CalibratedTokenizer(4.0), "default-ratio"
                 return
             pts.append(m.prompt_tokens)
-        cpt = (len(long_) - len(short)) / max(1, pts[1] - pts[0])
+        chars = len(long_) - len(short)
+        cpt = chars / (pts[1] - pts[0]) if pts[1] > pts[0] else float("inf")
+        if not CALIBRATION_CPT[0] <= cpt <= CALIBRATION_CPT[1]:  # a fixed or made-up count: no ratio to learn
+            shown = "no ratio" if cpt == float("inf") else f"{cpt:.1f} chars/token"
+            self.note(warning("calibration-implausible", short=pts[0], long=pts[1], chars=chars, cpt=shown))
+            self.tokenizer, self.tokenizer_kind = CalibratedTokenizer(4.0), "default-ratio"
+            return
         self.tokenizer = CalibratedTokenizer(cpt)
         self.template_overhead_tokens = max(0, pts[0] - round(len(short) / cpt))
         self.tokenizer_kind = "calibrated"

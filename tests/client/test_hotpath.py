@@ -224,3 +224,30 @@ def test_hotpath_host_figures_are_over_the_union_of_the_waves() -> None:
     assert h["overlap"] == 0.25 and h["failed"] == 1 and h["procs"] == 2
     apart = hotpath.host_figures([dict(rows[0]), dict(rows[1], t0=13.0)])
     assert apart["overlap"] == 0.0
+
+
+def test_a_usage_count_that_does_not_follow_the_prompt_is_not_calibrated_on(tmp_path: Path) -> None:
+    """A server without /tokenize whose usage.prompt_tokens is a fixed number (benchmarks/blastserver.py says 8 for
+    any prompt) gives the two calibration probes the same count. bench learned 4,000 chars/token from that and sent
+    prompts of 28 KB for ``--input-tokens 16``, silently; now it keeps 4 chars/token and says why."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    srv = subprocess.Popen([sys.executable, str(root / "benchmarks" / "blastserver.py"), "--port", "0"],
+                           stdout=subprocess.PIPE, text=True)
+    try:
+        base = (srv.stdout.readline() if srv.stdout else "").split()[-1]
+        p = subprocess.run([sys.executable, "-m", "bench", "run", base, "--rate", "20", "--duration", "1",
+                            "--max-tokens", "1", "--input-tokens", "16", "--out", str(tmp_path / "r"), "--json"],
+                           cwd=root, capture_output=True, text=True, timeout=120)
+    finally:
+        srv.terminate()
+        srv.wait()
+    assert p.returncode == 0, p.stderr[-2000:]
+    res = json.loads(p.stdout)
+    assert res["run"]["tokenizer"] == "default-ratio"
+    said = "the server counted 8 and 8 prompt tokens for two probes 4001 characters apart (no ratio)"
+    assert said in p.stderr and said in json.dumps(res)
+    sent = [json.loads(line) for line in (tmp_path / "r" / "records.jsonl").read_text().splitlines()]
+    assert any(r["meta"].get("phase") == "measure" for r in sent)
