@@ -15,6 +15,10 @@ CLOCK_MONOTONIC: one clock with bench's on one host), so from records.jsonl, per
 
 * *err* p50 / p99 / max ms: bench's arrival stamp (``sent_ns + t_ns``, moved onto the driver's clock when read
   by a Ray actor) - the sim's ``write_ns``, over every token event; the goal (issue 30): p99 < 1 ms, max < 5 ms;
+  *max* leaves out the events a sim wrote late by itself;
+* *sim stalls*: token events whose write returned ``LATE_WRITE_MS`` or more after the sim stamped them (the sims
+  run with ``--late-write-ms``: a sim preempted between its stamp and its send delays that event, whatever the
+  client does; on a busy host this is the sims' share of the error), and the max error over all events;
 * *events/s per host*: token events read / the wave's span (first send to last byte) on this host (with
   ``--ray``: per node, by each record's ``meta.node``); *per process*: that / the processes that read them
   (``run.workers``, or the node's actors);
@@ -54,6 +58,7 @@ from bench.measure.summary import wave_aggregate_decode  # noqa: E402
 from bench.records import RequestRecord, read_records  # noqa: E402
 
 GOAL_P99_MS, GOAL_MAX_MS, GOAL_AGG_PCT = 1.0, 5.0, 0.5
+LATE_WRITE_MS = 0.5  # a sim's write that returned this long after its stamp: the sim's stall, set apart
 
 
 def _free_port() -> int:
@@ -62,20 +67,40 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+class Sims:
+    """The sims' URL and what they said of their own stalls (``--late-write-ms``: an event whose write returned
+    late after its stamp was delayed by the sim, whatever the client did)."""
+
+    def __init__(self, url: str, logs: list[Path]) -> None:
+        self.url, self.logs = url, logs
+
+    def late_writes(self) -> set[int]:
+        """``write_ns`` of every event a sim wrote late."""
+        out: set[int] = set()
+        for log in self.logs:
+            for line in log.read_text(errors="replace").splitlines():
+                if line.startswith("late-write "):
+                    out.add(int(line.split()[1]))
+        return out
+
+
 @contextlib.contextmanager
-def sims(k: int, streams: int, step_ms: float) -> Iterator[str]:
-    """``k`` sims sharing one port of 127.0.0.1; yields the base URL."""
+def sims(k: int, streams: int, step_ms: float, logdir: Path) -> Iterator[Sims]:
+    """``k`` sims sharing one port of 127.0.0.1, each reporting writes late by ``LATE_WRITE_MS`` into a log under
+    ``logdir``."""
     port = _free_port()
     argv = [sys.executable, "-m", "bench.sim", "--host", "127.0.0.1", "--port", str(port), "--reuse-port",
-            "--decode-step-ms", str(step_ms), "--prefill-tok-s", "1e8", "--max-running", str(max(64, streams))]
-    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-             for _ in range(k)]
+            "--decode-step-ms", str(step_ms), "--prefill-tok-s", "1e8", "--max-running", str(max(64, streams)),
+            "--late-write-ms", str(LATE_WRITE_MS)]
+    logs = [logdir / f"sim{i}.err" for i in range(k)]
+    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
+             for log in logs]
     try:
         for p in procs:
             line = p.stdout.readline() if p.stdout else ""
             if "listening on" not in line:
                 raise RuntimeError(f"bench sim did not start: {line!r}")
-        yield f"http://127.0.0.1:{port}/v1"
+        yield Sims(f"http://127.0.0.1:{port}/v1", logs)
     finally:
         for p in procs:
             p.terminate()
@@ -103,8 +128,11 @@ def _aggregate_on_writes(recs: list[RequestRecord]) -> float | None:
     return toks / span if span > 0 else None
 
 
-def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int]) -> list[dict[str, Any]]:
-    """One row per (wave, host): the figures of the module docstring."""
+def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int],
+              late: set[int] | None = None) -> list[dict[str, Any]]:
+    """One row per (wave, host): the figures of the module docstring; ``late``: the ``write_ns`` of events the
+    sims wrote late (their own stalls), counted and left out of *max*."""
+    late = late or set()
     rows = []
     waves: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in recs:
@@ -119,6 +147,8 @@ def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int
         for host, hrecs in sorted(by_host.items()):
             err = [(r.sent_ns + e.t_ns - e.write_ns) / 1e6 for r in hrecs for e in r.events
                    if e.has_text and e.write_ns is not None]
+            mine = [(r.sent_ns + e.t_ns - e.write_ns) / 1e6 for r in hrecs for e in r.events
+                    if e.has_text and e.write_ns is not None and e.write_ns not in late]
             start = min(r.sent_ns for r in hrecs)
             end = max(r.sent_ns + (r.end_ns or 0) for r in hrecs)
             span = (end - start) / 1e9
@@ -128,7 +158,8 @@ def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int
                 "wave": w, "host": host[:12], "streams": len(hrecs), "failed": sum(not m.ok for m in ms),
                 "events": len(err), "span_s": round(span, 2), "per_host": per_host,
                 "per_process": per_host / max(1, procs_of.get(host, 1)), "procs": procs_of.get(host, 1),
-                "p50": float(np.percentile(e, 50)), "p99": float(np.percentile(e, 99)), "max": float(e.max()),
+                "p50": float(np.percentile(e, 50)), "p99": float(np.percentile(e, 99)),
+                "max_all": float(e.max()), "max": max(mine, default=0.0), "sim_late": len(err) - len(mine),
                 "agg_err_pct": None if agg is None or not truth else (agg / truth - 1) * 100,
                 "decode_err_pct": (float(np.median(dec)) / (1000.0 / step_ms) - 1) * 100 if dec else None,
             })
@@ -148,15 +179,17 @@ def _fmt(x: float | None, nd: int = 2) -> str:
 
 def table(rows: list[dict[str, Any]]) -> str:
     head = ("| wave | host | streams | procs | events | span s | events/s per host | events/s per process | "
-            "err p50 / p99 / max ms | aggregate err % vs writes | decode err % vs step | failed | goal |\n"
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+            "err p50 / p99 / max ms | sim stalls: events, max ms | aggregate err % vs writes | decode err % vs step | "
+            "failed | goal |\n"
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
     out = []
     for r in rows:
         ok = r["p99"] < GOAL_P99_MS and r["max"] < GOAL_MAX_MS and r["agg_err_pct"] is not None \
             and abs(r["agg_err_pct"]) <= GOAL_AGG_PCT and not r["failed"]
         out.append(f"| {r['wave']} | {r['host']} | {r['streams']:,} | {r['procs']} | {r['events']:,} | "
                    f"{r['span_s']} | {r['per_host']:,.0f} | {r['per_process']:,.0f} | {r['p50']:.2f} / "
-                   f"{r['p99']:.2f} / {r['max']:.2f} | {_fmt(r['agg_err_pct'], 3)} | "
+                   f"{r['p99']:.2f} / {r['max']:.2f} | {r['sim_late']:,}, {r['max_all']:.2f} | "
+                   f"{_fmt(r['agg_err_pct'], 3)} | "
                    f"{_fmt(r['decode_err_pct'], 3)} | {r['failed']} | {'met' if ok else 'not met'} |")
     return head + "\n".join(out) + "\n"
 
@@ -194,12 +227,13 @@ def main(argv: list[str] | None = None) -> int:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="scale-") as d, \
-            (contextlib.nullcontext(a.url) if a.url else sims(a.sims, a.streams, a.step_ms)) as url:
-        rc, res, recs, shown = run(a, url, Path(d))
+            (contextlib.nullcontext(Sims(a.url, [])) if a.url else sims(a.sims, a.streams, a.step_ms, Path(d))) as sv:
+        rc, res, recs, shown = run(a, sv.url, Path(d) / "run")
+        late = sv.late_writes()
     if rc:
         print(f"scale_streams: bench run exited {rc}", file=sys.stderr)
         return rc
-    rows = wave_rows(recs, a.step_ms, _procs(res, recs))
+    rows = wave_rows(recs, a.step_ms, _procs(res, recs), late)
     text = table(rows)
     sizing = (res["run"].get("sizing") or {})
     print(text)

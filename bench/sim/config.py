@@ -42,6 +42,11 @@ class SimConfig:
         "connections over them (a sim that holds more requests/s than one process can serve)",
     )
     seed: int = _f(0, "int", "seed of every random draw (tokens_per_event choices, eos)")
+    late_write_ms: float = _f(
+        0.0, "ms", "report every token event whose write returned this long after its write_ns stamp (the sim "
+        "stalled between stamp and send: preempted on a busy host) as a line `late-write WRITE_NS GAP_NS` on "
+        "stderr; 0 = off",
+    )
 
     # -- prefill -------------------------------------------------------------------------------
     prefill_tok_s: float = _f(
@@ -153,6 +158,7 @@ class SimConfig:
         need(is_num(self.prefill_tok_s) and self.prefill_tok_s > 0, "prefill_tok_s", "must be > 0 tokens/s")
         need(is_num(self.prefill_halving_tokens) and self.prefill_halving_tokens >= 0,
              "prefill_halving_tokens", "must be >= 0 tokens (0 = off)")
+        need(is_num(self.late_write_ms) and self.late_write_ms >= 0, "late_write_ms", "must be >= 0 ms")
         need(is_num(self.decode_step_ms) and self.decode_step_ms >= 0, "decode_step_ms", "must be >= 0 ms")
         need(is_num(self.decode_step_ms_per_seq) and self.decode_step_ms_per_seq >= 0,
              "decode_step_ms_per_seq", "must be >= 0 ms")

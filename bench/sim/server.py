@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import time
 from time import perf_counter_ns
 from typing import Any, NamedTuple
@@ -181,12 +182,13 @@ class StreamSink:
     the connection waited that long (one opening a new connection when it waited too long)."""
 
     __slots__ = ("writer", "transport", "chunked", "chat", "head", "obj_head", "include_usage", "every_chunk",
-                 "rkeys", "ended")
+                 "rkeys", "ended", "late_ns")
 
     def __init__(self, writer: Any, transport: Any, chat: bool, rid: str, created: int, model: str,
                  include_usage: bool, usage_mode: str = "final",
-                 rkeys: tuple[str, ...] = ("reasoning_content",)) -> None:
+                 rkeys: tuple[str, ...] = ("reasoning_content",), late_ms: float = 0.0) -> None:
         self.rkeys = rkeys
+        self.late_ns = int(late_ms * 1e6)  # SimConfig.late_write_ms: 0 = no check
         self.writer = writer
         self.transport = transport
         self.chunked = bool(getattr(writer, "chunked", False))
@@ -238,7 +240,10 @@ class StreamSink:
         )
         if seq.first_write_ns is None:
             seq.first_write_ns = write_ns
-        return await self.write(data, last=final)
+        ok = await self.write(data, last=final)
+        if self.late_ns and (gap := perf_counter_ns() - write_ns) >= self.late_ns:
+            print(f"late-write {write_ns} {gap}", file=sys.stderr, flush=True)  # the sim's stall, not the client's
+        return ok
 
     def _final(self, seq: Seq) -> str:
         truth = _dumps(seq.truth())
@@ -369,7 +374,7 @@ class _Handlers:
         })
         writer = await resp.prepare(request)
         sink = StreamSink(writer, request.transport, chat, rid, created, cfg.model, include_usage, cfg.usage_mode,
-                          _reasoning_keys(cfg))
+                          _reasoning_keys(cfg), cfg.late_write_ms)
         seq = Seq(cfg, no, ids, max_tokens, reasoning=gen.thinks, stream_error=failing, sink=sink, images=gen.images,
                   tool_name=tool)
         arrival = perf_counter_ns()

@@ -515,3 +515,19 @@ def test_the_last_event_carries_the_chunked_terminator_and_the_connection_is_kep
                 last = raw.rsplit(b"|", 1)[-1]
                 assert last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n"), raw[-200:]
                 assert raw.replace(b"|", b"").count(b"\r\n0\r\n\r\n") == 1
+
+
+def test_late_write_reports_name_the_events_by_their_stamp(capsys: pytest.CaptureFixture[str]) -> None:
+    """``late_write_ms``: an event whose write returned that long after its ``write_ns`` stamp is reported on
+    stderr as ``late-write WRITE_NS GAP_NS`` (benchmarks/scale_streams.py sets those events apart: the sim's own
+    stall). With a threshold of one nanosecond every token event is late, and each line names one event's stamp."""
+    cfg = SimConfig(decode_step_ms=1, late_write_ms=1e-6)
+    with running_sim(cfg) as url, httpx.Client(base_url=url, timeout=10) as c:
+        _, chunks = stream(c, "/chat/completions", chat_body(words(5), 6))
+    lines = [ln.split() for ln in capsys.readouterr().err.splitlines() if ln.startswith("late-write ")]
+    stamps = [o["sim"]["write_ns"] for _, o in token_chunks(chunks)]
+    assert len(stamps) == 6 and sorted(int(w) for _, w, _ in lines) == stamps
+    assert all(int(gap) > 0 for _, _, gap in lines)
+    with running_sim(SimConfig(decode_step_ms=1)) as url, httpx.Client(base_url=url, timeout=10) as c:
+        stream(c, "/chat/completions", chat_body(words(5), 6))
+    assert "late-write" not in capsys.readouterr().err  # 0: off
