@@ -71,6 +71,34 @@ def test_open_loop_interrupt_keeps_a_typed_partial_result(sim: str, tmp_path: Pa
         [json.dumps(x, ensure_ascii=False, separators=(",", ":")) for x in recs]
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_open_loop_interrupt_from_worker_processes_keeps_their_records(sim: str, tmp_path: Path,
+                                                                      sig: signal.Signals) -> None:
+    """``--workers 2``: the workers hold their records until the schedule ends, so an interrupt kept none of
+    them (0 of 143 ended, a new user found). Now the pool stops the workers (nothing more sent, in flight cut)
+    and keeps what they finished."""
+    out = tmp_path / "olw"
+    p = _start(["run", sim, "--rate", "8", "--duration", "60", "--max-tokens", "16", "--workers", "2",
+                "--out", str(out)])
+    started: list[float] = []
+
+    def sending() -> bool:  # the workers' records come back at the end: wait a few seconds into the schedule
+        if not (out / "records.jsonl").exists():
+            return False
+        started.append(started[0] if started else time.monotonic())
+        return time.monotonic() - started[0] > 4.0
+
+    err = _stop_when(p, sending, sig)
+    assert p.returncode == EXIT_INTERRUPTED, err
+    assert "Traceback" not in err
+    (cell,) = json.loads((out / "results.json").read_text())["cells"]
+    recs = [json.loads(ln) for ln in (out / "records.jsonl").read_text().splitlines()]
+    measured = [r for r in recs if r["meta"].get("phase") == "measure"]
+    assert cell["counts"]["finished"] >= 10 and cell["counts"]["planned"] > len(measured)
+    assert cell["counts"]["finished"] + cell["counts"]["failed"] + cell["counts"]["cut"] == len(measured)
+    assert all(r["error_kind"] == "cancelled" for r in measured if r.get("error"))
+
+
 def test_capacity_interrupt_writes_the_points_so_far(sim: str, tmp_path: Path) -> None:
     out = tmp_path / "cap"
     p = _start(["capacity", sim, "--slo", "ttft_p90=300ms", "--input-tokens", "64", "--max-tokens", "8",

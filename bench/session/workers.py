@@ -28,6 +28,12 @@ event times keep whole-ns precision). They come back in the order of the specs g
 as records with ``error`` set, like in a single process; a worker that dies is an error (``RuntimeError``), not a
 record.
 
+Interrupt: a worker answers a job once, at its end, so an interrupted run (SIGINT, SIGTERM) calls
+:meth:`WorkerPool.stop` (from :meth:`WorkerPool.arun`): each worker gets SIGUSR1, sends nothing more, cuts the
+requests in flight (records with ``error_kind`` ``cancelled``, as one process cuts them) and answers with the
+records it has, which the parent writes before the run stops. Ray actors (:mod:`bench.session.ray_actors`) do not
+take this path yet.
+
 While a wave runs a worker keeps Python's garbage collector off (``gc_quiet``, on by default) and collects once
 the wave is over: a full collection over a wave's records stalls the process for tens of milliseconds, which
 would show as late reads. Memory use grows by one wave's records at most.
@@ -59,6 +65,7 @@ __all__ = ["WorkerPool", "run_requests_multiproc", "arun_requests_multiproc", "s
            "share_records", "sleep_until"]
 
 DEFAULT_START_DELAY_S = 0.05
+STOP_WAIT_S = 10.0  # an interrupted pool waits this long for the workers' records (in flight: cut at once)
 
 
 def shared_clock() -> bool:
@@ -82,19 +89,26 @@ def split_specs(specs: Sequence[RequestSpec], workers: int) -> list[list[int]]:
 # ---------------------------------------------------------------------------------------------------------------
 async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *, model: str, secret: str | None,
                         start_ns: int, offsets: Sequence[int] | None = None,
-                        monitor: LagMonitor | None = None) -> AsyncIterator[tuple[int, RequestRecord]]:
+                        monitor: LagMonitor | None = None,
+                        stoppers: list[Callable[[], None]] | None = None) -> AsyncIterator[tuple[int, RequestRecord]]:
     """Send one worker's share and yield ``(i, record of specs[i])`` as each request ends.
 
     A wave (``offsets`` None): every spec goes at ``start_ns``. Open loop: spec i goes at ``start_ns + offsets[i]``
     (sorted), as :mod:`bench.load.openloop` sends (:func:`sleep_until`); its record gets ``scheduled_ns`` (= its
     ``queued_ns``) and ``meta["dispatch_lag_ns"]``. ``monitor`` samples this event loop's lag from ``start_ns`` to
-    the last record. Closing the generator early cancels the requests still in flight."""
-    done: asyncio.Queue[tuple[int, RequestRecord | Exception]] = asyncio.Queue()
+    the last record. Closing the generator early cancels the requests still in flight.
+
+    ``stoppers``: a stop function is appended while the share runs (the interrupt of a run, :meth:`WorkerPool.stop`):
+    called, nothing more is sent, the requests in flight end as cut records (``error_kind`` ``cancelled``), which
+    are yielded, and the generator ends; a request not yet sent gets no record, as in one process."""
+    done: asyncio.Queue[tuple[int, RequestRecord | Exception | None]] = asyncio.Queue()
     tasks: list[asyncio.Task[None]] = []
 
     async def one(i: int, spec: RequestSpec, sched: int | None) -> None:
         try:
             rec = await stream_request(client, base, spec, model=model, secret=secret, queued_ns=sched)
+        except asyncio.CancelledError:
+            rec = _cut(spec, model, sched)
         except Exception as e:  # noqa: BLE001 - stream_request records failures; anything else goes to the reader
             done.put_nowait((i, e))
             return
@@ -116,13 +130,18 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
             done.put_nowait((-1, e))
 
     sender = asyncio.create_task(dispatch())
+
+    def stop() -> None:
+        done.put_nowait((-2, None))
+
+    if stoppers is not None:
+        stoppers.append(stop)
     try:
-        for _ in range(len(specs)):
-            i, got = await done.get()
-            if isinstance(got, Exception):
-                raise got
-            yield i, got
+        async for item in _read_share(done, len(specs), sender, tasks):
+            yield item
     finally:
+        if stoppers is not None and stop in stoppers:
+            stoppers.remove(stop)
         sender.cancel()
         for t in tasks:
             t.cancel()
@@ -130,12 +149,54 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
             monitor.stop()
 
 
+async def _read_share(done: asyncio.Queue[tuple[int, RequestRecord | Exception | None]], n: int,
+                      sender: asyncio.Task[None], tasks: list[asyncio.Task[None]]
+                      ) -> AsyncIterator[tuple[int, RequestRecord]]:
+    """The records of a share as they end: ``n`` of them, or, after a stop, those of the requests in flight."""
+    for _ in range(n):
+        i, got = await done.get()
+        if i == -2:  # stopped: cut what is in flight, yield those records, end
+            sender.cancel()
+            async for item in _cut_in_flight(tasks, done):
+                yield item
+            return
+        if isinstance(got, Exception):
+            raise got
+        assert got is not None
+        yield i, got
+
+
+def _cut(spec: RequestSpec, model: str, sched: int | None) -> RequestRecord:
+    """The record of a request in flight when its run was interrupted (bench.load.openloop's cut records)."""
+    rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=sched or 0, meta=dict(spec.meta),
+                        scheduled_ns=sched)
+    rec.error = "cut: in flight when the run was interrupted"
+    rec.error_kind = "cancelled"
+    return rec
+
+
+async def _cut_in_flight(tasks: list[asyncio.Task[None]],
+                         done: asyncio.Queue[tuple[int, RequestRecord | Exception | None]]
+                         ) -> AsyncIterator[tuple[int, RequestRecord]]:
+    """Cancel every request still in flight, wait until each has put its record, and yield every record queued."""
+    pending = [t for t in tasks if not t.done()]
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.wait(pending)
+    while not done.empty():
+        i, got = done.get_nowait()
+        if isinstance(got, RequestRecord):
+            yield i, got
+
+
 async def _share(client: Any, base: str, specs: list[RequestSpec], model: str, secret: str | None, start_ns: int,
-                 offsets: list[int] | None, monitor: LagMonitor) -> list[RequestRecord]:
-    """:func:`share_records` collected in the order of ``specs``."""
-    out: list[Any] = [None] * len(specs)
+                 offsets: list[int] | None, monitor: LagMonitor,
+                 stoppers: list[Callable[[], None]] | None = None) -> list[RequestRecord | None]:
+    """:func:`share_records` collected in the order of ``specs`` (None: not sent before a stop)."""
+    out: list[RequestRecord | None] = [None] * len(specs)
     async for i, rec in share_records(client, base, specs, model=model, secret=secret, start_ns=start_ns,
-                                      offsets=offsets, monitor=monitor):
+                                      offsets=offsets, monitor=monitor, stoppers=stoppers):
         out[i] = rec
     return out
 
@@ -161,6 +222,9 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
 
     client = loop.run_until_complete(make())
     secret = settings.api_key
+    stoppers: list[Callable[[], None]] = []  # SIGUSR1 (WorkerPool.stop): the running share stops, keeping its records
+    if hasattr(signal, "SIGUSR1"):
+        loop.add_signal_handler(signal.SIGUSR1, lambda: [f() for f in list(stoppers)])
     try:
         conn.send(("ready", os.getpid()))
         while True:
@@ -176,9 +240,10 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
             try:
                 if gc_quiet:
                     gc.disable()
-                recs = loop.run_until_complete(_share(client, base, specs, model, secret, start_ns, offsets, mon))
+                recs = loop.run_until_complete(_share(client, base, specs, model, secret, start_ns, offsets, mon,
+                                                      stoppers))
                 cpu = time.process_time() - cpu0
-                out = [r.to_dict() for r in recs]
+                out = [None if r is None else r.to_dict() for r in recs]
                 del recs
             except Exception as e:  # noqa: BLE001 - reported to the parent, which raises
                 conn.send(("error", job_id, f"{type(e).__name__}: {e}"))
@@ -245,6 +310,7 @@ class WorkerPool:
         self._procs: list[Any] = []
         self._conns: list[Any] = []
         self._jobs = 0
+        self._stopped = False  # stop() was called: a wave may come back short
         self._lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
@@ -346,22 +412,46 @@ class WorkerPool:
                     problems.append(f"bench worker {p.pid} failed: {msg[2] if msg[0] == 'error' else msg!r}")
                     continue
                 for i, d in zip(idx, msg[2]):
-                    out[i] = RequestRecord.from_dict(d)
+                    if d is not None:  # None: not sent before a stop
+                        out[i] = RequestRecord.from_dict(d)
                 cpu.append(msg[3])
                 lags[w] = msg[4]
             self.last_cpu_s, self.last_lag_ns = cpu, lags
             if problems:
                 raise RuntimeError("; ".join(problems))
-        assert all(r is not None for r in out)
-        return out  # type: ignore[return-value]
+        assert self._stopped or all(r is not None for r in out)
+        return [r for r in out if r is not None]
+
+    def stop(self) -> None:
+        """Interrupt the running wave or schedule (SIGUSR1 to each worker): nothing more is sent, the requests in
+        flight end as cut records, and :meth:`run` returns what the workers have (fewer records than specs)."""
+        self._stopped = True
+        for p in self._procs:
+            if p.pid is not None and p.is_alive() and hasattr(signal, "SIGUSR1"):
+                try:
+                    os.kill(p.pid, signal.SIGUSR1)
+                except OSError:
+                    pass
 
     async def arun(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
                    offsets: Sequence[int] | None = None,
                    on_record: Callable[[RequestRecord], None] | None = None) -> list[RequestRecord]:
         """:meth:`run` from async code: the waiting happens in a thread, so the caller's event loop stays free.
         ``on_record`` is called with each record (here once the wave is over, in order)."""
-        recs = await asyncio.get_running_loop().run_in_executor(
+        fut = asyncio.get_running_loop().run_in_executor(
             None, lambda: self.run(specs, start_delay_s=start_delay_s, offsets=offsets))
+        try:
+            recs = await asyncio.shield(fut)
+        except asyncio.CancelledError:  # the run is interrupted: keep what the workers finished, then go on stopping
+            self.stop()
+            try:
+                recs = await asyncio.wait_for(asyncio.shield(fut), STOP_WAIT_S)
+            except Exception:  # noqa: BLE001 - a worker that does not answer: its records are lost, the stop is not
+                raise asyncio.CancelledError from None
+            for r in recs:
+                if on_record is not None:
+                    on_record(r)
+            raise
         if on_record is not None:
             for r in recs:
                 on_record(r)
