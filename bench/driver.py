@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import math
 import signal
 import time
@@ -149,6 +150,7 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
     cell's measured waves.
     """
     out = RunOutput(out_dir, views or {})
+    _check_resume(resume, profile, base)  # before the probes: a refused --resume leaves the folder as it was
     async with stoppable() as got:
         session = await _open(got, out, lambda: out.final(_not_started(base, profile, model)), base, settings,
                               profile, model=model, out_dir=out_dir, observer=observer, workers=workers, pool=pool,
@@ -251,18 +253,50 @@ async def run_capacity(base: str, profile: Profile, settings: ClientSettings, ls
             await session.close()
 
 
-def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult]:
-    """The finished cells of the run to continue, after checking it is the same profile, endpoint and model."""
+def _check_resume(resume: Results | None, profile: Profile, base: str) -> None:
+    """Refuse to continue a run of another profile, endpoint or settings (``--resume``)."""
     if resume is None:
-        return {}
-    for what, was, now in (("profile", resume.profile.name, session.profile.name),
-                           ("endpoint", resume.endpoint.url, session.base),
-                           ("model", resume.endpoint.model, session.model)):
+        return
+    for what, was, now in (("profile", resume.profile.name, profile.name), ("endpoint", resume.endpoint.url, base)):
         if was != now:
             raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
                               "endpoint and model needed; --overwrite starts afresh)")
+    changed = _changed_settings(resume.profile.settings, profile_settings(profile))
+    if changed:
+        raise ConfigError(f"--resume: the run to continue was measured with other settings ({changed}): its cells "
+                          "and these would not compare; resume with the same flags, or --overwrite starts afresh")
+
+
+def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult]:
+    """The finished cells of the run to continue, after checking it is the same model (:func:`_check_resume` checked
+    the rest before the session opened)."""
+    if resume is None:
+        return {}
+    if resume.endpoint.model != session.model:
+        raise ConfigError(f"--resume: the run to continue used model {resume.endpoint.model!r}, this one "
+                          f"{session.model!r} (same profile, endpoint and model needed; --overwrite starts afresh)")
     session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells)))
     return {c.id: c for c in resume.cells}
+
+
+def _changed_settings(was: dict[str, Any], now: dict[str, Any]) -> str:
+    """The profile settings that differ between a stored run and this one, as ``key was -> now`` (the innermost
+    differing values, e.g. ``sweeps[0].streams [1, 2] -> [1, 4]``; at most three named); empty when the same."""
+    diffs: list[str] = []
+    _diff("", json.loads(json.dumps(was, default=str)), json.loads(json.dumps(now, default=str)), diffs)
+    return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
+
+
+def _diff(path: str, a: Any, b: Any, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            _diff(f"{path}.{k}" if path else str(k), a.get(k), b.get(k), out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(
+            isinstance(x, dict | list) for x in a + b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _diff(f"{path}[{i}]", x, y, out)
+    elif a != b:
+        out.append(f"{path} {json.dumps(a)} -> {json.dumps(b)}")
 
 
 MAX_GROWTH = 8

@@ -113,3 +113,22 @@ def test_capacity_interrupt_writes_the_points_so_far(sim: str, tmp_path: Path) -
     r = subprocess.run([sys.executable, "-m", "bench", "capacity", sim, "--slo", "ttft_p90=300ms", "--out", str(out)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == EXIT_BAD_INPUT and "--overwrite" in r.stderr, r.stderr
+
+
+def test_resume_refuses_other_settings(sim: str, tmp_path: Path) -> None:
+    """``--resume`` with other flags measured the rest with them and merged both into one results file (cells of
+    32 and 64 output tokens side by side, ``profile.settings`` saying 64). Now it is refused, naming what changed;
+    the same flags resume."""
+    out = tmp_path / "rs"
+    base = ["run", sim, "--streams", "1,2", "--depths", "0", "--repeats", "40", "--out", str(out)]
+    p = _start([*base, "--max-tokens", "32"])
+    _stop_when(p, lambda: _measuring(out / "records.jsonl"), signal.SIGTERM)
+    assert p.returncode == EXIT_INTERRUPTED
+    before = (out / "records.jsonl").read_text()
+    r = subprocess.run([sys.executable, "-m", "bench", *base, "--max-tokens", "64", "--resume"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == EXIT_BAD_INPUT and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "max_tokens 32 -> 64" in r.stderr and (out / "records.jsonl").read_text() == before
+    r = subprocess.run([sys.executable, "-m", "bench", *base[:-2], "--streams", "1,4", "--out", str(out),
+                        "--max-tokens", "32", "--resume"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == EXIT_BAD_INPUT and "streams [1, 2] -> [1, 4]" in r.stderr, r.stderr

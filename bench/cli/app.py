@@ -188,7 +188,7 @@ def replay(case_file: str, as_json: bool) -> None:
               "schedule) in --workers N Ray actors on this cluster (as `ray start` prints it; needs pip install "
               "'bench[ray]').")
 @click.option("--json", "as_json", is_flag=True, help="Print the results document as JSON on stdout, nothing else.")
-@click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (same profile, endpoint and "
+@click.option("--resume", is_flag=True, help="Continue the interrupted run in --out (same profile and flags, endpoint and "
               "model): finished cells are kept, the rest measured.")
 @click.option("--overwrite", is_flag=True, help="Replace the run already in --out.")
 @click.option("--report", "make_report", is_flag=True, help="Also write report.html (one self-contained page, "
