@@ -275,7 +275,9 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
     if resume.endpoint.model != session.model:
         raise ConfigError(f"--resume: the run to continue used model {resume.endpoint.model!r}, this one "
                           f"{session.model!r} (same profile, endpoint and model needed; --overwrite starts afresh)")
-    session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells)))
+    total = len(session.profile.cells())
+    session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells), total=total,
+                         left=total - len(resume.cells)))
     return {c.id: c for c in resume.cells}
 
 
