@@ -13,6 +13,7 @@ from collections.abc import Awaitable
 from typing import Any, TextIO, TypeVar
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from bench.client import StreamTap
@@ -82,6 +83,7 @@ class RichObserver(QuietObserver):
         self.total_cells = total_cells
         self.cell_no = 0
         self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
+        self.completed: dict[str, int] = {}  # requests each finished cell had (a cell measured again goes on)
         self.task: Any = None
         self.taps: list[StreamTap] = []
         self.wave_t0 = 0.0
@@ -110,16 +112,22 @@ class RichObserver(QuietObserver):
         return f"~{self._rate:,.0f} tok/s live"
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
-        """A new (or extended) cell."""
-        if self.task is not None and self.progress.tasks[self.task].description.endswith(cell.id):
+        """A new (or extended) cell: its bar (an extended cell's continues from the requests it has)."""
+        cur = self._current()
+        if cur is not None and cur.description.endswith(cell.id):
             self.progress.update(self.task, total=total_requests)
             return
         self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
         if self.task is not None:
-            self.progress.update(self.task, live="")
+            self.progress.remove_task(self.task)
         self.task = self.progress.add_task(
-            f"[{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live=""
+            f"[{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live="",
+            completed=self.completed.get(cell.id, 0),
         )
+
+    def _current(self) -> Any:
+        """The live bar's task (rich's ``Task``), or None."""
+        return next((t for t in self.progress.tasks if t.id == self.task), None)
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         """Track this wave's in-flight requests."""
@@ -129,15 +137,24 @@ class RichObserver(QuietObserver):
 
     def request_done(self, cell: Cell, ok: bool) -> None:
         """Advance the bar."""
-        self.progress.update(self.task, advance=1, live=self._live())
+        if self.task is not None:
+            self.progress.update(self.task, advance=1, live=self._live())
 
     def cell_done(self, cell: Cell, summary: CellResult) -> None:
-        """Show the cell's headline number."""
-        txt = cell_result_text(cell, summary)
+        """The cell's headline figures as a line of its own above the live bar (which goes): every finished cell
+        stays on screen, and the line fits 80 columns where a bar row with them would not."""
+        txt = escape(cell_result_text(cell, summary))
         if summary.requests_failed:
             txt = txt.replace(f"{summary.requests_failed} failed", f"[red]{summary.requests_failed} failed[/red]")
         self.taps = []
-        self.progress.update(self.task, live=txt)
+        t = self._current()
+        if t is None:
+            return
+        self.completed[cell.id] = int(t.completed)
+        self.progress.console.print(f"[bold]{escape(t.description)}[/bold] {int(t.completed)}/{int(t.total or 0)} "
+                                    f"in {_clock(t.finished_time or t.elapsed or 0.0)}: {txt}", highlight=False)
+        self.progress.remove_task(self.task)
+        self.task = None
 
     def tick(self) -> None:
         """Refresh the live column (called periodically)."""

@@ -157,3 +157,36 @@ def test_plain_lines_number_each_cell_once_and_print_each_end_once() -> None:
                      "bench: [2/2] d1024-s1-prose done in T: decode 50.0 tok/s/stream",
                      "bench: [1/2] d0-s1-prose measured again: 7 requests, 1 stream(s)",
                      "bench: [1/2] d0-s1-prose done in T: decode 50.0 tok/s/stream"]
+
+
+def test_a_terminal_keeps_every_finished_cell_on_a_line_of_its_own_within_80_columns() -> None:
+    """The live display put each cell's headline figures in its bar's row and blanked the row when the next cell
+    started: at 80 columns the figures squeezed the bar and the times ("0:0…"), and every finished cell but the
+    last lost its figures. Now a finished cell is a line of its own above the bar, within 80 columns."""
+    import io
+
+    from rich.console import Console
+
+    from bench.config.profile import Cell
+    from bench.report.progress import RichObserver
+
+    class Summary:
+        requests_failed = 0
+
+        def stat(self, key: str) -> float | None:
+            return {"decode_tok_s": 50.0, "aggregate_decode_tok_s": 96.9}.get(key)
+
+    out = io.StringIO()
+    obs = RichObserver(Console(file=out, width=80, force_terminal=True, color_system=None), 2)
+    with obs:
+        for cell in (Cell("s", 0, 1, "prose", 4, 4), Cell("s", 0, 2, "prose", 4, 4)):
+            obs.cell_started(cell, 4)
+            for _ in range(4):
+                obs.request_done(cell, True)
+            obs.cell_done(cell, Summary())  # type: ignore[arg-type]
+    text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.getvalue()).replace("\r", "\n")
+    lines = {ln.rstrip() for ln in text.split("\n") if " in " in ln and "decode" in ln}
+    assert {re.sub(r"in [0-9.]+s", "in T", ln) for ln in lines} == {
+        "[1/2] d0-s1-prose 4/4 in T: decode 50.0 tok/s/stream",
+        "[2/2] d0-s2-prose 4/4 in T: decode 50.0 tok/s/stream, 96.9 aggregate"}
+    assert max(len(ln) for ln in text.split("\n")) <= 80
