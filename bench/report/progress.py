@@ -316,8 +316,8 @@ class CapacityProgress:
         left = max(0.0, self.t_end - time.monotonic())
         att = f"{100.0 * self.met / self.done:.0f} %" if self.done else "-"
         busy = self.sent - self.done if self.cap is None else min(self.cap, self.sent - self.done)
-        return (f"point {self.point_no} {self.label}: in flight {busy}, sent {self.sent}, done "
-                f"{self.done}, SLO met so far {att}, schedule left {left:.0f} s")
+        return (f"point {self.point_no} {self.label}: {self.done}/{self.sent} done, {busy} in flight, "
+                f"SLO met {att}, {left:.0f} s left")
 
     def tick(self) -> None:
         if self.stream is None:
@@ -335,7 +335,9 @@ class CapacityProgress:
             return
         verdict = "met" if summary.get("slo_met") else "missed"
         sched = summary.get("schedule", {})
-        steady = "steady" if summary.get("steady") else "not steady (saturated)"
+        # steady: the point's trend test (a queue that grows fails it); whether the search calls the point saturated
+        # is its own decision (capacity.json's points[].saturated), not said here
+        steady = "steady" if summary.get("steady") else "not steady"
         self.stream.write(("\r\x1b[2K" if self.tty else "") + f"point {self.point_no} {self.label}: SLO {verdict}, "
-                          f"achieved {num(sched.get('achieved_rps'))} req/s, {steady}\n")
+                          f"{num(sched.get('achieved_rps'))} req/s achieved, {steady}\n")
         self.stream.flush()
