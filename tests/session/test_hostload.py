@@ -67,3 +67,27 @@ def test_work_of_a_stranger_counts_as_other() -> None:
     time.sleep(2.0)
     f = load.figures()
     assert f is not None and f["other_cores"] - idle["other_cores"] > 0.4, (idle, f)
+
+
+def test_niced_work_of_a_stranger_counts_as_other() -> None:
+    """The same hog at nice 5 is other work too (it was left out: /proc/stat's "nice" column was not counted,
+    and ``other_cores`` read 0.0 beside a niced busy process)."""
+    code = f"import os, sys\nif os.fork(): sys.exit(0)\nos.nice(5)\nexec({HOG.format(s=1.5)!r})\n"
+    url = "http://127.0.0.1:9/v1"
+    idle = _other(url, time.sleep)
+    load = HostLoad.start(url)
+    subprocess.run([sys.executable, "-c", code], check=True)
+    time.sleep(2.0)
+    f = load.figures()
+    assert f is not None and f["other_cores"] - idle["other_cores"] > 0.4, (idle, f)
+
+
+def test_host_busy_counts_every_busy_column_but_idle_iowait_and_guest(tmp_path, monkeypatch) -> None:
+    """/proc/stat's cpu line: user nice system idle iowait irq softirq steal guest guest_nice. Busy is user +
+    nice + system + irq + softirq + steal (guest time is already inside user and nice)."""
+    from bench.session import hostload
+
+    (tmp_path / "stat").write_text("cpu  100 20 30 5000 40 5 6 7 900 90\ncpu0 1 2 3 4 5 6 7 8 9 10\n")
+    monkeypatch.setattr(hostload, "PROC", tmp_path)
+    busy = hostload._host_busy_s()
+    assert busy == pytest.approx((100 + 20 + 30 + 5 + 6 + 7) / os.sysconf("SC_CLK_TCK"))
