@@ -59,9 +59,15 @@ KINDS: tuple[Kind, ...] = (
     Kind("client-cpu", "bench's client used {cpu:.0f} % of a CPU core while measuring: its timestamps may lag",
          "use --workers {n} (see benchmarks/results/fidelity.md)"),
     Kind("behind-schedule",
-         "bench fell behind its schedule (dispatch lag p99 {lag:.1f} ms, achieved {achieved} of {planned} req/s "
-         "planned): {who} did not get the CPU in time",
+         "bench fell behind its schedule: {late} of {total} requests started over {over:g} ms late (dispatch lag "
+         "p99 {lag:.1f} ms; sent {achieved} of {planned} req/s planned): {who} did not get the CPU in time",
          "send from more processes (--workers {n}, if the machine has the cores), or lower --rate"),
+    Kind("concurrency-capped",
+         "--max-concurrency {cap} held requests back: {late} of {total} waited over {over:g} ms for a slot (send "
+         "lag p99 {lag:.1f} ms; sent {achieved} of {planned} req/s planned), so the point measured a lower rate "
+         "than asked and its latencies from schedule hold that wait",
+         "raise --max-concurrency (or leave it out) to measure the planned rate, or lower --rate to what the cap "
+         "lets through"),
     # -- requests that failed or ended early --
     Kind("requests-failed", "{failed} of {total} requests failed ({errors})",
          "the figures are over the others; records.jsonl has each error, `bench probe URL` shows one request"),

@@ -124,7 +124,7 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
         require_ok(rec, base)  # no OpenAI API at that path: one line, exit 3, not a table of dashes
     if (line := image_rejection(rec)) is not None:
         raise ServerError(line)
-    d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt)
+    d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt, default_prompt=not prompt_text)
     _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
     require_ok(rec)
 

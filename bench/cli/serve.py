@@ -18,7 +18,8 @@ __all__ = ["serve"]
 @click.option("--parallel", type=click.IntRange(1, 256), default=4, show_default=True,
               help="Server slots: the most streams it decodes at once.")
 @click.option("--ctx-size", type=click.IntRange(512), default=32768, show_default=True,
-              help="Context in tokens, shared by every slot.")
+              help="Context in tokens, shared by every slot (one request can use at most the model's trained "
+              "context: 8192 for SmolLM2-135M; the line printed at the start says).")
 @click.option("--log-dir", type=click.Path(file_okay=False), default=None,
               help="Keep the server's log here (llama-server.log; default: a temporary file).")
 def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
@@ -42,8 +43,10 @@ def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
     try:
         with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
             eng.start()
+            per = eng.slot_ctx()  # what a request can use, as bench run and bench check read it (not -c)
         click.echo(eng.url)
-        stderr.print(f"serving {eng.url} ({parallel} slots, {ctx_size} tokens of context; log {eng.log_path}); "
+        ctx = f"{per} tokens of context per request, {ctx_size} in all" if per else f"{ctx_size} tokens of context"
+        stderr.print(f"serving {eng.url} ({parallel} slots, {ctx}; log {eng.log_path}); "
                      "Ctrl-C stops it", highlight=False, soft_wrap=True)
         rc = eng.wait()
         raise click.ClickException(f"llama-server exited with code {rc}; see {eng.log_path}")

@@ -82,7 +82,8 @@ class PlannedRequest:
         kind: prompt type (prose, code, structured, json).
         target_tokens: prompt length asked for (0: the shortest prompt).
         seed: content seed (different requests read different text).
-        prefix: the unique prefix the prompt starts with ('' for prefix-cache runs).
+        prefix: the unique prefix the prompt starts with ('' for prefix-cache runs: their requests, and the
+            priming one, share one prompt: seed 0).
         max_tokens: output tokens asked for.
         meta: what the record carries: cell, stream, phase, wave, target_tokens.
         scheduled_ns: open-loop modes: when it is due (absolute ``perf_counter_ns``); None for waves.
@@ -134,8 +135,10 @@ class Planner:
         out = []
         for k in range(cell.streams if n is None else n):
             rid, idx = self.next_id(phase)
+            # prefix_cache: one prompt for every request of the cell, the one the priming request warms (seed 0 at
+            # every stream; a seed per stream gave streams 1.. prompts of their own, measured cold)
             shared = self.profile.prefix_cache
-            prefix, seed = ("", k) if shared else (unique_prefix(self.run_id, idx), idx)
+            prefix, seed = ("", 0) if shared else (unique_prefix(self.run_id, idx), idx)
             meta = {"cell": cell.id, "stream": k, "phase": phase, "target_tokens": depth, "wave": wave_no}
             out.append(PlannedRequest(rid, phase, cell.prompt, depth, seed, prefix,
                                       cell.max_tokens if max_tokens is None else max_tokens, meta,

@@ -78,7 +78,8 @@ def request_table(m: dict[str, Any], title: str) -> Table:
     for key, label, unit in _ROWS:
         if key == "error" and m.get("error") is None:
             continue
-        t.add_row(label, _fmt(m.get(key)), unit)
+        value = m.get("prefill_note") or m.get(key) if key == "prefill_source" else m.get(key)  # bench probe's
+        t.add_row(label, _fmt(value), unit)
     return t
 
 

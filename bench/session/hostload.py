@@ -5,7 +5,9 @@ or another job shares the cores with a server on this host in one of them, the s
 (a 2-core run moved decode by -23..-32 % that way: benchmarks/results/gate_oc_real-2026-12-02-vm.md). So every run
 records how many cores other processes kept busy meanwhile (``machine.other_load`` in results.json), from
 /proc/stat (the host's busy time) minus the CPU time of bench's own processes and of the server's, when it listens
-on this host (found by its listening port in /proc/net/tcp); niced work is left out (it yields the cores)::
+on this host (found by its listening port in /proc/net/tcp). Niced work counts: a process at nice 5 still takes
+about a quarter of a contended core from a server at nice 0, and a process's own CPU time (utime, subtracted for
+bench and the server) holds its niced time too, so the host's figure must hold it as well::
 
     load = HostLoad.start("http://127.0.0.1:8080/v1")
     ... the run ...
@@ -34,18 +36,21 @@ _LOCAL = {"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"}
 
 
 def _host_busy_s() -> float | None:
-    """Busy CPU seconds of the whole host since boot (user + system + irq + softirq + steal), or None. Time of
-    niced processes is left out: such work yields the cores to a server of normal priority."""
+    """Busy CPU seconds of the whole host since boot (user + nice + system + irq + softirq + steal), or None.
+    Niced time counts: it is in the per-process utime subtracted from it (:func:`_stat`), and niced work still
+    takes a share of the cores from a server of normal priority. guest and guest_nice (fields 9-10) are left out:
+    the kernel already counts them in user and nice."""
     try:
         first = (PROC / "stat").read_text().split("\n", 1)[0].split()
     except OSError:
         return None
-    v = [int(x) for x in first[1:9]]
-    return (v[0] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
+    v = [int(x) for x in first[1:9]]  # user nice system idle iowait irq softirq steal
+    return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / os.sysconf("SC_CLK_TCK")
 
 
 def _stat(pid: int) -> tuple[int, float] | None:
-    """(parent pid, CPU seconds: utime + stime) of a process, or None when it is gone."""
+    """(parent pid, CPU seconds: utime + stime) of a process, or None when it is gone. utime holds the process's
+    time at any nice level (and its guest time), as /proc/stat's user + nice does for the host."""
     try:
         raw = (PROC / str(pid) / "stat").read_text()
     except OSError:

@@ -83,7 +83,8 @@ class LocalEngine:
     """``llama-server`` as a context manager.
 
     Args:
-        ctx_size: total context in tokens, shared by all slots (``--kv-unified``).
+        ctx_size: total context in tokens, shared by all slots (``--kv-unified``); one request can use at most
+            :meth:`slot_ctx` of it (the model's trained context caps it).
         parallel: server slots (the most concurrent streams it decodes together).
         threads: CPU threads (default: all cores).
         extra_args: more ``llama-server`` flags.
@@ -160,6 +161,18 @@ class LocalEngine:
             time.sleep(0.2)
         self.stop()
         raise EndpointUnreachable(f"llama-server not healthy after {self.startup_timeout_s:.0f} s; see {self.log_path}")
+
+    def slot_ctx(self, timeout_s: float = 2.0) -> int | None:
+        """The context one request can use, as the started server reports it (``/props``
+        ``default_generation_settings.n_ctx``, what :func:`bench.server.info.discover_server` reads as the server's
+        ``context_size``), or None when it does not say. Not ``ctx_size``: llama-server gives a slot at most the
+        model's trained context (SmolLM2-135M: 8,192 tokens, at ``-c 32768`` with 2 or 4 slots alike)."""
+        try:
+            props = httpx.get(self.url.removesuffix("/v1") + "/props", timeout=timeout_s).json()
+            n = props["default_generation_settings"]["n_ctx"]
+        except (httpx.HTTPError, ValueError, KeyError, TypeError):
+            return None
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else None
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``grace_s``; after a Ctrl-C, a short grace: nothing of

@@ -72,13 +72,18 @@ def probe_body(endpoint_kind: str, prompt_text: str | None, max_tokens: int, *, 
     return body
 
 
-def probe_report(metrics: dict[str, Any], *, same_prompt: bool) -> tuple[dict[str, Any], list[str]]:
+def probe_report(metrics: dict[str, Any], *, same_prompt: bool,
+                 default_prompt: bool = False) -> tuple[dict[str, Any], list[str]]:
     """The probe's metrics (``RequestMetrics.to_dict()``) with the prefill verdict, and warnings to print.
 
     Adds ``same_prompt``, ``unique_prefix`` and ``prefill_measured``. Prefill is not measured when the prompt was
     the same as before (``same_prompt``: any earlier probe may have filled the cache) or when the server reports
     more than half of the prompt as cached; then ``prefill_tok_s`` is set to None, ``prefill_not_measured`` says
     why and a warning names the cached tokens. ``cached_tokens`` is always present (0 when the server says none).
+    A prefill figure from TTFT (``prefill_source`` "ttft", not the server's own) follows ``bench run``'s rule:
+    withheld for the short default prompt (``default_prompt``: as run's depth 0; no warning, it is the default),
+    else kept with ``prefill_lower_bound`` true (TTFT holds the request's overhead and the first decode step).
+    ``prefill_note`` says either in words, printed as the table's "prefill from".
     """
     d = dict(metrics)
     cached = int(d.get("cached_tokens") or 0)
@@ -100,4 +105,20 @@ def probe_report(metrics: dict[str, Any], *, same_prompt: bool) -> tuple[dict[st
         d["prefill_not_measured"] = reason
         d["prefill_tok_s"] = None
         warnings.append(warning("prefill-not-measured", reason=reason, fix=fix))
+    elif d.get("prefill_source") == "ttft" and d.get("prefill_tok_s") is not None:
+        _ttft_prefill(d, prompt, default_prompt)
     return d, warnings
+
+
+def _ttft_prefill(d: dict[str, Any], prompt: int, default_prompt: bool) -> None:
+    """A prefill figure from TTFT: withheld for the default prompt, else marked a lower bound (:func:`probe_report`)."""
+    if default_prompt:
+        d["prefill_measured"] = False
+        d["prefill_tok_s"] = None
+        d["prefill_not_measured"] = (f"the default prompt ({prompt} tokens) is too short: its TTFT is mostly the "
+                                     "request's overhead and the first decode step, not prefill (bench run shows "
+                                     "no prompt tok/s at depth 0 either)")
+        d["prefill_note"] = "ttft: not shown, the default prompt is too short (give --prompt)"
+    else:
+        d["prefill_lower_bound"] = True
+        d["prefill_note"] = "ttft: a lower bound (overhead and first decode step included)"

@@ -205,6 +205,32 @@ def test_probe_report_marks_prefill_not_measured():
     assert d["prefill_measured"] is False and "--prompt" in w[0]
 
 
+def test_probe_prefill_from_ttft_follows_run():
+    """A prefill figure from TTFT of the short default prompt was printed bare ("prefill 588.93 tok/s, from ttft"
+    for 18 tokens against a sim whose truth is 5,000 tok/s) where bench run shows "-" (depth 0): now withheld
+    for the default prompt, marked a lower bound for a --prompt of the user's, and left alone when the server
+    reports its own (llama.cpp timings)."""
+    from bench.tools.probe import probe_report
+
+    m = {"cached_tokens": 0, "prompt_tokens": 18, "prefill_tok_s": 588.93, "prefill_source": "ttft"}
+    d, w = probe_report(m, same_prompt=False, default_prompt=True)
+    assert d["prefill_tok_s"] is None and d["prefill_measured"] is False and not w  # the default: no warning
+    assert "18 tokens" in d["prefill_not_measured"] and "--prompt" in d["prefill_note"]
+    d, w = probe_report({**m, "prompt_tokens": 2000}, same_prompt=False)
+    assert d["prefill_tok_s"] == 588.93 and d["prefill_lower_bound"] is True and "lower bound" in d["prefill_note"]
+    d, _ = probe_report({**m, "prefill_source": "server"}, same_prompt=False, default_prompt=True)
+    assert d["prefill_tok_s"] == 588.93 and "prefill_note" not in d and "prefill_lower_bound" not in d
+
+
+def test_probe_prefill_against_the_sim():
+    from bench.sim import SimConfig, running_sim
+
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=5000.0)) as url:
+        short, long = _probe_json(url), _probe_json(url, "--prompt", "word " * 1500)
+    assert short["prefill_source"] == "ttft" and short["prefill_tok_s"] is None
+    assert long["prefill_lower_bound"] is True and 0 < long["prefill_tok_s"] <= 5000 * 1.01
+
+
 def _probe_json(url: str, *extra: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "bench", "probe", url, "--json", "--max-tokens", "8", *extra],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)

@@ -421,6 +421,25 @@ def test_prefix_cache_on_and_off(tmp_path: Path) -> None:
     assert c["ttft_ms"]["median"] >= expected_prefill_ms(cfg, 2048 - 11)
 
 
+def test_prefix_cache_every_stream_shares_the_primed_prompt(tmp_path: Path) -> None:
+    """prefix_cache = true at 4 streams: every request of the cell sends the one prompt the priming request
+    warmed, so each is served from the cache (cached = floor((d - 1) / 16) * 16, exactly) and its TTFT is the
+    prefill of the uncached tail. Streams used to get prompts of their own (seed = stream): streams 1-3 read
+    cached 0 and a cold prefill (232 ms against 23 ms cached), a mix of cold and warm."""
+    cfg = SimConfig(decode_step_ms=5.0, prefill_tok_s=5_000.0, prefix_cache=True, prefix_block_tokens=16)
+    prof = {"max_tokens": 8, "requests": 8, "warmup": 1, "prefix_cache": True,
+            "sweep": [{"depths": ["1k"], "streams": [4]}]}
+    res, recs = measure(cfg, prof, tmp_path)
+    c = cell(res, 1024, 4)
+    ms = [request_metrics(r) for r in measured(recs, c)]
+    assert len(ms) == 8 and all(m.ok for m in ms)
+    assert len({m.prompt_tokens for m in ms}) == 1, [m.prompt_tokens for m in ms]  # one prompt for every stream
+    for m in ms:
+        assert m.prompt_tokens is not None and m.cached_tokens == expected_cached_tokens(cfg, m.prompt_tokens) > 0
+    cold = expected_prefill_ms(cfg, 1000)  # ~200 ms; cached: under 16 tokens of prefill and a step or few
+    assert max(m.ttft_ms or 0.0 for m in ms) < cold / 2, [m.ttft_ms for m in ms]
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # errors
 # ---------------------------------------------------------------------------------------------------------------

@@ -32,8 +32,41 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path, sig: si
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert "stopping the embedded endpoint" in err and "Ctrl-C stops it" in err
+    assert "(2 slots, 32768 tokens of context;" in err  # the stand-in's /props does not answer: -c alone
     with pytest.raises(httpx.TransportError):  # nothing serves the port any more
         httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
+
+
+@pytest.mark.engine
+def test_serve_says_the_context_a_request_can_use(tmp_path: Path) -> None:
+    """`bench serve` said "4 slots, 32768 tokens of context" while `bench run` against it refused prompts over
+    8192 tokens and `bench check` showed context_tokens 8192: llama-server gives a slot at most the model's trained
+    context (SmolLM2-135M: 8192, at 2 slots as at 4). The line now gives that figure, as bench reads it, and -c."""
+    import asyncio
+
+    from bench.client import ClientSettings, make_http_client
+    from bench.server.info import discover_server
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "bench", "serve", "--port", str(port), "--parallel", "2"],
+                            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        url = proc.stdout.readline().strip()
+        line = ""
+        while "serving" not in line:
+            line = proc.stderr.readline()
+            assert line, "bench serve ended"
+
+        async def ctx() -> int:
+            async with make_http_client(ClientSettings()) as client:
+                return int((await discover_server(client, url))["context_size"])
+
+        per = asyncio.run(ctx())
+        assert per < 32768 and f"2 slots, {per} tokens of context per request, 32768 in all" in line, line
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
 
 
 def test_serve_is_listed_in_the_readme() -> None:
