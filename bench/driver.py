@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import math
 import signal
 import time
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
-from bench.config.profile import Profile, profile_settings
+from bench.config.profile import Profile, profile_settings, settings_diff
 from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import (
     Rule,
@@ -261,7 +260,7 @@ def _check_resume(resume: Results | None, profile: Profile, base: str) -> None:
         if was != now:
             raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
                               "endpoint and model needed; --overwrite starts afresh)")
-    changed = _changed_settings(resume.profile.settings, profile_settings(profile))
+    changed = settings_diff(resume.profile.settings, profile_settings(profile))
     if changed:
         raise ConfigError(f"--resume: the run to continue was measured with other settings ({changed}): its cells "
                           "and these would not compare; resume with the same flags, or --overwrite starts afresh")
@@ -279,26 +278,6 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
     session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells), total=total,
                          left=total - len(resume.cells)))
     return {c.id: c for c in resume.cells}
-
-
-def _changed_settings(was: dict[str, Any], now: dict[str, Any]) -> str:
-    """The profile settings that differ between a stored run and this one, as ``key was -> now`` (the innermost
-    differing values, e.g. ``sweeps[0].streams [1, 2] -> [1, 4]``; at most three named); empty when the same."""
-    diffs: list[str] = []
-    _diff("", json.loads(json.dumps(was, default=str)), json.loads(json.dumps(now, default=str)), diffs)
-    return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
-
-
-def _diff(path: str, a: Any, b: Any, out: list[str]) -> None:
-    if isinstance(a, dict) and isinstance(b, dict):
-        for k in sorted(set(a) | set(b)):
-            _diff(f"{path}.{k}" if path else str(k), a.get(k), b.get(k), out)
-    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(
-            isinstance(x, dict | list) for x in a + b):
-        for i, (x, y) in enumerate(zip(a, b)):
-            _diff(f"{path}[{i}]", x, y, out)
-    elif a != b:
-        out.append(f"{path} {json.dumps(a)} -> {json.dumps(b)}")
 
 
 MAX_GROWTH = 8

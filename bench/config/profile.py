@@ -8,6 +8,7 @@ depth x streams x prompt. Every key is checked once, here: an unknown key, a wro
 from __future__ import annotations
 
 import itertools
+import json
 import re
 import tomllib
 from dataclasses import dataclass, fields, replace
@@ -21,7 +22,7 @@ from bench.prompts.content import KINDS as PROMPT_KINDS
 if TYPE_CHECKING:
     from bench.gate import Rule
 
-__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "parse_profile", "parse_depth",
+__all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "settings_diff", "parse_profile", "parse_depth",
            "parse_depths", "parse_ints", "parse_image_size", "parse_image_sizes", "parse_counts", "PROFILES_DIR",
            "IMAGE_FORMATS", "TOOL_CHOICES"]
 
@@ -486,6 +487,26 @@ def profile_settings(profile: Profile) -> dict[str, Any]:
     out = {k: v for k, v in asdict(profile).items() if k not in ("source", "gate")}
     out["gate"] = [r.to_dict() for r in profile.gate]
     return out
+
+
+def settings_diff(was: dict[str, Any], now: dict[str, Any]) -> str:
+    """The profile settings (:func:`profile_settings`) that differ between a stored run and this one, as ``key was -> now`` (the innermost
+    differing values, e.g. ``sweeps[0].streams [1, 2] -> [1, 4]``; at most three named); empty when the same."""
+    diffs: list[str] = []
+    _diff("", json.loads(json.dumps(was, default=str)), json.loads(json.dumps(now, default=str)), diffs)
+    return "; ".join(diffs[:3]) + (f"; {len(diffs) - 3} more" if len(diffs) > 3 else "")
+
+
+def _diff(path: str, a: Any, b: Any, out: list[str]) -> None:
+    if isinstance(a, dict) and isinstance(b, dict):
+        for k in sorted(set(a) | set(b)):
+            _diff(f"{path}.{k}" if path else str(k), a.get(k), b.get(k), out)
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b) and any(
+            isinstance(x, dict | list) for x in a + b):
+        for i, (x, y) in enumerate(zip(a, b)):
+            _diff(f"{path}[{i}]", x, y, out)
+    elif a != b:
+        out.append(f"{path} {json.dumps(a)} -> {json.dumps(b)}")
 
 
 def load_profile(name_or_path: str) -> Profile:
