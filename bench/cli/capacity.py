@@ -221,7 +221,8 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     ls = load_settings(replace(prof, mode="rate"), load_kw)
     assert ls is not None  # mode "rate": always open loop
     ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
-                        max_points=max_points, confidence=level, target_width=target_width, time_budget_s=time_budget)
+                        max_points=max_points, confidence=level, target_width=target_width, time_budget_s=time_budget,
+                        refine_s=ls.duration_s)
     ss.check()
     from bench.results import discard_when_failed
 

@@ -78,6 +78,7 @@ class SearchSettings:
     probe_resolution: float = 0.5
     min_refine: int = 4
     spread: float = 0.06
+    refine_s: float | None = None  # a refine point's schedule (--duration): the budget plans the first one with it
 
     def check(self) -> None:
         """Raise ConfigError naming the flag of the first bad value."""
@@ -137,6 +138,7 @@ RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, du
 REFINE_WARMUP_SHARE = 0.25
 PROBE_REQUESTS = 5
 BUDGET_SLACK_S = 1.0  # a stretched refine point leaves this much of the budget: the clock moves before the check
+REFINE_MIN_S = 15.0  # the shortest refine point a time budget shortens one to (less: the search stops there)
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
@@ -190,9 +192,10 @@ class _Search:
             raise TimeBudgetSpent()
 
     def _typical_span(self) -> float:
+        """The refine points' own length (a later one may be stretched); before the first, ``refine_s``."""
         spans = [float((p.summary.get("schedule") or {}).get("span_s") or 0.0) for p in self.points
                  if p.phase != "probe"]
-        return min(spans, default=0.0)  # the refine points' own length (a later one may be stretched)
+        return min(spans, default=self.ss.refine_s or 0.0)
 
     async def trial(self, load: float, trial: int = 0, *, duration_s: float | None = None,
                     phase: str = "point", refine_s: float | None = None) -> Point:
@@ -436,7 +439,10 @@ class _RateSearch(_Bracketing):
             return None
         left = self.ss.time_budget_s - (self.clock() - self.t0) - BUDGET_SLACK_S
         k = math.floor(left / (typical + self.overhead_s))
-        return max(typical, left / k - self.overhead_s) if k >= 1 else None
+        if k >= 1:
+            return max(typical, left / k - self.overhead_s)
+        short = left - self.overhead_s  # not one whole point left: a shorter one, if it is worth running
+        return short if short >= REFINE_MIN_S else None
 
     def _done(self, n: int) -> bool:
         if not any(isinstance(f, Fit) for f in self.fits().values()) or self.deterministic():
