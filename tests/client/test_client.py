@@ -54,7 +54,7 @@ def test_api_key_never_printed(monkeypatch, capsys, caplog, as_json, verbose) ->
     assert rc == 5
     assert KEY not in out and KEY not in err and KEY not in caplog.text
     assert "Bearer ***" in caplog.text  # the request was logged, with the key hidden
-    assert "401" in err
+    assert "401" in err and "--api-key-env" in err  # the cure named with the failure
     if not verbose:
         assert len(err.strip().splitlines()) == 1
 
