@@ -342,6 +342,18 @@ def test_compare_command(tmp_path, bench_main, capsys):
     assert "inconclusive" in captured.out and "verdict(s) inconclusive" in captured.err
 
 
+def test_compare_with_no_cell_in_common_is_incomparable(tmp_path, bench_main, capsys):
+    """No cell in common: exit 3 naming the cells only in A and only in B (not an empty table, 'nothing compared',
+    exit 0); --force cannot make them comparable."""
+    a = _write(tmp_path / "a.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    b = _write(tmp_path / "b.json", results({"d0-s2-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    for extra in ([], ["--force"]):
+        assert bench_main(["compare", a, b, *extra]) == 3
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1
+        assert "no cell in common (only in A: d0-s1-prose; only in B: d0-s2-prose)" in err
+
+
 # --- against bench sim ----------------------------------------------------------------------------------------------
 
 SIM_PROFILE = """

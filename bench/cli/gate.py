@@ -34,6 +34,7 @@ from bench.gate import (
     main_verdicts,
     overall_exit,
     profile_rules,
+    require_common_cells,
     rules_from_results,
     uncovered_cells,
 )
@@ -291,6 +292,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
 
     a, b = load_results(file_a), load_results(file_b)
     _warn([warning("not-comparable", difference=d) for d in check_comparable(a, b, force)])
+    require_common_cells(a, b)  # nothing in common: exit 3, not an empty table that passes
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
     _warn([warning("cell-not-covered", cell=cid, which="B") for cid in uncovered_cells(a, b)])
     _moved_beside(a, b, then="read the verdicts with care")  # what moved between A and B beside the change
