@@ -405,8 +405,12 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int |
         raise GateCouldNotRun(f"every request failed in cell(s) {', '.join(failed)}; see "
                               f"{out.out_dir or 'the results'} (nothing to compare)")
     diffs = check_comparable(st.baseline, st.results(complete=True), force)
-    for cid in uncovered_cells(st.baseline, st.results()):
-        say("warning: " + warning("cell-not-covered", cell=cid, which="the candidate"))
+    for cid in uncovered_cells(st.baseline, st.results()):  # a warning as every other: through the observer
+        text = warning("cell-not-covered", cell=cid, which="the candidate")
+        if session.observer is not None:
+            session.observer.note(text)
+        else:
+            say(f"warning {text}")
     plan = _make_plan(st, budget, say)
     ran_out = await _rounds(st, cells, say)
     if st.left() > 0:

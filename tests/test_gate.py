@@ -524,6 +524,24 @@ def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys)
     assert "not comparable" in capsys.readouterr().err
 
 
+def test_gate_notes_keep_their_brackets_and_warnings_read_alike(sims, tmp_path, bench_main, capsys):
+    """A profile with no [[gate]] tables and a cell the baseline lacks: the note says '[[gate]]' (rich once read it
+    as markup and printed '[]'), and the cell's warning reads 'warning cell ...' as every other ('warning:' once)."""
+    tiny = 'max_tokens = 4\nrequests = 2\nwarmup = 0\noverhead_probes = 1\n[[sweep]]\nstreams = [{}]\n'
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "b" / "p.toml").write_text(tiny.format("1"))
+    (tmp_path / "c" / "p.toml").write_text(tiny.format("1, 2"))
+    assert bench_main(["run", sims["same"], "-p", str(tmp_path / "b" / "p.toml"), "--out", str(tmp_path / "base"),
+                       "--json"]) == 0
+    capsys.readouterr()
+    bench_main(["gate", sims["same"], "-p", str(tmp_path / "c" / "p.toml"), "--baseline",
+                str(tmp_path / "base" / "results.json"), "--out", str(tmp_path / "cand")])
+    err = capsys.readouterr().err
+    assert "note: the profile has no [[gate]] tables; using the default rules" in err
+    assert "warning cell d0-s2-prose is only in the candidate" in err and "warning:" not in err
+
+
 def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_main, capsys):
     out = tmp_path / "ab"
     code = bench_main(["ab", sims["same"], sims["slow10"], "-p", str(sim_profile), "--out", str(out)])

@@ -263,10 +263,10 @@ def _capacity_run(url: str | None, prof: Profile, ls: LoadSettings, ss: SearchSe
 
 def _interrupted(e: BaseException, kept: str) -> NoReturn:
     """One line on stderr for a stopped run (SIGINT or SIGTERM), then exit 130."""
-    from bench.report.console import stderr
+    from bench.report.console import say
 
     name = e.signal_name if isinstance(e, RunInterrupted) else "SIGINT"
-    stderr.print(f"interrupted ({name}): {kept}", highlight=False, soft_wrap=True)
+    say(f"interrupted ({name}): {kept}")
     raise SystemExit(EXIT_INTERRUPTED) from None
 
 

@@ -47,15 +47,16 @@ def check(url: str | None, as_json: bool, model: str | None, api_key_env: str, c
     if as_json:
         return
     from rich.table import Table
+    from rich.text import Text
 
     from bench.report.console import stdout
 
-    t = Table(title=f"bench check {base} ({rep.get('backend') or 'unknown backend'}, {rep.get('model')})",
+    t = Table(title=Text(f"bench check {base} ({rep.get('backend') or 'unknown backend'}, {rep.get('model')})"),
               header_style="bold", width=80)
     for h in ("behaviour", "found", "what bench does"):
         t.add_column(h, overflow="fold")
     for row in report_rows(rep):
-        t.add_row(*row)
+        t.add_row(*(Text(v) for v in row))
     stdout.print(t)
 
 

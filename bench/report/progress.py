@@ -19,6 +19,7 @@ from bench.client import StreamTap
 from bench.config.profile import Cell
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, meets
+from bench.report.console import warn
 from bench.report.tables import num
 from bench.results import CellResult
 
@@ -59,7 +60,7 @@ class QuietObserver:
     def note(self, text: str) -> None:
         """Warnings go to stderr."""
         if self.console is not None:
-            self.console.print(f"[yellow]warning[/yellow] {text}", highlight=False)
+            warn(text, self.console, soft_wrap=False)
 
 
 class RichObserver(QuietObserver):

@@ -157,3 +157,24 @@ def test_plain_lines_number_each_cell_once_and_print_each_end_once() -> None:
                      "bench: [2/2] d1024-s1-prose done in T: decode 50.0 tok/s/stream",
                      "bench: [1/2] d0-s1-prose measured again: 7 requests, 1 stream(s)",
                      "bench: [1/2] d0-s1-prose done in T: decode 50.0 tok/s/stream"]
+
+
+def test_warnings_notes_and_tables_print_brackets_as_they_are() -> None:
+    """Rich reads '[...]' as markup: text from users, servers and files (a '[[gate]]', a '[bold]' in a server's
+    error, a path) is printed as it is, in warnings, notes and tables."""
+    import io
+
+    from rich.console import Console
+
+    from bench.report.console import request_table, say, warn
+    from bench.report.verdicts import _table
+
+    con = Console(file=io.StringIO(), width=200, color_system=None)
+    warn("cell [[gate]] in [bold]x[/bold]", con)
+    say("note: the profile has no [[gate]] tables", con)
+    con.print(request_table({"ok": False, "error": "HTTP 400: [red]bad[/red] [x]"}, "probe [b]u[/b]"))
+    con.print(_table("[i]t[/i]", ["verdict", "cell"], [["regression", "[c]"]], ["red"], right=()))
+    out = con.file.getvalue()  # type: ignore[attr-defined]
+    assert "warning cell [[gate]] in [bold]x[/bold]" in out and "no [[gate]] tables" in out
+    assert "HTTP 400: [red]bad[/red] [x]" in out and "probe [b]u[/b]" in out
+    assert "[i]t[/i]" in out and "[c]" in out
