@@ -410,10 +410,10 @@ def sim(ctx: click.Context) -> None:
 
     try:
         rc = sim_main(list(ctx.args))
-    except SystemExit as e:  # argparse's usage error exits 2; --help exits 0
-        rc = e.code if isinstance(e.code, int) else 2
+    except SystemExit as e:  # the sim's usage error exits 3 (bench's bad input); --help exits 0
+        rc = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     if rc:
-        raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
+        raise SystemExit(rc)
 
 
 for _cmd in (gate, compare, ab, report, capacity, history, proxy, serve):

@@ -41,6 +41,7 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
     (tmp / "empty.toml").write_text('[[sweep]]\nstreams = []\n')
     (tmp / "nosweep.toml").write_text('sweep = []\n')
     (tmp / "afile").write_text("x")
+    (tmp / "sim-bad.toml").write_text("decode_step_ms = 5\nbogus_field = 1\n")
     bad_types = {"schema": 1, "profile": {"name": "p"}, "endpoint": {"url": "u"}, "run": {"id": "r"},
                  "cells": [{"id": "c", "waves": "three"}]}
     (tmp / "types.json").write_text(json.dumps(bad_types))
@@ -67,6 +68,8 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--port", "abc"], 3, "--port"),
         (["sim", "--port", "70000"], 3, "port"),
         (["sim", "--no-such-flag"], 3, "unrecognized"),
+        (["sim", "--config", str(tmp / "sim-bad.toml")], 3, "bogus_field"),  # docs/sim.md: bad input, exit 3
+        (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
     ]
 
