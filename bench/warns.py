@@ -164,6 +164,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("insecure-tls",
          "--insecure: the server's TLS certificate is not verified, so anyone on the network path can read the API "
          "key and the answers", "give --ca-bundle FILE to trust a private CA instead"),
+    Kind("api-key-unset",
+         "--api-key-env {name}: that environment variable is not set (or is empty), so no API key is sent",
+         "export {name}=<key> in this shell, or name the variable that holds the key (a server that needs none: "
+         "leave --api-key-env out)"),
     # -- comparisons (gate, compare, ab) --
     Kind("not-comparable", "--force: compared although the runs differ ({difference})",
          "the verdicts compare unlike runs: measure both with the same profile, model and server, to their end"),

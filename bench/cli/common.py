@@ -198,4 +198,19 @@ def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout
         from bench.report.console import warn
 
         warn(INSECURE_WARNING)
+    _warn_unset_key(ctx, api_key_env)
     return settings
+
+
+def _warn_unset_key(ctx: click.Context | None, name: str) -> None:
+    """A variable named by ``--api-key-env`` on the command line that is unset or empty: warn (its name, never a
+    key), since the request goes without a key. The default variable, unset, stays silent (many servers need none)."""
+    import os
+
+    from click.core import ParameterSource
+
+    given = ctx is not None and ctx.get_parameter_source("api_key_env") == ParameterSource.COMMANDLINE
+    if given and not os.environ.get(name):
+        from bench.report.console import warn
+
+        warn(warning("api-key-unset", name=name))
