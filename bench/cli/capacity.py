@@ -43,6 +43,7 @@ def _one_slo(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
     return value[0] if value else None
 
 
+# open-loop options that do not apply to the search (it chooses each point's load): refused, and hidden from its help
 _NOT_FOR_CAPACITY = ("rate", "trace", "block_tokens", "speed", "users", "turns", "think")
 
 
@@ -55,7 +56,7 @@ def load_options(f: Any) -> Any:
         click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), help="Arrival process "
                      "(default poisson)."),
         click.option("--burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier."),
-        click.option("--ramp", type=float, help="Linear ramp-up from 0 to --rate over this many seconds."),
+        click.option("--ramp", type=float, help="Linear ramp-up from 0 to the rate over this many seconds."),
         click.option("--max-concurrency", type=click.IntRange(1), help="Cap on requests in flight."),
         click.option("--input-tokens",
                      help="Prompt tokens: N, or uniform:LO,HI, normal:MEAN,SD, lognormal:MEDIAN,SIGMA."),
@@ -229,6 +230,11 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
         _prepare_capacity_folder(Path(out_dir), overwrite)
         doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
     _print_capacity(doc, Path(out_dir), as_json)
+
+
+for _param in capacity.params:  # accepted (to refuse them in one line) but not listed in capacity's --help
+    if isinstance(_param, click.Option) and _param.name in _NOT_FOR_CAPACITY:
+        _param.hidden = True
 
 
 def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
