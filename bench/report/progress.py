@@ -23,8 +23,8 @@ from bench.report.console import warn
 from bench.report.tables import num
 from bench.results import CellResult
 
-__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
-           "observed"]
+__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "Sided", "cell_result_text",
+           "PROGRESS_EVERY_S", "make_observer", "observed"]
 
 PROGRESS_EVERY_S = 30.0
 T = TypeVar("T")
@@ -35,6 +35,7 @@ class QuietObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
+        self.side = ""  # bench ab: the side (A or B) the calls are for now (set by :class:`Sided`), shown in lines
 
     def __enter__(self) -> QuietObserver:
         return self
@@ -84,6 +85,7 @@ class RichObserver(QuietObserver):
         self.cell_no = 0
         self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
         self.task: Any = None
+        self.tasks: dict[tuple[str, str], Any] = {}  # (side, cell id) -> its bar: bench ab's sides have one each
         self.taps: list[StreamTap] = []
         self.wave_t0 = 0.0
         self._last = (0.0, 0)
@@ -111,15 +113,20 @@ class RichObserver(QuietObserver):
         return f"~{self._rate:,.0f} tok/s live"
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
-        """A new (or extended) cell."""
-        if self.task is not None and self.progress.tasks[self.task].description.endswith(cell.id):
+        """A new (or extended) cell: its bar (one per side of bench ab), made on its first start."""
+        key = (self.side, cell.id)
+        if key in self.tasks:
+            if self.task is not None and self.task != self.tasks[key]:
+                self.progress.update(self.task, live="")
+            self.task = self.tasks[key]
             self.progress.update(self.task, total=total_requests)
             return
         self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
         if self.task is not None:
             self.progress.update(self.task, live="")
-        self.task = self.progress.add_task(
-            f"[{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live=""
+        side = f"{self.side} " if self.side else ""
+        self.task = self.tasks[key] = self.progress.add_task(
+            f"[{side}{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live=""
         )
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
@@ -144,6 +151,34 @@ class RichObserver(QuietObserver):
         """Refresh the live column (called periodically)."""
         if self.task is not None and self.taps:
             self.progress.update(self.task, live=self._live())
+
+
+class Sided:
+    """One side of ``bench ab`` seen through the observer both sides share: each call first sets the side (``A``
+    or ``B``) the observer shows in its lines and bars (the sides' waves alternate, never overlap); its notes
+    (warnings) read ``B: ...``."""
+
+    def __init__(self, inner: QuietObserver, side: str) -> None:
+        self.inner, self.side = inner, side
+
+    def cell_started(self, cell: Cell, total_requests: int) -> None:
+        self.inner.side = self.side
+        self.inner.cell_started(cell, total_requests)
+
+    def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
+        self.inner.side = self.side
+        self.inner.wave_started(cell, taps)
+
+    def request_done(self, cell: Cell, ok: bool) -> None:
+        self.inner.side = self.side
+        self.inner.request_done(cell, ok)
+
+    def cell_done(self, cell: Cell, summary: CellResult) -> None:
+        self.inner.side = self.side
+        self.inner.cell_done(cell, summary)
+
+    def note(self, text: str) -> None:
+        self.inner.note(f"{self.side}: {text}")
 
 
 def cell_result_text(cell: Cell, summary: CellResult) -> str:
@@ -184,6 +219,7 @@ class PlainObserver(QuietObserver):
         self.interval_s = interval_s
         self.cell_no = 0
         self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
+        self.seen: set[tuple[str, str]] = set()  # (side, cell id) started: bench ab's B starts a cell A started
         self.cell_id = ""
         self.ended = False
         self.done = 0
@@ -198,7 +234,8 @@ class PlainObserver(QuietObserver):
         self.stream.flush()
 
     def _line(self, text: str) -> None:
-        line = f"bench: [{self.cell_no}/{self.total_cells}] {text}"
+        side = f"{self.side} " if self.side else ""  # bench ab: [A 1/2], [B 1/2]
+        line = f"bench: [{side}{self.cell_no}/{self.total_cells}] {text}"
         if self.width and len(line) > self.width:  # wrap at spaces: every number stays whole
             line = "\n".join(textwrap.wrap(line, self.width, subsequent_indent="    ", break_long_words=False))
         self.stream.write(line + "\n")
@@ -211,7 +248,8 @@ class PlainObserver(QuietObserver):
         self.total = total_requests
         if cell.id == self.cell_id and not self.ended:
             return
-        again = cell.id in self.numbers
+        again = (self.side, cell.id) in self.seen
+        self.seen.add((self.side, cell.id))
         self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
         self.cell_id, self.done, self.t0, self.ended = cell.id, 0, time.monotonic(), False
         streams = f", {cell.streams} stream(s)" if cell.streams and not cell.label else ""

@@ -198,6 +198,30 @@ def test_a_cell_with_no_success_exits_5(tmp_path) -> None:
     assert load_results(tmp_path / "o" / "results.json").cells[0].requests_failed == 2
 
 
+def test_an_interrupted_ab_names_what_each_side_kept(tmp_path) -> None:
+    """SIGTERM in bench ab: the line once named only a/ ('8 finished records kept in ab2/a') though b/ held as
+    many; it names both sides' folders and counts, and both keep their partial results."""
+    prof = tmp_path / "ab.toml"
+    prof.write_text(TINY.replace("requests = 2", "requests = 60"))
+    out = tmp_path / "ab"
+    with running_sim(SimConfig(decode_step_ms=10.0)) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "ab", url, url, "-p", str(prof), "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        recs = out / "b" / "records.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= 3):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    n_a, n_b = (len(read_records(out / side / "records.jsonl")) for side in "ab")
+    assert f"finished records kept: {n_a} in {out / 'a'}, {n_b} in {out / 'b'}" in line, line
+    for side in "ab":
+        assert load_results(out / side / "results.json").run.interrupted
+
+
 def test_records_never_hold_a_torn_line(tmp_path, monkeypatch) -> None:
     w = RecordWriter(tmp_path / "records.jsonl")
     w.write(RequestRecord("a", "chat", "m"))
