@@ -155,8 +155,8 @@ class RichObserver(QuietObserver):
 
 class Sided:
     """One side of ``bench ab`` seen through the observer both sides share: each call first sets the side (``A``
-    or ``B``) the observer shows in its lines and bars (the sides' waves alternate, never overlap); its notes
-    (warnings) read ``B: ...``."""
+    or ``B``) the observer shows in its lines and bars (the sides' waves alternate, never overlap); notes
+    (warnings) pass as they are."""
 
     def __init__(self, inner: QuietObserver, side: str) -> None:
         self.inner, self.side = inner, side
@@ -178,7 +178,7 @@ class Sided:
         self.inner.cell_done(cell, summary)
 
     def note(self, text: str) -> None:
-        self.inner.note(f"{self.side}: {text}")
+        self.inner.note(text)
 
 
 def cell_result_text(cell: Cell, summary: CellResult) -> str:
