@@ -420,8 +420,12 @@ async def _gate(st: _GateState, out: RunOutput, force: bool, budget: tuple[int |
         raise GateCouldNotRun(f"every request failed in cell(s) {', '.join(failed)}; see "
                               f"{out.out_dir or 'the results'} (nothing to compare)")
     diffs = check_comparable(st.baseline, st.results(complete=True), force)
-    for cid in uncovered_cells(st.baseline, st.results()):
-        say("warning: " + warning("cell-not-covered", cell=cid, which="the candidate"))
+    for cid in uncovered_cells(st.baseline, st.results()):  # a warning as every other: through the observer
+        text = warning("cell-not-covered", cell=cid, which="the candidate")
+        if session.observer is not None:
+            session.observer.note(text)
+        else:
+            say(f"warning {text}")
     plan = _make_plan(st, budget, say)
     ran_out = await _rounds(st, cells, say)
     if st.left() > 0:
@@ -657,9 +661,10 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
     """
     oa, ob = RunOutput(out_a, views or {}), RunOutput(out_b, views or {})
     async with stoppable() as got:
-        sa = await Session.open(base_a, settings, profile, model=model_a, observer=observer, out_dir=out_a)
+        sa = await Session.open(base_a, settings, profile, model=model_a, observer=_side(observer, "A"), out_dir=out_a)
         try:
-            sb = await Session.open(base_b, settings, profile, model=model_b, observer=observer, out_dir=out_b)
+            sb = await Session.open(base_b, settings, profile, model=model_b, observer=_side(observer, "B"),
+                                    out_dir=out_b)
         except BaseException:
             await sa.close()
             raise
@@ -681,9 +686,25 @@ async def run_ab(base_a: str, base_b: str, profile: Profile, settings: ClientSet
             ob.final(b)
             return a, b
         except (asyncio.CancelledError, KeyboardInterrupt):
+            oa.final(sa.results(ca, interrupted=True))
             ob.final(sb.results(cb, interrupted=True))
-            await _interrupted(sa, ca, oa, got)
-            raise
+            raise _ab_interrupted((sa, oa), (sb, ob), got["signal"]) from None
         finally:
             await sa.close()
             await sb.close()
+
+
+def _side(observer: Observer | None, side: str) -> Observer | None:
+    """``observer`` for one side of ``bench ab``: its progress lines and bars say which (A or B)."""
+    from bench.report.progress import QuietObserver, Sided
+
+    return Sided(observer, side) if isinstance(observer, QuietObserver) else observer
+
+
+def _ab_interrupted(a: tuple[Session, RunOutput], b: tuple[Session, RunOutput], signal_name: str) -> RunInterrupted:
+    """The interrupt of ``bench ab``: what each side kept (both folders hold their finished records)."""
+    na, nb = (s.writer.count if s.writer else 0 for s, _ in (a, b))
+    da, db = a[1].out_dir, b[1].out_dir
+    if da is None or db is None:
+        return RunInterrupted(None, na + nb, signal_name, kept="no records kept (no --out)")
+    return RunInterrupted(da.parent, na + nb, signal_name, kept=f"finished records kept: {na} in {da}, {nb} in {db}")

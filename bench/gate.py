@@ -85,6 +85,7 @@ __all__ = [
     "inconclusive_cells",
     "verdict_counts",
     "uncovered_cells",
+    "require_common_cells",
 ]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
@@ -638,6 +639,20 @@ def uncovered_cells(baseline: Results, candidate: Results) -> list[str]:
     """Ids of candidate cells absent from the baseline (no rule can check them: worth a warning)."""
     have = {c.id for c in baseline.cells}
     return [c.id for c in candidate.cells if c.id not in have]
+
+
+def require_common_cells(a: Results, b: Results, names: tuple[str, str] = ("A", "B")) -> None:
+    """Raise ConfigError (exit 3: incomparable files) when ``a`` and ``b`` have no cell in common, naming the cells
+    only in each (a few of them): nothing could be compared, and ``--force`` cannot change that."""
+    ids_a, ids_b = [c.id for c in a.cells], [c.id for c in b.cells]
+    if set(ids_a) & set(ids_b):
+        return
+
+    def few(ids: list[str]) -> str:
+        return ", ".join(ids[:6]) + (f" and {len(ids) - 6} more" if len(ids) > 6 else "") if ids else "none"
+
+    raise ConfigError(f"incomparable files: no cell in common (only in {names[0]}: {few(ids_a)}; only in "
+                      f"{names[1]}: {few(ids_b)}); compare runs of the same cells (--streams, --depths, --prompt)")
 
 
 HOST_LOAD_CHANGE_CORES = 0.25  # other work on the host moved by more cores than this: the verdicts may be its

@@ -3,8 +3,8 @@
 Every warning bench stores (``warnings`` of a run, a cell, an open-loop point) or prints as ``warning`` is made
 here, from a :class:`Kind` of :data:`KINDS`::
 
-    text = warning("requests-failed", "d0-s1-prose", failed=3, total=40, errors="{'http_500': 3}")
-    # 'd0-s1-prose: 3 of 40 requests failed ({'http_500': 3}); ...'
+    text = warning("requests-failed", "d0-s1-prose", failed=3, total=40, errors=counts({"http_5xx": 3}))
+    # 'd0-s1-prose: 3 of 40 requests failed (http_5xx 3); ...'
     kind_of(text)   # -> "requests-failed"
 
 A warning is a line of text (results.json keeps ``warnings: [str]``); :func:`kind_of` reads its kind back. With
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any
 
-__all__ = ["Kind", "KINDS", "warning", "in_cell", "kind_of", "unknown_warnings", "check_document"]
+__all__ = ["Kind", "KINDS", "warning", "counts", "in_cell", "kind_of", "unknown_warnings", "check_document"]
 
 
 @dataclass(frozen=True)
@@ -170,6 +170,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("insecure-tls",
          "--insecure: the server's TLS certificate is not verified, so anyone on the network path can read the API "
          "key and the answers", "give --ca-bundle FILE to trust a private CA instead"),
+    Kind("api-key-unset",
+         "--api-key-env {name}: that environment variable is not set (or is empty), so no API key is sent",
+         "export {name}=<key> in this shell, or name the variable that holds the key (a server that needs none: "
+         "leave --api-key-env out)"),
     # -- comparisons (gate, compare, ab) --
     Kind("not-comparable", "--force: compared although the runs differ ({difference})",
          "the verdicts compare unlike runs: measure both with the same profile, model and server, to their end"),
@@ -199,6 +203,12 @@ def warning(code: str, cell: str | None = None, /, **fields: Any) -> str:
     goes in front as ``cell: ``. Raises KeyError on a code that is not in :data:`KINDS`."""
     text = _BY_CODE[code].render(fields)
     return f"{cell}: {text}" if cell else text
+
+
+def counts(by_kind: Mapping[str, int]) -> str:
+    """Counts by kind as words for a warning, most first: ``cancelled 3, http_5xx 1`` (never a Python dict's
+    ``{'cancelled': 3}``)."""
+    return ", ".join(f"{k} {n}" for k, n in sorted(by_kind.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 @cache

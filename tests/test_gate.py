@@ -342,6 +342,18 @@ def test_compare_command(tmp_path, bench_main, capsys):
     assert "inconclusive" in captured.out and "verdict(s) inconclusive" in captured.err
 
 
+def test_compare_with_no_cell_in_common_is_incomparable(tmp_path, bench_main, capsys):
+    """No cell in common: exit 3 naming the cells only in A and only in B (not an empty table, 'nothing compared',
+    exit 0); --force cannot make them comparable."""
+    a = _write(tmp_path / "a.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    b = _write(tmp_path / "b.json", results({"d0-s2-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    for extra in ([], ["--force"]):
+        assert bench_main(["compare", a, b, *extra]) == 3
+        out, err = capsys.readouterr()
+        assert out == "" and len(err.strip().splitlines()) == 1
+        assert "no cell in common (only in A: d0-s1-prose; only in B: d0-s2-prose)" in err
+
+
 # --- against bench sim ----------------------------------------------------------------------------------------------
 
 SIM_PROFILE = """
@@ -510,6 +522,24 @@ def test_gate_could_not_run_is_exit_3(tmp_path, sim_profile, bench_main, capsys)
     other = _write(tmp_path / "other.json", results({}, profile="another"))
     assert bench_main(["gate", "http://127.0.0.1:9/v1", "-p", str(sim_profile), "--baseline", other]) == 3
     assert "not comparable" in capsys.readouterr().err
+
+
+def test_gate_notes_keep_their_brackets_and_warnings_read_alike(sims, tmp_path, bench_main, capsys):
+    """A profile with no [[gate]] tables and a cell the baseline lacks: the note says '[[gate]]' (rich once read it
+    as markup and printed '[]'), and the cell's warning reads 'warning cell ...' as every other ('warning:' once)."""
+    tiny = 'max_tokens = 4\nrequests = 2\nwarmup = 0\noverhead_probes = 1\n[[sweep]]\nstreams = [{}]\n'
+    (tmp_path / "b").mkdir()
+    (tmp_path / "c").mkdir()
+    (tmp_path / "b" / "p.toml").write_text(tiny.format("1"))
+    (tmp_path / "c" / "p.toml").write_text(tiny.format("1, 2"))
+    assert bench_main(["run", sims["same"], "-p", str(tmp_path / "b" / "p.toml"), "--out", str(tmp_path / "base"),
+                       "--json"]) == 0
+    capsys.readouterr()
+    bench_main(["gate", sims["same"], "-p", str(tmp_path / "c" / "p.toml"), "--baseline",
+                str(tmp_path / "base" / "results.json"), "--out", str(tmp_path / "cand")])
+    err = capsys.readouterr().err
+    assert "note: the profile has no [[gate]] tables; using the default rules" in err
+    assert "warning cell d0-s2-prose is only in the candidate" in err and "warning:" not in err
 
 
 def test_ab_alternates_waves_and_compares(sims, sim_profile, tmp_path, bench_main, capsys):

@@ -100,3 +100,26 @@ def test_docs_list_every_kind_as_the_code_has_it() -> None:
     assert [r[0] for r in rows] == [k.code for k in KINDS]
     for (code, cause, cure), k in zip(rows, KINDS):
         assert (cause, cure) == (plain(k.cause), plain(k.cure)), code
+
+
+def test_failed_requests_are_counted_in_words_not_a_python_dict() -> None:
+    """'3 of 33 requests failed ({'cancelled': 3})' once: the counts by error kind read 'cancelled 3, http_5xx 1'."""
+    from bench.config.profile import Cell
+    from bench.measure.summary import summarize_cell
+    from bench.records import Event, RequestRecord
+    from bench.warns import counts
+
+    assert counts({"http_5xx": 1, "cancelled": 3, "timeout": 1}) == "cancelled 3, http_5xx 1, timeout 1"
+    recs = []
+    for i in range(8):
+        r = RequestRecord(f"r{i}", "chat", "m", queued_ns=1, sent_ns=1, done=True, finish_reason="length",
+                          usage={"prompt_tokens": 8, "completion_tokens": 4})
+        r.events = [Event((10 + 20 * k) * 1_000_000, content=" w") for k in range(4)]
+        r.end_ns = 80 * 1_000_000
+        if i < 4:
+            r.done, r.events = False, []
+            r.error, r.error_kind = ("cancelled", "cancelled") if i < 3 else ("HTTP 500: boom", "http_5xx")
+        recs.append(r)
+    warns = summarize_cell(Cell("s", 0, 1, "prose", 4, 8), recs, [[r.request_id for r in recs]], None).warnings
+    (w,) = [w for w in warns if kind_of(w) == "requests-failed"]
+    assert "4 of 8 requests failed (cancelled 3, http_5xx 1)" in w and "{" not in w

@@ -130,11 +130,11 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
 
 
 def _print_record(rec: Any, m: Any, as_json: bool, title: str, warnings: list[str] | None = None) -> None:
-    from bench.report.console import request_table, stderr, stdout
+    from bench.report.console import request_table, stdout, warn
 
     d = m if isinstance(m, dict) else m.to_dict()
     for w in warnings or []:
-        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
+        warn(w, soft_wrap=False)
     if as_json:
         d.update({"endpoint": rec.endpoint, "model": rec.model, "usage": rec.usage, "timings": rec.timings})
         echo(json.dumps(d, ensure_ascii=False))
@@ -152,6 +152,8 @@ def replay(case_file: str, as_json: bool) -> None:
     and timing, probes it with the normal client, prints the record, and exits 0 when it meets the case's
     'expect' block, 1 when not (each mismatch on stderr).
     """
+    from rich.text import Text
+
     from bench.report.console import stderr
     from bench.tools.replay import load_case, replay_case
 
@@ -159,11 +161,12 @@ def replay(case_file: str, as_json: bool) -> None:
     rec, m, fails = replay_case(case, fast_io=_settings("OPENAI_API_KEY", 10.0, None).fast_io)
     _print_record(rec, m, as_json, f"replay {case.id}: {case.about}")
     for f in fails:
-        stderr.print(f"[red]mismatch[/red] {f}", highlight=False)
+        stderr.print(Text.assemble(("mismatch", "red"), " ", f), highlight=False)
     if fails:
         raise SystemExit(EXIT_CHECK_FAILED)
     if not as_json:
-        stderr.print(f"[green]pass[/green] {case.id}: meets its {len(case.expect)} expectations", highlight=False)
+        stderr.print(Text.assemble(("pass", "green"), f" {case.id}: meets its {len(case.expect)} expectations"),
+                     highlight=False)
 
 
 @cli.command()
@@ -325,7 +328,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
     in a log (every ``progress_every`` s inside a cell); ``loop_kw`` go to it as they are."""
     from bench.driver import run_profile
     from bench.errors import RunInterrupted
-    from bench.report.console import stderr, stdout
+    from bench.report.console import say, stderr, stdout
     from bench.report.export import VIEWS
     from bench.report.progress import make_observer, observed
 
@@ -338,17 +341,16 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
     try:
         return asyncio.run(go())
     except RunInterrupted as e:
-        stderr.print(f"interrupted ({e.signal_name}): {e.records} finished records kept in "
-                     f"{e.out_dir}/records.jsonl (partial results in {e.out_dir}/results.json)", highlight=False,
-                     soft_wrap=True)
+        say(f"interrupted ({e.signal_name}): {e.records} finished records kept in {e.out_dir}/records.jsonl "
+            f"(partial results in {e.out_dir}/results.json)")
         raise SystemExit(EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
-        stderr.print(f"interrupted: finished records kept in {out}/records.jsonl", highlight=False, soft_wrap=True)
+        say(f"interrupted: finished records kept in {out}/records.jsonl")
         raise SystemExit(EXIT_INTERRUPTED) from None
 
 
 def _print_results(results: Results, out: Path, as_json: bool, report_path: Path | None = None) -> None:
-    from bench.report.console import results_note, results_table, stderr, stdout
+    from bench.report.console import results_note, results_table, say, stderr, stdout, warn
     from bench.report.export import headline
     from bench.results import to_json
 
@@ -358,16 +360,16 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
     stdout.print(results_table(results, width=stdout.width))
     note = results_note(results)
     if note:
-        stdout.print(note, highlight=False, markup=False)
+        say(note, stdout, soft_wrap=False)
     for h in headline(results):
-        stdout.print(f"  {h}", highlight=False)
+        say(f"  {h}", stdout, soft_wrap=False)
     for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces
-        stderr.print(f"[yellow]warning[/yellow] {w}", highlight=False)
-    stderr.print(f"results: {out}/results.json, results.csv, results.md, records.jsonl", highlight=False)
+        warn(w, soft_wrap=False)
+    say(f"results: {out}/results.json, results.csv, results.md, records.jsonl", soft_wrap=False)
     if report_path is not None:
         # the path whole (for copying): beside "report:" when that fits the terminal, else on a line of its own
         line = f"report: {report_path}"
-        stderr.print(line if len(line) <= stderr.width else f"report:\n{report_path}", highlight=False, soft_wrap=True)
+        say(line if len(line) <= stderr.width else f"report:\n{report_path}")
         stderr.print("  (open it in a browser; it works offline)", highlight=False)
 
 
@@ -408,10 +410,10 @@ def sim(ctx: click.Context) -> None:
 
     try:
         rc = sim_main(list(ctx.args))
-    except SystemExit as e:  # argparse's usage error exits 2; --help exits 0
-        rc = e.code if isinstance(e.code, int) else 2
+    except SystemExit as e:  # the sim's usage error exits 3 (bench's bad input); --help exits 0
+        rc = e.code if isinstance(e.code, int) else EXIT_BAD_INPUT
     if rc:
-        raise SystemExit(EXIT_BAD_INPUT if rc == 2 else rc)  # argparse's usage error (2) is bench's bad input
+        raise SystemExit(rc)
 
 
 for _cmd in (gate, compare, ab, report, capacity, history, proxy, serve):

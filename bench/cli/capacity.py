@@ -43,6 +43,7 @@ def _one_slo(ctx: click.Context, param: click.Parameter, value: tuple[str, ...])
     return value[0] if value else None
 
 
+# open-loop options that do not apply to the search (it chooses each point's load): refused, and hidden from its help
 _NOT_FOR_CAPACITY = ("rate", "trace", "block_tokens", "speed", "users", "turns", "think")
 
 
@@ -55,7 +56,7 @@ def load_options(f: Any) -> Any:
         click.option("--arrival", type=click.Choice(["poisson", "gamma", "constant"]), help="Arrival process "
                      "(default poisson)."),
         click.option("--burstiness", type=float, help="Gamma shape of the gaps: 1 = Poisson, < 1 burstier."),
-        click.option("--ramp", type=float, help="Linear ramp-up from 0 to --rate over this many seconds."),
+        click.option("--ramp", type=float, help="Linear ramp-up from 0 to the rate over this many seconds."),
         click.option("--max-concurrency", type=click.IntRange(1), help="Cap on requests in flight."),
         click.option("--input-tokens",
                      help="Prompt tokens: N, or uniform:LO,HI, normal:MEAN,SD, lognormal:MEDIAN,SIGMA."),
@@ -232,6 +233,11 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     _print_capacity(doc, Path(out_dir), as_json)
 
 
+for _param in capacity.params:  # accepted (to refuse them in one line) but not listed in capacity's --help
+    if isinstance(_param, click.Option) and _param.name in _NOT_FOR_CAPACITY:
+        _param.hidden = True
+
+
 def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
     """A search never adds its points to another search's folder: refused, or cleared with ``--overwrite``."""
     import shutil
@@ -264,10 +270,10 @@ def _capacity_run(url: str | None, prof: Profile, ls: LoadSettings, ss: SearchSe
 
 def _interrupted(e: BaseException, kept: str) -> NoReturn:
     """One line on stderr for a stopped run (SIGINT or SIGTERM), then exit 130."""
-    from bench.report.console import stderr
+    from bench.report.console import say
 
     name = e.signal_name if isinstance(e, RunInterrupted) else "SIGINT"
-    stderr.print(f"interrupted ({name}): {kept}", highlight=False, soft_wrap=True)
+    say(f"interrupted ({name}): {kept}")
     raise SystemExit(EXIT_INTERRUPTED) from None
 
 

@@ -29,25 +29,34 @@ def check(url: str | None, as_json: bool, model: str | None, api_key_env: str, c
     \b
     bench check http://gpu:8000/v1
     bench check http://gpu:8000/v1 --json
+
+    Exits 0 with the report, 5 when no request of the check succeeded (one line naming the error; with --json
+    the report is printed first), 3/4 as every command for a bad URL or an unreachable one.
     """
-    from bench.tools.check import check_endpoint, report_rows
+    from bench.errors import ServerError
+    from bench.tools.check import check_endpoint, failure_line, report_rows
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     with endpoint(url, parallel=1) as base:
         rep = asyncio.run(check_endpoint(base, settings, model))
+    failed = failure_line(rep)  # no request succeeded: no table of findings that are only the failure's echo
     if as_json:
         echo(json.dumps(rep, ensure_ascii=False))
+    if failed is not None:
+        raise ServerError(failed)
+    if as_json:
         return
     from rich.table import Table
+    from rich.text import Text
 
     from bench.report.console import stdout
 
-    t = Table(title=f"bench check {base} ({rep.get('backend') or 'unknown backend'}, {rep.get('model')})",
+    t = Table(title=Text(f"bench check {base} ({rep.get('backend') or 'unknown backend'}, {rep.get('model')})"),
               header_style="bold", width=80)
     for h in ("behaviour", "found", "what bench does"):
         t.add_column(h, overflow="fold")
     for row in report_rows(rep):
-        t.add_row(*row)
+        t.add_row(*(Text(v) for v in row))
     stdout.print(t)
 
 

@@ -89,7 +89,7 @@ def checked_url(base: str) -> str:
     """
     from urllib.parse import urlsplit
 
-    from bench.report.console import stderr
+    from bench.report.console import say
     from bench.transport.tls import check_tls
 
     try:
@@ -99,8 +99,8 @@ def checked_url(base: str) -> str:
     for tail in _ENDPOINT_PATHS:
         if base.endswith(tail):
             cut = base[: -len(tail)] or base
-            stderr.print(f"note: {base} is an endpoint URL; using its base URL {cut} (give the base, e.g. "
-                         "http://host:8000/v1)", highlight=False, soft_wrap=True)
+            say(f"note: {base} is an endpoint URL; using its base URL {cut} (give the base, e.g. "
+                "http://host:8000/v1)")
             base = cut
             break
     check_tls(base)  # https:// to a plain-HTTP port: one line in seconds, not a connect timeout
@@ -117,14 +117,14 @@ def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_d
         yield checked_url(normalize_url(url))
         return
     from bench.errors import EXIT_INTERRUPTED, RunInterrupted
-    from bench.report.console import stderr
+    from bench.report.console import say, stderr
     from bench.tools.engine import INTERRUPT_GRACE_S, LocalEngine
 
     eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir)
     try:
         with stderr.status("starting the embedded endpoint (llama-server, SmolLM2-135M)..."):
             eng.start()
-        stderr.print(f"embedded endpoint: {eng.url}", highlight=False)
+        say(f"embedded endpoint: {eng.url}", soft_wrap=False)
         yield eng.url
     except (KeyboardInterrupt, RunInterrupted, SystemExit) as e:
         if not isinstance(e, SystemExit) or e.code == EXIT_INTERRUPTED:  # Ctrl-C: say so, stop at once
@@ -195,7 +195,22 @@ def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout
                               insecure=bool(meta.get("bench.insecure", False)))
     settings.ssl_context()  # a bad --ca-bundle is one line now, not a failure later
     if settings.insecure:
-        from bench.report.console import stderr
+        from bench.report.console import warn
 
-        stderr.print(f"[yellow]warning[/yellow] {INSECURE_WARNING}", highlight=False, soft_wrap=True)
+        warn(INSECURE_WARNING)
+    _warn_unset_key(ctx, api_key_env)
     return settings
+
+
+def _warn_unset_key(ctx: click.Context | None, name: str) -> None:
+    """A variable named by ``--api-key-env`` on the command line that is unset or empty: warn (its name, never a
+    key), since the request goes without a key. The default variable, unset, stays silent (many servers need none)."""
+    import os
+
+    from click.core import ParameterSource
+
+    given = ctx is not None and ctx.get_parameter_source("api_key_env") == ParameterSource.COMMANDLINE
+    if given and not os.environ.get(name):
+        from bench.report.console import warn
+
+        warn(warning("api-key-unset", name=name))

@@ -34,6 +34,7 @@ from bench.gate import (
     main_verdicts,
     overall_exit,
     profile_rules,
+    require_common_cells,
     rules_from_results,
     uncovered_cells,
 )
@@ -80,11 +81,10 @@ def _gate_json(verdicts: Sequence[Verdict], rules: Sequence[Rule], extra: dict[s
 
 def _observer(cells: int, quiet: bool = False) -> tuple[Any, Callable[[str], None]]:
     """The progress of every run (bench.report.progress) and the log of notes (stderr)."""
-    from bench.report.console import stderr, stdout
+    from bench.report.console import say, stderr, stdout
     from bench.report.progress import make_observer
 
-    return (make_observer(cells, stderr, quiet=quiet, width=stdout.width),
-            lambda s: stderr.print(s, highlight=False, soft_wrap=True))
+    return make_observer(cells, stderr, quiet=quiet, width=stdout.width), say
 
 
 def _could_not_run(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -114,20 +114,23 @@ def _report_options(f: Any) -> Any:
 
 
 def _print_verdicts(verdicts: Sequence[Verdict], title: str) -> None:
-    from bench.report.console import stderr, stdout
+    from bench.report.console import say, stdout
     from bench.report.verdicts import gate_table, resolution_notes, summary_line
 
     stdout.print(gate_table(verdicts, title))
-    stdout.print(summary_line(verdicts), highlight=False)
-    for note in resolution_notes(verdicts):  # the rules the measured noise cannot resolve, and the waves that would
-        stderr.print(f"note: {note}", highlight=False)
+    say(summary_line(verdicts), stdout, soft_wrap=False)
+    _warn(resolution_notes(verdicts), note=True)  # the rules the noise cannot resolve, and the waves that would
 
 
-def _warn(lines: Sequence[str], prefix: str = "[yellow]warning[/yellow] ") -> None:
-    from bench.report.console import stderr
+def _warn(lines: Sequence[str], note: bool = False) -> None:
+    """Each line as a warning (``warning`` in yellow) or, with ``note``, as ``note: ...``; their text as it is."""
+    from bench.report.console import say, warn
 
     for d in lines:
-        stderr.print(f"{prefix}{d}", highlight=False, soft_wrap=True)
+        if note:
+            say(f"note: {d}")
+        else:
+            warn(d)
 
 
 def _load_profile(name: str) -> Profile:
@@ -215,7 +218,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
           force: bool, update_baseline: bool, budget: dict[str, Any], out_dir: str | None, as_json: bool,
           client: dict[str, Any]) -> None:
     from bench.driver import run_gate
-    from bench.report.console import stderr
+    from bench.report.console import say
     from bench.report.export import VIEWS
     from bench.report.progress import observed
     from bench.results import discard_when_failed, to_json, write_atomic
@@ -226,8 +229,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     prof = _load_profile(profile_name)
     rules, from_profile = profile_rules(prof.gate)
     if not from_profile and not as_json:
-        stderr.print("note: the profile has no [[gate]] tables; using the default rules "
-                     "(decode_tok_s median drop <= 5 %, ttft_ms p90 rise <= 10 %, every cell)", highlight=False)
+        say("note: the profile has no [[gate]] tables; using the default rules (decode_tok_s median drop <= 5 %, "
+            "ttft_ms p90 rise <= 10 %, every cell)")
     model = client.pop("model")
     gpu_kw = pop_gpu_options(client)
     settings = _settings(**client)
@@ -242,7 +245,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
             budget_waves=budget["budget_waves"], max_waves=budget["max_waves"], deadline=deadline, observer=observer,
             log=log, views=VIEWS, instance_spread_pct=budget["instance_spread_pct"], gpu=gpu)))
     _warn([warning("not-comparable", difference=d) for d in outcome.differences])
-    _warn(_drift_lines(baseline, outcome.results), prefix="note: ")
+    _warn(_drift_lines(baseline, outcome.results), note=True)
     moved = _moved_beside(baseline, outcome.results)
     code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
@@ -263,8 +266,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     if update_baseline:
         write_atomic(baseline_file, to_json(outcome.results))
         written.append(f"{baseline_file} (baseline updated)")
-    stderr.print(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written), highlight=False,
-                 soft_wrap=True)
+    say(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written))
     if code != EXIT_OK:
         raise SystemExit(code)
 
@@ -286,11 +288,12 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     Exit 1 when a rule finds a regression, else 0 (inconclusive verdicts are shown and noted, not failed: two
     stored runs cannot be re-measured; bench gate does that); 3 for a bad, incomplete or incomparable file.
     """
-    from bench.report.console import stderr, stdout
+    from bench.report.console import say, stdout
     from bench.report.verdicts import side_by_side_rows, side_by_side_table
 
     a, b = load_results(file_a), load_results(file_b)
     _warn([warning("not-comparable", difference=d) for d in check_comparable(a, b, force)])
+    require_common_cells(a, b)  # nothing in common: exit 3, not an empty table that passes
     rules = profile_rules(_load_profile(profile_name).gate)[0] if profile_name else rules_from_results(a)
     _warn([warning("cell-not-covered", cell=cid, which="B") for cid in uncovered_cells(a, b)])
     _moved_beside(a, b, then="read the verdicts with care")  # what moved between A and B beside the change
@@ -302,11 +305,11 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     written = _write_reports(verdicts, title="bench compare", context=context, junit=junit_file,
                              markdown=markdown_file, side=side_by_side_rows(main))
     if written:
-        stderr.print("wrote " + "; ".join(written), highlight=False, soft_wrap=True)
+        say("wrote " + "; ".join(written))
     undecided = sum(1 for v in verdicts if v.verdict == "inconclusive")
     if undecided and overall_exit(verdicts) != EXIT_CHECK_FAILED:
         _warn([f"{undecided} verdict(s) inconclusive (their intervals are wider than the allowance): bench compare "
-               "does not fail on them; bench gate measures more waves until they are decided"], prefix="note: ")
+               "does not fail on them; bench gate measures more waves until they are decided"], note=True)
     if overall_exit(verdicts) == EXIT_CHECK_FAILED:
         raise SystemExit(EXIT_CHECK_FAILED)
 
@@ -343,7 +346,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     """
     from bench.client import normalize_url
     from bench.driver import ABRounds, run_ab
-    from bench.report.console import stderr
+    from bench.report.console import say
     from bench.report.export import VIEWS
     from bench.report.progress import observed
     from bench.results import discard_when_failed, write_atomic
@@ -363,7 +366,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
         ra, rb = asyncio.run(observed(observer, run_ab(base_a, base_b, prof, settings, model_a=model,
                                                        model_b=model_b or model, observer=observer, out_a=out_a,
                                                        out_b=out_b, views=VIEWS, rounds=rounds)))
-    _warn(check_comparable(ra, rb, force=True), prefix="note: ")
+    _warn(check_comparable(ra, rb, force=True), note=True)
     verdicts = _print_ab(ra, rb, rules, base_a, base_b, rounds)
     if out_dir:
         extra: dict[str, Any] = {"a": base_a, "b": base_b}
@@ -375,8 +378,7 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     written = _write_reports(verdicts, title="bench ab", context=context, junit=junit_file, markdown=markdown_file,
                              side=_side_rows(ra, rb), elapsed=time.monotonic() - t0)
     if written or out_dir:
-        stderr.print("wrote " + "; ".join(written + ([f"{out_dir}/a, {out_dir}/b, ab.json"] if out_dir else [])),
-                     highlight=False, soft_wrap=True)
+        say("wrote " + "; ".join(written + ([f"{out_dir}/a, {out_dir}/b, ab.json"] if out_dir else [])))
     code = overall_exit(verdicts)
     if code != EXIT_OK:
         raise SystemExit(code)

@@ -88,14 +88,13 @@ def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir
     """
     from pathlib import Path
 
-    from bench.report.console import stderr
+    from bench.report.console import say
     from bench.report.html import write_images, write_report
 
     if not inputs and not history_db:
         raise click.UsageError("give results files, or --history DB, or both")
     p = _history_report(history_db, inputs, out_file, title) if history_db else write_report(inputs, out_file, title)
-    stderr.print(f"report: {p} ({Path(p).stat().st_size / 1e6:.1f} MB, opens offline)", highlight=False,
-                 soft_wrap=True)
+    say(f"report: {p} ({Path(p).stat().st_size / 1e6:.1f} MB, opens offline)")
     if images_dir and inputs:
         for q in write_images(inputs, images_dir):
             click.echo(str(q))

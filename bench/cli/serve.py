@@ -33,7 +33,7 @@ def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
       bench run http://127.0.0.1:8080/v1 -p quick
       curl http://127.0.0.1:8080/v1/models
     """
-    from bench.report.console import stderr
+    from bench.report.console import say, stderr
     from bench.tools.engine import INTERRUPT_GRACE_S, LocalEngine
 
     eng = LocalEngine(parallel=parallel, ctx_size=ctx_size, log_dir=log_dir, port=port)
@@ -46,8 +46,7 @@ def serve(port: int, parallel: int, ctx_size: int, log_dir: str | None) -> None:
             per = eng.slot_ctx()  # what a request can use, as bench run and bench check read it (not -c)
         click.echo(eng.url)
         ctx = f"{per} tokens of context per request, {ctx_size} in all" if per else f"{ctx_size} tokens of context"
-        stderr.print(f"serving {eng.url} ({parallel} slots, {ctx}; log {eng.log_path}); "
-                     "Ctrl-C stops it", highlight=False, soft_wrap=True)
+        say(f"serving {eng.url} ({parallel} slots, {ctx}; log {eng.log_path}); Ctrl-C stops it")
         rc = eng.wait()
         raise click.ClickException(f"llama-server exited with code {rc}; see {eng.log_path}")
     except KeyboardInterrupt:

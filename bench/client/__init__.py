@@ -7,6 +7,7 @@ over event-loop iterations), :mod:`bench.client.images` (images as data URLs for
 """
 
 from bench.client.endpoint import (
+                                   KEY_REFUSED,
                                    ClientSettings,
                                    RequestSpec,
                                    StreamTap,
@@ -23,6 +24,7 @@ from bench.client.request import DONE_GRACE_S, require_ok, stream_request
 
 __all__ = [
     "DONE_GRACE_S",
+    "KEY_REFUSED",
     "ClientSettings",
     "RequestSpec",
     "StreamTap",

@@ -272,13 +272,16 @@ async def discover_model(client: httpx.AsyncClient, base: str, secret: str | Non
         raise ServerError(f"GET {base}/models returned no model list; pass --model") from None
 
 
+KEY_REFUSED = "the API key was refused: put the right one in the variable --api-key-env names (OPENAI_API_KEY)"
+
+
 def _models_cure(status: int) -> str:
     """What to do when ``GET /models`` answers ``status`` (>= 400, not 404)."""
     if status in (502, 503, 504):  # a gateway or proxy with nothing answering behind it, or a server still loading
         return ("the server, or a proxy in front of it, has no model server answering behind it: start it (or wait "
                 "until it is ready) and run again")
     if status in (401, 403):
-        return "the API key was refused: put the right one in the variable --api-key-env names (OPENAI_API_KEY)"
+        return KEY_REFUSED
     return "pass --model (a server that does not list its models can still serve them)"
 
 

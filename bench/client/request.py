@@ -39,6 +39,7 @@ import httpx
 
 from bench.client.endpoint import (
     _ERR_BODY_LIMIT,
+    KEY_REFUSED,
     RequestSpec,
     StreamTap,
     _http_kind,
@@ -425,4 +426,5 @@ def require_ok(rec: RequestRecord, base: str = "", what: str = "request") -> Non
     if rec.status == 404 and base:
         path = "/chat/completions" if rec.endpoint == "chat" else "/completions"
         raise ConfigError(no_api_message(base, f"POST {path}"))
-    raise ServerError(f"{what} failed: {rec.error}")
+    cure = f"; {KEY_REFUSED}" if rec.status in (401, 403) else ""
+    raise ServerError(f"{what} failed: {rec.error}{cure}")

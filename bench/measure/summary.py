@@ -26,7 +26,7 @@ from bench.measure.noise import cell_noise, noise_warnings, wave_medians
 from bench.records import RequestRecord
 from bench.results import CellResult
 from bench.stats import summarize
-from bench.warns import warning
+from bench.warns import counts, warning
 
 __all__ = ["summarize_cell", "wave_aggregate_decode", "OVERHEAD_FLAG_SHARE", "CLIENT_CPU_WARN_PCT"]
 
@@ -251,7 +251,7 @@ def _warnings(cell: Cell, ok: Sequence[RequestMetrics], ms: Sequence[RequestMetr
         out.append(warning("no-usage", cell.id))
     failed = sum(errors.values())
     if failed:
-        out.append(warning("requests-failed", cell.id, failed=failed, total=len(ms), errors=dict(errors)))
+        out.append(warning("requests-failed", cell.id, failed=failed, total=len(ms), errors=counts(errors)))
     return out
 
 

@@ -16,7 +16,8 @@ from rich.text import Text
 from bench.redaction import RedactingStream
 from bench.results import Results
 
-__all__ = ["stdout", "stderr", "request_table", "results_table", "results_note", "results_text", "console_width"]
+__all__ = ["stdout", "stderr", "request_table", "results_table", "results_note", "results_text", "console_width",
+           "warn", "say"]
 
 
 def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
@@ -33,6 +34,17 @@ def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int 
 stdout = Console(file=RedactingStream.stdout(), width=console_width(sys.stdout))  # type: ignore[arg-type]
 stderr = Console(file=RedactingStream.stderr(), stderr=True,  # type: ignore[arg-type]
                  width=console_width(sys.stderr))
+
+def warn(text: str, con: Console | None = None, *, soft_wrap: bool = True) -> None:
+    """One warning line on ``con`` (stderr): ``warning`` in yellow, a space, then ``text`` exactly as it is: no
+    markup is read in it, so a ``[[gate]]``, a path or a server's message keeps its brackets."""
+    (con or stderr).print(Text.assemble(("warning", "yellow"), " ", text), highlight=False, soft_wrap=soft_wrap)
+
+
+def say(text: str, con: Console | None = None, *, soft_wrap: bool = True) -> None:
+    """One line of plain text (a note, a path, a progress line) on ``con`` (stderr), no markup read in it."""
+    (con or stderr).print(text, markup=False, highlight=False, soft_wrap=soft_wrap)
+
 
 _ROWS: list[tuple[str, str, str]] = [
     ("ok", "ok", ""),
@@ -71,7 +83,7 @@ def _fmt(v: Any) -> str:
 
 def request_table(m: dict[str, Any], title: str) -> Table:
     """A two-column table of one request's metrics (the dict of ``RequestMetrics.to_dict()``)."""
-    t = Table(title=title, show_header=True, header_style="bold")
+    t = Table(title=Text(title), show_header=True, header_style="bold")  # Text: no markup read in a URL or a name
     t.add_column("metric")
     t.add_column("value", justify="right")
     t.add_column("unit")
@@ -79,7 +91,7 @@ def request_table(m: dict[str, Any], title: str) -> Table:
         if key == "error" and m.get("error") is None:
             continue
         value = m.get("prefill_note") or m.get(key) if key == "prefill_source" else m.get(key)  # bench probe's
-        t.add_row(label, _fmt(value), unit)
+        t.add_row(label, Text(_fmt(value)), unit)  # a server's error message keeps its brackets
     return t
 
 
@@ -95,13 +107,13 @@ def results_table(results: Results, width: int | None = None) -> RenderableType:
     title = run_title(results)
     if width is not None and width < table_width(head, rows):
         return Group(*(Text(line, no_wrap=True, overflow="ignore") for line in stacked_lines(results, width, title)))
-    t = Table(title=title, header_style="bold", show_lines=False)
+    t = Table(title=Text(title), header_style="bold", show_lines=False)
     fit = width is not None and width < table_width(head, rows, natural=True)
     for i, h in enumerate(head):  # squeezed: each column as wide as its widest value (headers wrap at spaces)
         w = max([len(r[i]) for r in rows] + [len(x) for x in h.split()]) if fit else None
         t.add_column(h, justify="left" if i in (0, 2) or h == "SLO goodput" else "right", overflow="fold", width=w)
     for r in rows:
-        t.add_row(*r)
+        t.add_row(*(Text(v) for v in r))
     return t
 
 
@@ -123,7 +135,7 @@ def results_text(results: Results, width: int = 80) -> str:
     con.print(results_table(results, width=width))
     note = results_note(results)
     if note:
-        con.print(note, highlight=False)
+        say(note, con, soft_wrap=False)
     for h in headline(results):
-        con.print(f"  {h}", highlight=False)
+        say(f"  {h}", con, soft_wrap=False)
     return "\n".join(line.rstrip() for line in con.export_text().splitlines())

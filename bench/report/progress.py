@@ -20,11 +20,12 @@ from bench.client import StreamTap
 from bench.config.profile import Cell
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, meets
+from bench.report.console import warn
 from bench.report.tables import num
 from bench.results import CellResult
 
-__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "cell_result_text", "PROGRESS_EVERY_S", "make_observer",
-           "observed"]
+__all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "Sided", "cell_result_text",
+           "PROGRESS_EVERY_S", "make_observer", "observed"]
 
 PROGRESS_EVERY_S = 30.0
 T = TypeVar("T")
@@ -35,6 +36,7 @@ class QuietObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
+        self.side = ""  # bench ab: the side (A or B) the calls are for now (set by :class:`Sided`), shown in lines
 
     def __enter__(self) -> QuietObserver:
         return self
@@ -60,7 +62,7 @@ class QuietObserver:
     def note(self, text: str) -> None:
         """Warnings go to stderr."""
         if self.console is not None:
-            self.console.print(f"[yellow]warning[/yellow] {text}", highlight=False)
+            warn(text, self.console, soft_wrap=False)
 
 
 class RichObserver(QuietObserver):
@@ -83,8 +85,9 @@ class RichObserver(QuietObserver):
         self.total_cells = total_cells
         self.cell_no = 0
         self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
-        self.completed: dict[str, int] = {}  # requests each finished cell had (a cell measured again goes on)
+        self.completed: dict[tuple[str, str], int] = {}  # (side, cell id) -> requests it had when it finished
         self.task: Any = None
+        self.tasks: dict[tuple[str, str], Any] = {}  # (side, cell id) -> its bar: bench ab's sides have one each
         self.taps: list[StreamTap] = []
         self.wave_t0 = 0.0
         self._last = (0.0, 0)
@@ -112,17 +115,19 @@ class RichObserver(QuietObserver):
         return f"~{self._rate:,.0f} tok/s live"
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
-        """A new (or extended) cell: its bar (an extended cell's continues from the requests it has)."""
-        cur = self._current()
-        if cur is not None and cur.description.endswith(cell.id):
+        """A new (or extended) cell: its bar (one per side of bench ab; a cell measured again, a gate's next look,
+        goes on from the requests it had)."""
+        key = (self.side, cell.id)
+        if self._current() is not None and self.tasks.get(key) == self.task:
             self.progress.update(self.task, total=total_requests)
             return
         self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
-        if self.task is not None:
+        if self._current() is not None:
             self.progress.remove_task(self.task)
-        self.task = self.progress.add_task(
-            f"[{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live="",
-            completed=self.completed.get(cell.id, 0),
+        side = f"{self.side} " if self.side else ""
+        self.task = self.tasks[key] = self.progress.add_task(
+            f"[{side}{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live="",
+            completed=self.completed.get(key, 0),
         )
 
     def _current(self) -> Any:
@@ -150,7 +155,7 @@ class RichObserver(QuietObserver):
         t = self._current()
         if t is None:
             return
-        self.completed[cell.id] = int(t.completed)
+        self.completed[(self.side, cell.id)] = int(t.completed)
         self.progress.console.print(f"[bold]{escape(t.description)}[/bold] {int(t.completed)}/{int(t.total or 0)} "
                                     f"in {_clock(t.finished_time or t.elapsed or 0.0)}: {txt}", highlight=False)
         self.progress.remove_task(self.task)
@@ -160,6 +165,34 @@ class RichObserver(QuietObserver):
         """Refresh the live column (called periodically)."""
         if self.task is not None and self.taps:
             self.progress.update(self.task, live=self._live())
+
+
+class Sided:
+    """One side of ``bench ab`` seen through the observer both sides share: each call first sets the side (``A``
+    or ``B``) the observer shows in its lines and bars (the sides' waves alternate, never overlap); notes
+    (warnings) pass as they are."""
+
+    def __init__(self, inner: QuietObserver, side: str) -> None:
+        self.inner, self.side = inner, side
+
+    def cell_started(self, cell: Cell, total_requests: int) -> None:
+        self.inner.side = self.side
+        self.inner.cell_started(cell, total_requests)
+
+    def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
+        self.inner.side = self.side
+        self.inner.wave_started(cell, taps)
+
+    def request_done(self, cell: Cell, ok: bool) -> None:
+        self.inner.side = self.side
+        self.inner.request_done(cell, ok)
+
+    def cell_done(self, cell: Cell, summary: CellResult) -> None:
+        self.inner.side = self.side
+        self.inner.cell_done(cell, summary)
+
+    def note(self, text: str) -> None:
+        self.inner.note(text)
 
 
 def cell_result_text(cell: Cell, summary: CellResult) -> str:
@@ -200,6 +233,7 @@ class PlainObserver(QuietObserver):
         self.interval_s = interval_s
         self.cell_no = 0
         self.numbers: dict[str, int] = {}  # a cell measured again (a gate's next look) keeps its number
+        self.seen: set[tuple[str, str]] = set()  # (side, cell id) started: bench ab's B starts a cell A started
         self.cell_id = ""
         self.ended = False
         self.done = 0
@@ -214,7 +248,8 @@ class PlainObserver(QuietObserver):
         self.stream.flush()
 
     def _line(self, text: str) -> None:
-        line = f"bench: [{self.cell_no}/{self.total_cells}] {text}"
+        side = f"{self.side} " if self.side else ""  # bench ab: [A 1/2], [B 1/2]
+        line = f"bench: [{side}{self.cell_no}/{self.total_cells}] {text}"
         if self.width and len(line) > self.width:  # wrap at spaces: every number stays whole
             line = "\n".join(textwrap.wrap(line, self.width, subsequent_indent="    ", break_long_words=False))
         self.stream.write(line + "\n")
@@ -227,7 +262,8 @@ class PlainObserver(QuietObserver):
         self.total = total_requests
         if cell.id == self.cell_id and not self.ended:
             return
-        again = cell.id in self.numbers
+        again = (self.side, cell.id) in self.seen
+        self.seen.add((self.side, cell.id))
         self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
         self.cell_id, self.done, self.t0, self.ended = cell.id, 0, time.monotonic(), False
         streams = f", {cell.streams} stream(s)" if cell.streams and not cell.label else ""

@@ -117,11 +117,11 @@ def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> Render
 
 def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[str]], styles: Sequence[str],
            right: Sequence[str]) -> Table:
-    t = Table(title=title, header_style="bold")
+    t = Table(title=Text(title), header_style="bold")  # Text: no markup read in a path, a cell id or a value
     for h in head:
         t.add_column(h, justify="right" if h in right else "left")
     for style, r in zip(styles, rows):
-        t.add_row(f"[{style}]{r[0]}[/{style}]" if style else r[0], *r[1:])
+        t.add_row(Text(r[0], style=style), *(Text(v) for v in r[1:]))
     return t
 
 

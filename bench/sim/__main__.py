@@ -10,7 +10,9 @@ from typing import Any, NoReturn
 from bench.sim.config import ERROR_KINDS, FIELD_HELP, REASONING_FIELDS, SimConfig, load_config
 from bench.sim.runner import serve
 
-__all__ = ["main", "build_parser", "config_from_args"]
+__all__ = ["main", "build_parser", "config_from_args", "EXIT_BAD_INPUT"]
+
+EXIT_BAD_INPUT = 3  # a bad flag or config, as every bench command (bench.errors.EXIT_BAD_INPUT; the sim imports no bench)
 
 
 def _tokens_per_event(s: str) -> int | tuple[int, ...]:
@@ -24,10 +26,10 @@ def _tokens_per_event(s: str) -> int | tuple[int, ...]:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line (the usage itself is in --help)."""
+    """argparse, but a usage error is one line (the usage itself is in --help) and exits 3, bench's bad input."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists every option)\n")
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {message} (--help lists every option)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,10 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         cfg = config_from_args(args)
     except (ValueError, OSError) as e:
         print(f"bench sim: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     if not 0 <= cfg.port <= 65535:
         print(f"bench sim: --port {cfg.port} is out of range (0-65535; 0 picks a free port)", file=sys.stderr)
-        return 2
+        return EXIT_BAD_INPUT
     try:
         serve(cfg)
     except OSError as e:

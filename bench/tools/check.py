@@ -22,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from bench.client import ClientSettings, ImageSet, RequestSpec, discover_model
+from bench.client import KEY_REFUSED, ClientSettings, ImageSet, RequestSpec, discover_model
 from bench.client.border import admit
 from bench.errors import TokenizerError
 from bench.measure.metrics import request_metrics
@@ -33,7 +33,7 @@ from bench.server.tokenizer import HttpTokenizer
 from bench.tools.record import Capture, capture, tee_client
 from bench.transport.sse import SSEDecoder
 
-__all__ = ["check_endpoint", "report_rows", "analyze_stream", "OPEN_AFTER_DONE_MS"]
+__all__ = ["check_endpoint", "report_rows", "analyze_stream", "failure_line", "OPEN_AFTER_DONE_MS"]
 
 CHECK_READ_TIMEOUT_S = 15.0
 OPEN_AFTER_DONE_MS = 250.0  # a response still open this long after [DONE] "keeps open"
@@ -130,13 +130,16 @@ class _Checker:
     def __init__(self, client: httpx.AsyncClient, cap: Capture, base: str, model: str, secret: str | None) -> None:
         self.client, self.cap, self.base, self.model, self.secret = client, cap, base, model, secret
         self.n = 0
+        self.ok = 0  # generation requests that succeeded: none means every finding is an artefact of the failure
 
     async def send(self, endpoint: str, body: dict[str, Any]) -> Capture:
         self.n += 1
         body = {"model": self.model, "temperature": 0, "stream": True,
                 "stream_options": {"include_usage": True}, **body}
         spec = RequestSpec(f"check-{self.n}", endpoint, body)
-        return await capture(self.client, self.cap, self.base, spec, self.model, self.secret)
+        got = await capture(self.client, self.cap, self.base, spec, self.model, self.secret)
+        self.ok += got.record.ok
+        return got
 
     async def main_stream(self) -> dict[str, Any]:
         cap = await self.send("chat", {"messages": [{"role": "user", "content": "Tell me about lighthouses."}],
@@ -144,7 +147,7 @@ class _Checker:
         rec = cap.record
         out = analyze_stream(list(cap.reads), rec)
         m = request_metrics(rec)
-        out.update({"ok": rec.ok, "error": rec.error, "tokens_per_event": m.tokens_per_event,
+        out.update({"ok": rec.ok, "error": rec.error, "status": rec.status, "tokens_per_event": m.tokens_per_event,
                     "output_tokens": m.output_tokens, "chat_prompt_tokens": m.prompt_tokens})
         return out
 
@@ -281,7 +284,19 @@ async def check_endpoint(base: str, settings: ClientSettings, model: str | None 
         cpt = rep.get("chat_prompt_tokens")
         rep["chat_template_tokens"] = cpt - content_tokens if cpt is not None and content_tokens is not None else None
         rep.update(await ck.metrics())
+        rep["requests_ok"] = ck.ok
     return dict(admit(rep))  # what the server's raw reads said, and --model, as they leave the check
+
+
+def failure_line(rep: dict[str, Any]) -> str | None:
+    """The one line for a check in which no generation request succeeded (``requests_ok`` 0: every finding
+    would be an artefact of the failure), naming the first error and its cure; None when one succeeded."""
+    if rep.get("requests_ok"):
+        return None
+    line = f"every request of the check failed ({rep.get('error') or 'no response'}), so nothing was checked"
+    if rep.get("status") in (401, 403):
+        return f"{line}; {KEY_REFUSED}"
+    return f"{line}; `bench probe {rep.get('url')}` shows one request in full"
 
 
 def _yes(v: Any) -> str:

@@ -41,6 +41,7 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
     (tmp / "empty.toml").write_text('[[sweep]]\nstreams = []\n')
     (tmp / "nosweep.toml").write_text('sweep = []\n')
     (tmp / "afile").write_text("x")
+    (tmp / "sim-bad.toml").write_text("decode_step_ms = 5\nbogus_field = 1\n")
     bad_types = {"schema": 1, "profile": {"name": "p"}, "endpoint": {"url": "u"}, "run": {"id": "r"},
                  "cells": [{"id": "c", "waves": "three"}]}
     (tmp / "types.json").write_text(json.dumps(bad_types))
@@ -67,6 +68,8 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--port", "abc"], 3, "--port"),
         (["sim", "--port", "70000"], 3, "port"),
         (["sim", "--no-such-flag"], 3, "unrecognized"),
+        (["sim", "--config", str(tmp / "sim-bad.toml")], 3, "bogus_field"),  # docs/sim.md: bad input, exit 3
+        (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
     ]
 
@@ -193,6 +196,30 @@ def test_a_cell_with_no_success_exits_5(tmp_path) -> None:
     assert r.returncode == 5, r.stderr
     assert "no request succeeded in cell(s) d0-s1-prose" in r.stderr.splitlines()[-1]
     assert load_results(tmp_path / "o" / "results.json").cells[0].requests_failed == 2
+
+
+def test_an_interrupted_ab_names_what_each_side_kept(tmp_path) -> None:
+    """SIGTERM in bench ab: the line once named only a/ ('8 finished records kept in ab2/a') though b/ held as
+    many; it names both sides' folders and counts, and both keep their partial results."""
+    prof = tmp_path / "ab.toml"
+    prof.write_text(TINY.replace("requests = 2", "requests = 60"))
+    out = tmp_path / "ab"
+    with running_sim(SimConfig(decode_step_ms=10.0)) as url:
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "ab", url, url, "-p", str(prof), "--out", str(out)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        recs = out / "b" / "records.jsonl"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= 3):
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    line = err.strip().splitlines()[-1]
+    n_a, n_b = (len(read_records(out / side / "records.jsonl")) for side in "ab")
+    assert f"finished records kept: {n_a} in {out / 'a'}, {n_b} in {out / 'b'}" in line, line
+    for side in "ab":
+        assert load_results(out / side / "results.json").run.interrupted
 
 
 def test_records_never_hold_a_torn_line(tmp_path, monkeypatch) -> None:

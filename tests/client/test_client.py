@@ -54,9 +54,27 @@ def test_api_key_never_printed(monkeypatch, capsys, caplog, as_json, verbose) ->
     assert rc == 5
     assert KEY not in out and KEY not in err and KEY not in caplog.text
     assert "Bearer ***" in caplog.text  # the request was logged, with the key hidden
-    assert "401" in err
+    assert "401" in err and "--api-key-env" in err  # the cure named with the failure
     if not verbose:
         assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, warned", [(["--api-key-env", "BENCH_KEY_TYPO"], "BENCH_KEY_TYPO"),
+                                          (["--api-key-env", "OPENAI_API_KEY"], "OPENAI_API_KEY"),
+                                          (["--api-key-env", "BENCH_TEST_KEY"], None),  # set: silent
+                                          ([], None)])  # the default variable, unset: silent
+def test_an_unset_variable_named_by_api_key_env_is_warned(monkeypatch, capsys, sim, argv, warned) -> None:
+    """`--api-key-env NAME` naming an unset variable once sent no key, silently; now a warning names the variable
+    (never a key). The default (OPENAI_API_KEY) unset, not given on the command line, stays silent."""
+    monkeypatch.delenv("BENCH_KEY_TYPO", raising=False)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setenv("BENCH_TEST_KEY", KEY)
+    assert main(["probe", sim, "--json", *argv]) == 0
+    err = capsys.readouterr().err
+    if warned is None:
+        assert "api-key-env" not in err
+    else:
+        assert f"warning --api-key-env {warned}: that environment variable is not set" in err and KEY not in err
 
 
 def test_unreachable_url_is_one_line_and_exit_4(capsys) -> None:

@@ -101,7 +101,8 @@ def test_ab_in_a_log_prints_progress(sim, baseline):
     run = _piped(["ab", sim, sim, "-p", "tiny.toml"], baseline)
     assert run["rc"] in (0, 1, 2), run["stderr"]
     prog = [ln for ln, _ in _progress(run)]
-    assert prog and prog[0].startswith("bench: [1/1] d0-s1-prose started: "), run["lines"]
+    assert prog and prog[0].startswith("bench: [A 1/1] d0-s1-prose started: "), run["lines"]
+    assert any(ln.startswith("bench: [B 1/1] d0-s1-prose started: ") for ln in prog)  # each side says which it is
 
 
 def test_gate_json_keeps_stdout_for_the_document(sim, baseline):
@@ -190,3 +191,59 @@ def test_a_terminal_keeps_every_finished_cell_on_a_line_of_its_own_within_80_col
         "[1/2] d0-s1-prose 4/4 in T: decode 50.0 tok/s/stream",
         "[2/2] d0-s2-prose 4/4 in T: decode 50.0 tok/s/stream, 96.9 aggregate"}
     assert max(len(ln) for ln in text.split("\n")) <= 80
+
+
+def test_warnings_notes_and_tables_print_brackets_as_they_are() -> None:
+    """Rich reads '[...]' as markup: text from users, servers and files (a '[[gate]]', a '[bold]' in a server's
+    error, a path) is printed as it is, in warnings, notes and tables."""
+    import io
+
+    from rich.console import Console
+
+    from bench.report.console import request_table, say, warn
+    from bench.report.verdicts import _table
+
+    con = Console(file=io.StringIO(), width=200, color_system=None)
+    warn("cell [[gate]] in [bold]x[/bold]", con)
+    say("note: the profile has no [[gate]] tables", con)
+    con.print(request_table({"ok": False, "error": "HTTP 400: [red]bad[/red] [x]"}, "probe [b]u[/b]"))
+    con.print(_table("[i]t[/i]", ["verdict", "cell"], [["regression", "[c]"]], ["red"], right=()))
+    out = con.file.getvalue()  # type: ignore[attr-defined]
+    assert "warning cell [[gate]] in [bold]x[/bold]" in out and "no [[gate]] tables" in out
+    assert "HTTP 400: [red]bad[/red] [x]" in out and "probe [b]u[/b]" in out
+    assert "[i]t[/i]" in out and "[c]" in out
+
+
+def test_ab_sides_are_named_in_plain_lines_and_bars() -> None:
+    """bench ab's progress never said which side a wave was for: the lines read [A 1/2] / [B 1/2], B's first wave
+    of a cell 'started' (not 'measured again'), and the live display keeps one bar per side and cell."""
+    import io
+
+    from rich.console import Console
+
+    from bench.config.profile import Cell
+    from bench.report.progress import PlainObserver, RichObserver, Sided
+
+    class Summary:
+        requests_failed = 0
+
+        def stat(self, key: str) -> float | None:
+            return 50.0 if key == "decode_tok_s" else None
+
+    cell = Cell("s", 0, 1, "prose", 8, 1)
+    out = io.StringIO()
+    obs = PlainObserver(out, 2, console=Console(file=io.StringIO(), color_system=None))
+    for side in "ABAB":
+        Sided(obs, side).cell_started(cell, 1)
+        Sided(obs, side).cell_done(cell, Summary())  # type: ignore[arg-type]
+    starts = [ln for ln in out.getvalue().splitlines() if " done in " not in ln]
+    assert starts == ["bench: [A 1/2] d0-s1-prose started: 1 request, 1 stream(s)",
+                      "bench: [B 1/2] d0-s1-prose started: 1 request, 1 stream(s)",
+                      "bench: [A 1/2] d0-s1-prose measured again: 1 request, 1 stream(s)",
+                      "bench: [B 1/2] d0-s1-prose measured again: 1 request, 1 stream(s)"]
+    rich = RichObserver(Console(file=io.StringIO(), color_system=None), 1)
+    bars = []
+    for side in "ABAB":  # the live bar is the side's (a finished side's cell is a line of its own)
+        Sided(rich, side).cell_started(cell, 1)
+        bars.append(rich._current().description)
+    assert bars == ["[A 1/1] d0-s1-prose", "[B 1/1] d0-s1-prose"] * 2

@@ -62,6 +62,17 @@ def test_capacity_refuses_the_load_flags_it_would_ignore(tmp_path, flag):
     assert not (tmp_path / "c").exists()
 
 
+def test_capacity_help_lists_only_the_options_that_apply():
+    """capacity's --help once listed --rate, --trace, --sessions... that it refuses ("does not apply"); they are
+    hidden there (still refused in one line, above), and still listed by bench run."""
+    ctx = click.Context(cli, info_name="bench")
+    cap = cli.get_command(ctx, "capacity").get_help(click.Context(cli, info_name="capacity"))
+    run = cli.get_command(ctx, "run").get_help(click.Context(cli, info_name="run"))
+    for flag in ("--rate", "--trace", "--sessions", "--block-tokens", "--speed", "--turns", "--think"):
+        assert f"  {flag} " not in cap and f"  {flag} " in run, flag
+    assert "  --duration " in cap and "  --slo " in cap
+
+
 def test_a_second_slo_is_refused_not_dropped(tmp_path):
     r = _bench("run", "http://127.0.0.1:9/v1", "--slo", "ttft_p90=1s", "--slo", "tpot_p90=50ms", cwd=tmp_path)
     assert r.returncode == 3

@@ -152,3 +152,28 @@ def test_check_vllms_tokenize_form_and_a_cache_only_its_metrics_show(hits: int, 
     assert rep["tokenize"] is True and rep["chat_template_tokens"] == 300 - 7
     assert rep["metrics_backend"] == "vllm" and rep["cached_tokens_second"] == 0
     assert rep["prefix_cache"] is (hits > 0) and rep["prefix_cache_seen_in"] == ("metrics" if hits else None)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_check_of_a_server_refusing_every_request_exits_5_with_the_cure(as_json: bool, capsys) -> None:
+    """A server answering HTTP 401 to every generation request: no confident table of 'usage never', 'prefix_cache
+    no', 'tool_calls rejected', but one line naming the error and the key's cure, and exit 5 (as `bench probe`)."""
+    body = json.dumps({"error": {"message": "invalid key"}}).encode()
+    case = Case("401", "", "chat", 401, {"content-type": "application/json"}, ((0.0, body),), {})
+    with serve_case(case) as url:
+        rc = main(["check", url, *(["--json"] if as_json else [])])
+    out, err = capsys.readouterr()
+    assert rc == 5, err
+    assert "every request of the check failed (HTTP 401: invalid key)" in err and "--api-key-env" in err
+    assert len(err.strip().splitlines()) == 1
+    if as_json:
+        rep = json.loads(out)
+        assert rep["ok"] is False and rep["status"] == 401 and rep["requests_ok"] == 0
+    else:
+        assert out == "" and "usage" not in err
+
+
+def test_check_counts_its_successes(capsys) -> None:
+    with running_sim(SimConfig(decode_step_ms=2)) as url:
+        rep = _check(url, capsys)
+    assert rep["requests_ok"] >= 6 and rep["ok"] is True and rep["status"] == 200
