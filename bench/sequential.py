@@ -51,7 +51,8 @@ from bench.results import Results
 from bench.stats import make_estimator, student_t_ppf
 
 __all__ = ["obf_spent", "boundaries", "fractions", "look_schedule", "expand_z", "se_df", "ALPHA", "Look",
-           "sequential_samples", "sequential_compare", "plan_rule", "plan_gate"]
+           "sequential_samples", "sequential_compare", "plan_rule", "plan_gate", "gate_schedules", "plan_lines",
+           "MAX_GROWTH"]
 
 _ND = NormalDist()
 _SPAN = 9.0  # the grid reaches this many standard deviations (of the whole information) below the boundary
@@ -397,3 +398,86 @@ def plan_gate(baseline: Results, rules: Sequence[Rule], schedules: Mapping[str, 
             out.append(plan_rule(rule, cell.id, bs, _waves(cell) or len(bs), schedules[cell.id], alpha=alpha,
                                  seed=seed, both_grow=both_grow, spread_pct=spread_pct))
     return out
+
+
+MAX_GROWTH = 8
+"""The last look has at most this many times a cell's planned waves: against a stored baseline of as many waves the
+information is then 8/9 of its limit, and a longer schedule would only make the early looks (whose thresholds
+depend on their share of the last one's information) stricter."""
+
+
+def _schedule_cost(sched: Sequence[int], wave_s: float, warm_s: float) -> float:
+    """Seconds to take every look of ``sched`` after the plan's wave: a warm-up per round plus the new waves."""
+    return len(sched) * warm_s + max(sched[-1] - 1, 0) * wave_s
+
+
+def gate_schedules(first: Mapping[str, int], costs: Mapping[str, tuple[float, float]], gated: set[str], *,
+                   time_left: float | None, waves_left: int | None, max_waves: int | None = None,
+                   growth: float = 1.5) -> dict[str, list[int]]:
+    """Each cell's planned looks (candidate waves at each), fixed before measuring.
+
+    A gated cell's first look is at its planned waves ``first[cid]``; its last at ``round(first * g)`` for the
+    largest common factor ``g`` (1 to :data:`MAX_GROWTH`) whose rounds fit: in ``time_left`` seconds (``costs[cid] = (seconds per
+    wave, seconds of a round's warm-up)``), within ``waves_left`` extra waves in all, and ``max_waves`` per cell;
+    looks in between grow by ``growth``. When not even the planned waves fit the time, every cell is cut to what
+    does (at least the plan's one wave). Cells no rule judges get one look at their planned waves.
+    """
+    def build(g: float) -> dict[str, list[int]]:
+        out = {}
+        for cid, w0 in first.items():
+            top = max(1, round(w0 * g)) if cid in gated else min(w0, max(1, round(w0 * g)))
+            if max_waves is not None:
+                top = min(top, max(max_waves, 1))
+            out[cid] = look_schedule(min(w0, top), top, growth)
+        return out
+
+    def fits(s: Mapping[str, list[int]]) -> bool:
+        t = sum(_schedule_cost(v, *costs[cid]) for cid, v in s.items())
+        extra = sum(max(0, v[-1] - first[cid]) for cid, v in s.items())
+        return (time_left is None or t <= time_left) and (waves_left is None or extra <= waves_left)
+
+    best = build(1.0)
+    if not fits(best):
+        g = 1.0
+        while g > 1.0 / max(max(first.values(), default=1), 1) and not fits(best):
+            g *= 0.9
+            best = build(g)
+        return best
+    g = 1.0
+    while g < MAX_GROWTH:
+        cand = build(g * 1.05)
+        if not fits(cand):
+            break
+        g *= 1.05
+        best = cand
+    return best
+
+
+def plan_lines(plan: Sequence[Mapping[str, Any]], schedules: Mapping[str, Sequence[int]],
+               costs: Mapping[str, tuple[float, float]], time_left: float | None) -> list[str]:
+    """The plan as printed before the gate measures: the budget, then one line per rule and cell."""
+    need_s = sum(_schedule_cost(s, *costs[c]) for c, s in schedules.items())
+    spw = ", ".join(f"{c} {costs[c][0]:.2f} s" for c in schedules)
+    budget = f" of the {time_left:.0f} s left" if time_left is not None else ""
+    lines = [f"plan: seconds per wave {spw}; looks at {_looks_text(schedules)} waves; at most "
+             f"{need_s:.0f} s{budget}"]
+    for p in plan:
+        lines.append("plan: " + _plan_text(p, costs.get(p["cell"], (0.0, 0.0))))
+    return lines
+
+
+def _looks_text(schedules: Mapping[str, Sequence[int]]) -> str:
+    return "; ".join(f"{c} {'/'.join(str(w) for w in s)}" for c, s in schedules.items())
+
+
+def _plan_text(p: Mapping[str, Any], cost: tuple[float, float]) -> str:
+    if p["planned_mde_pct"] is None:
+        return f"{p['name']}: cannot plan ({p['note']})"
+    head = (f"{p['name']}: expected MDE {p['planned_mde_pct']:.1f} % at {p['waves_max']} waves in {p['looks']} "
+            f"look(s) (allowance {p['max_change_pct']:g} %, baseline {p['baseline_waves']} waves)")
+    need = p["waves_needed"]
+    if need is None:
+        both = p["waves_needed_both"]
+        fix = f"record the baseline with about {both} waves" if both else "raise the allowance"
+        return f"{head}; the baseline's own noise keeps it above the allowance however long this runs ({fix})"
+    return f"{head}; within the allowance from {need} waves (~{need * cost[0] + cost[1]:.0f} s)"
