@@ -10,8 +10,11 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
 2. Refine: points of the full duration, each measured after its start-up transient (``--warmup``, default
    ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
    empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
-   side steps by ``(1 + spread)^2``); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
-   below ``(1 + spread)^2`` times the lowest probe that missed. Constant arrivals (a deterministic response):
+   side steps by ``(1 + spread)^2``, or further when the last refine point's share is far from alpha:
+   ``PRIOR_SLOPE``); then the fitted boundary times ``1 -+ spread`` in turn. A refine point's side is read from
+   its control-variate share once a fit gave it one. A refine window runs to the schedule's end
+   (``REFINE_COOLDOWN_S``). Refine loads stay below ``(1 + spread)^2`` times the lowest probe that missed.
+   Constant arrivals (a deterministic response):
    shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket at the share's
    interpolated crossing, and that crossing is the answer.
 3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
@@ -136,6 +139,8 @@ class Point:
 RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
 
 REFINE_WARMUP_SHARE = 0.25
+PRIOR_SLOPE = 25.0  # logit(share) per log(load), for the next refine load while every refine point is on one side
+REFINE_COOLDOWN_S = 0.0  # a refine point's window runs to its schedule's end (the drain finishes its requests)
 PROBE_REQUESTS = 5
 BUDGET_SLACK_S = 1.0  # a stretched refine point leaves this much of the budget: the clock moves before the check
 REFINE_MIN_S = 15.0  # the shortest refine point a time budget shortens one to (less: the search stops there)
@@ -150,7 +155,7 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
                    refine_s: float | None = None) -> Any:
     """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) is judged
     on the second half of its schedule; a refine point keeps ``--warmup`` or leaves out its first
-    ``REFINE_WARMUP_SHARE``."""
+    ``REFINE_WARMUP_SHARE``, and keeps ``--cooldown`` or leaves out its last ``REFINE_COOLDOWN_S``."""
     from dataclasses import replace
 
     pls = ls.at(load, by=by, seed=seed)
@@ -158,11 +163,17 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
         return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0)
     if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
         pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
+    if pls.cooldown_s is None and by == "rate":
+        pls = replace(pls, cooldown_s=REFINE_COOLDOWN_S)
     if refine_s is not None and pls.duration_s is not None:
         if refine_s < pls.duration_s and pls.warmup_s is not None:  # a shortened point keeps its window's share
             pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
         pls = replace(pls, duration_s=refine_s)
     return pls
+
+
+def _logit(p: float) -> float:
+    return math.log(p / (1.0 - p))
 
 
 def confidence(trials: int, trials_hi: int | None = None) -> float:
@@ -377,13 +388,15 @@ class _RateSearch(_Bracketing):
         return low, top
 
     def _over(self, p: Point) -> bool:
-        """The point's shares say it is above the boundary (or it was not steady)."""
+        """The point's shares say it is above the boundary (or it was not steady): its control-variate share
+        where the last fit gave one (``adjusted``), else its plain share."""
         model = p.summary.get("slo_model") or {}
-        return not p.steady or any(m["share"] is not None and m["share"] > m["alpha"] for m in model.values())
+        shares = [((m.get("adjusted") or {}).get("share", m["share"]), m["alpha"]) for m in model.values()]
+        return not p.steady or any(s is not None and s > a for s, a in shares)
 
     def _next_load(self, side: int) -> float:
         """Around the fitted boundary (``side``: above or below it by ``spread``); with no bounded fit yet, the geometric
-        middle of the refine bracket, an open side stepping out by ``(1 + spread)^2``."""
+        middle of the refine bracket, an open side stepping out by :meth:`_open_step`."""
         b, ilo, ihi = self.estimate()
         step = 1.0 + self.ss.spread
         low, top = self.refine_bracket()
@@ -399,10 +412,33 @@ class _RateSearch(_Bracketing):
                 and not self.deterministic()):
             return b * step if side > 0 else b / step
         if low is None:
-            return min(p.load for p in self.points if p.phase == "refine") / step ** 2
+            return self._open_step(min(p.load for p in self.points if p.phase == "refine"), -1)
         if top is None:
-            return low * step ** 2
+            return self._open_step(low, 1)
         return math.sqrt(low * top)
+
+    def _open_step(self, x: float, side: int) -> float:
+        """From the refine load ``x`` (every refine point on one side: ``side`` 1 when they are all under the
+        limit, -1 when all over) the next load: ``(1 + spread)^2`` further, or further still where the share
+        at ``x`` (its control-variate share, else its plain one) puts the crossing with the slope
+        ``PRIOR_SLOPE`` in logit(share) per log(load), but no further than ``1 + spread`` short of the nearest
+        probe beyond ``x`` that missed (``side`` 1) or held (-1)."""
+        step = 1.0 + self.ss.spread
+        nxt = x * step ** (2 * side)
+        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
+        crosses = []
+        for m in (p.summary.get("slo_model") or {}).values():
+            share = (m.get("adjusted") or {}).get("share", m["share"])
+            if share is not None and m.get("n"):
+                s = min(max(float(share), 0.5 / m["n"]), 1 - 0.5 / m["n"])
+                crosses.append(x * math.exp((_logit(m["alpha"]) - _logit(s)) / PRIOR_SLOPE))
+        probes = [q.load for q in self.points if q.phase == "probe" and self.passes(q) == (side < 0)
+                  and (q.load - x) * side > 0]
+        if not crosses or not probes:
+            return nxt
+        if side > 0:
+            return max(nxt, min(min(crosses), min(probes) / step))
+        return min(nxt, max(min(crosses), max(probes) * step))
 
     def constant(self) -> bool:
         """The points' arrivals are constant (bench's schedule is deterministic)."""

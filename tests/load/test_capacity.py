@@ -257,6 +257,7 @@ def test_docs_describe_the_code() -> None:
                  f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
                  f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
+                 f"`REFINE_COOLDOWN_S` = {C.REFINE_COOLDOWN_S:g} s", f"`PRIOR_SLOPE` = {C.PRIOR_SLOPE:g}",
                  f"`BUDGET_SLACK_S` = {C.BUDGET_SLACK_S:g} s",
                  f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}",
                  f"`CONSTANT_REFINE_SHARE` = {C.CONSTANT_REFINE_SHARE:g}",
@@ -303,3 +304,61 @@ def test_the_first_refine_point_keeps_to_the_time_budget() -> None:
         doc = asyncio.run(search(SearchSettings(time_budget_s=budget, refine_s=50.0), mp, clock=mp.clock))
         assert doc["elapsed_s"] <= 1.05 * budget, (budget, doc["elapsed_s"], [p["load"] for p in doc["points"]])
         assert "--time-budget" in (doc.get("note") or ""), doc.get("note")
+
+
+# ---- refine placement (benchmarks/results/capacity_coverage-2026-12-05-vm.md) ---------------------------------------
+def test_refine_windows_run_to_the_schedules_end() -> None:
+    from dataclasses import replace
+
+    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="ttft_p90=300ms", seed=1)
+    pls = C.point_settings(ls, 10.0, "rate", 1, None)
+    assert pls.cooldown_s == C.REFINE_COOLDOWN_S and pls.warmup_s == C.REFINE_WARMUP_SHARE * 50.0
+    assert C.point_settings(replace(ls, cooldown_s=5.0), 10.0, "rate", 1, None).cooldown_s == 5.0  # --cooldown
+    assert C.point_settings(ls, 10.0, "rate", 1, 6.0).cooldown_s == 0.0  # a probe
+
+
+def _refine_point(load: float, share: float, adjusted: float | None = None, n: int = 1000) -> C.Point:
+    m: dict[str, Any] = {"n": n, "over": round(share * n), "share": share, "tau": 1.0, "alpha": 0.1}
+    if adjusted is not None:
+        m["adjusted"] = {"share": adjusted, "sd": 0.02}
+    return C.Point(load, 0, {"slo_model": {"ttft_p90": m}, "steady": True}, "refine")
+
+
+def test_a_refine_points_side_is_its_control_variate_shares() -> None:
+    s = C._RateSearch(SearchSettings(), None, lambda: 0.0)  # type: ignore[arg-type]
+    assert not s._over(_refine_point(16.0, 0.13, adjusted=0.07))
+    assert s._over(_refine_point(16.0, 0.07, adjusted=0.13))
+    assert s._over(_refine_point(16.0, 0.13))  # no control-variate share yet: the plain one
+
+
+def _probe(load: float, held: bool) -> C.Point:
+    return C.Point(load, 0, {"slo": {"ttft_p90": {"value": 1.0, "limit_ms": 300.0, "held": held}}}, "probe")
+
+
+def test_an_open_side_steps_further_when_the_share_is_far_from_alpha() -> None:
+    s = C._RateSearch(SearchSettings(), None, lambda: 0.0)  # type: ignore[arg-type]
+    step = 1.0 + s.ss.spread
+    probes = [_probe(8.0, True), _probe(16.0, True), _probe(32.0, False), _probe(22.6, False)]
+    s.points = [*probes, _refine_point(16.0, 0.08)]  # near alpha: (1 + spread)^2, as before
+    assert s._open_step(16.0, 1) == pytest.approx(16.0 * step ** 2)
+    s.points = [*probes, _refine_point(16.0, 0.0)]  # no request over: where PRIOR_SLOPE puts 0.5 / n's crossing
+    cross = 16.0 * math.exp((math.log(0.1 / 0.9) - math.log(0.0005 / 0.9995)) / C.PRIOR_SLOPE)
+    assert s._open_step(16.0, 1) == pytest.approx(cross)
+    s.points = [*probes, _refine_point(16.0, 0.0, n=100_000)]  # ... at most a step short of the probe that missed
+    assert s._open_step(16.0, 1) == pytest.approx(22.6 / step)
+    s.points = [*probes[:3], _refine_point(30.0, 1.0, n=100_000)]  # all over: down, to a step over the probe held
+    assert s._open_step(30.0, -1) == pytest.approx(16.0 * step)
+    s.points = [_refine_point(30.0, 1.0, n=100_000)]  # no probe beyond: (1 + spread)^2
+    assert s._open_step(30.0, -1) == pytest.approx(30.0 / step ** 2)
+
+
+def test_a_first_refine_point_far_under_the_boundary_is_followed_by_one_near_it() -> None:
+    # seed 500 on shape A: the bisection's probe at 22.6 req/s misses, the first refine point runs at 16 req/s
+    # (0.73 x the boundary, no request over the limit); the next one ran at 16 x 1.06^2 = 18.0 (both under: no
+    # bounded fit, the answer 8.6 % low), now where PRIOR_SLOPE puts the crossing
+    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="ttft_p90=300ms", seed=500)
+    mp = ModelPoints(SHAPE_A, ls, parse_slo("ttft_p90=300ms"), max_tokens=16)
+    doc = asyncio.run(search(SearchSettings(time_budget_s=170), mp, clock=mp.clock))
+    refine = [p["load"] for p in doc["points"] if p["phase"] == "refine"]
+    assert refine[0] == 16.0 and refine[1] > 16.0 * 1.06 ** 2 * 1.05
+    assert abs(doc["boundary"] / 22.055 - 1) < 0.06
