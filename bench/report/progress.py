@@ -20,7 +20,7 @@ from bench.client import StreamTap
 from bench.config.profile import Cell
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, meets
-from bench.report.console import warn
+from bench.report.console import say, warn
 from bench.report.tables import num
 from bench.results import CellResult
 
@@ -49,6 +49,9 @@ class QuietObserver:
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
         """Nothing to show."""
+
+    def cell_kept(self, cell: Cell) -> None:
+        """A cell a resumed run keeps from the run it continues (not measured now): nothing to show."""
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         """Nothing to show."""
@@ -129,6 +132,12 @@ class RichObserver(QuietObserver):
             f"[{side}{self.cell_no}/{self.total_cells}] {cell.id}", total=total_requests, live="",
             completed=self.completed.get(key, 0),
         )
+
+    def cell_kept(self, cell: Cell) -> None:
+        """A cell kept from the run a resumed run continues: it has its number, and a line says so."""
+        self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
+        say(f"[{self.cell_no}/{self.total_cells}] {cell.id} kept from the run resumed (measured before it stopped)",
+            self.progress.console)
 
     def _current(self) -> Any:
         """The live bar's task (rich's ``Task``), or None."""
@@ -255,6 +264,11 @@ class PlainObserver(QuietObserver):
         self.stream.write(line + "\n")
         self.stream.flush()
         self.last = time.monotonic()
+
+    def cell_kept(self, cell: Cell) -> None:
+        """A cell kept from the run a resumed run continues: it has its number, and a line says so."""
+        self.cell_no = self.numbers.setdefault(cell.id, len(self.numbers) + 1)
+        self._line(f"{cell.id} kept from the run resumed (measured before it stopped)")
 
     def cell_started(self, cell: Cell, total_requests: int) -> None:
         """A line when a cell starts (an extended cell only updates its total; a cell measured again after it

@@ -247,3 +247,21 @@ def test_ab_sides_are_named_in_plain_lines_and_bars() -> None:
         Sided(rich, side).cell_started(cell, 1)
         bars.append(rich._current().description)
     assert bars == ["[A 1/1] d0-s1-prose", "[B 1/1] d0-s1-prose"] * 2
+
+
+def test_a_resumed_run_numbers_its_cells_by_their_place_in_the_profile() -> None:
+    """A resumed run numbered its first measured cell [1/2] although cell 1 was kept from the run it continued
+    (a new user found). A kept cell now takes its number, and a line says it was kept."""
+    import io
+
+    from bench.config.profile import Cell
+    from bench.report.progress import PlainObserver
+
+    a, b = Cell("s", 0, 1, "prose", 8, 1), Cell("s", 0, 2, "prose", 8, 1)
+    out = io.StringIO()
+    obs = PlainObserver(out, 2)
+    obs.cell_kept(a)
+    obs.cell_started(b, 4)
+    assert out.getvalue().splitlines() == [
+        "bench: [1/2] d0-s1-prose kept from the run resumed (measured before it stopped)",
+        "bench: [2/2] d0-s2-prose started: 4 requests, 2 stream(s)"]
