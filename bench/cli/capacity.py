@@ -286,9 +286,13 @@ def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(doc, indent=1))
         return
+    import textwrap
+
     for line in curve_text(doc, stdout.width):
         click.echo(line)
-    click.echo(capacity_answer(doc))
+    width = max(60, stdout.width)  # the answer and the note wrap at spaces: every number stays whole
+    click.echo(textwrap.fill(capacity_answer(doc), width, subsequent_indent="  ", break_long_words=False))
     if doc.get("note"):
-        click.echo(f"note: {doc['note']}", err=True)
+        click.echo(textwrap.fill(f"note: {doc['note']}", width, subsequent_indent="  ", break_long_words=False),
+                   err=True)
     click.echo(f"results: {out}/capacity.json, {out}/points/", err=True)
