@@ -16,7 +16,7 @@ from typing import Any
 from bench.errors import ConfigError
 from bench.redaction import mask_spans, redact, redact_obj, secrets
 
-__all__ = ["Event", "RequestRecord", "RecordWriter", "read_records"]
+__all__ = ["Event", "RequestRecord", "RecordWriter", "read_records", "cut_record", "CUT_INTERRUPTED"]
 
 
 @dataclass(slots=True)
@@ -183,6 +183,19 @@ class RequestRecord:
 _DERIVED = ("ttft_reasoning_ms", "ttft_content_ms", "ttft_tool_ms")  # written for readers of records.jsonl
 _RECORD_FIELDS = tuple(f.name for f in fields(RequestRecord))
 _ATOMS = frozenset({str, int, float, bool, type(None)})
+
+
+CUT_INTERRUPTED = "in flight when the run was interrupted"  # why a record was cut, when it was the interrupt
+
+
+def cut_record(request_id: str, endpoint: str, model: str, scheduled_ns: int | None, meta: dict[str, Any],
+               why: str) -> RequestRecord:
+    """The record of a request cut in flight (a drain ran out, the run was interrupted): an error of kind
+    ``cancelled`` saying ``cut: WHY``; counted as cut, never as a success."""
+    rec = RequestRecord(request_id, endpoint, model, queued_ns=scheduled_ns or 0, meta=meta, scheduled_ns=scheduled_ns)
+    rec.error = f"cut: {why}"
+    rec.error_kind = "cancelled"
+    return rec
 
 
 def _copied(v: Any) -> Any:

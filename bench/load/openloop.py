@@ -36,7 +36,7 @@ from bench.client import RequestSpec, image_rejection
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
 from bench.measure.metrics import RequestMetrics, request_metrics
-from bench.records import RequestRecord
+from bench.records import CUT_INTERRUPTED, RequestRecord, cut_record
 from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor, workers_lag
 from bench.stats import summarize
@@ -101,14 +101,6 @@ class _Counters:
         self.sent = self.done = self.ok = self.met = 0
 
 
-def _cut_record(session: Session, k: int, p: Planned, sched: int, why: str, meta: dict[str, Any]) -> RequestRecord:
-    rec = RequestRecord(f"{session.run_id}-cut-{k:06d}", session.profile.endpoint, session.model,
-                        queued_ns=sched, meta=meta, scheduled_ns=sched)
-    rec.error = f"cut: {why}"
-    rec.error_kind = "cancelled"
-    return rec
-
-
 async def _dispatch(plan: Sequence[Planned], t0: int, start: Callable[[int, int], None]) -> list[int]:
     """Call ``start(k, scheduled_ns)`` for each request at its due time; returns each one's dispatch lag (ns)."""
     lags = []
@@ -149,7 +141,7 @@ async def _send_all(plan: Sequence[Planned], t0: int, start: Callable[[int, int]
         await _drain(list(tasks.values()), drain_s)
         return lags
     except asyncio.CancelledError:
-        why[0] = "in flight when the run was interrupted"
+        why[0] = CUT_INTERRUPTED
         await _cut_all(list(tasks.values()))
         raise
 
@@ -181,7 +173,8 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
             else:
                 rec = await _send_one(session, texts[k], p.output_tokens, tag, meta, k)
         except asyncio.CancelledError:
-            rec = _cut_record(session, k, p, sched, why[0], meta)
+            rec = cut_record(f"{session.run_id}-cut-{k:06d}", session.profile.endpoint, session.model, sched,
+                             meta, why[0])
             cut[0] += 1
         rec.scheduled_ns = None if closed else sched
         records[k] = rec

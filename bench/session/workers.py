@@ -57,7 +57,7 @@ from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
 from bench.client.turns import scheduled_task
-from bench.records import RequestRecord
+from bench.records import CUT_INTERRUPTED, RequestRecord, cut_record
 from bench.session.alarm import sleep_until
 from bench.session.loop_lag import LagMonitor
 
@@ -108,7 +108,7 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
         try:
             rec = await stream_request(client, base, spec, model=model, secret=secret, queued_ns=sched)
         except asyncio.CancelledError:
-            rec = _cut(spec, model, sched)
+            rec = cut_record(spec.request_id, spec.endpoint, model, sched, dict(spec.meta), CUT_INTERRUPTED)
         except Exception as e:  # noqa: BLE001 - stream_request records failures; anything else goes to the reader
             done.put_nowait((i, e))
             return
@@ -164,15 +164,6 @@ async def _read_share(done: asyncio.Queue[tuple[int, RequestRecord | Exception |
             raise got
         assert got is not None
         yield i, got
-
-
-def _cut(spec: RequestSpec, model: str, sched: int | None) -> RequestRecord:
-    """The record of a request in flight when its run was interrupted (bench.load.openloop's cut records)."""
-    rec = RequestRecord(spec.request_id, spec.endpoint, model, queued_ns=sched or 0, meta=dict(spec.meta),
-                        scheduled_ns=sched)
-    rec.error = "cut: in flight when the run was interrupted"
-    rec.error_kind = "cancelled"
-    return rec
 
 
 async def _cut_in_flight(tasks: list[asyncio.Task[None]],
