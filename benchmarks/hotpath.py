@@ -68,18 +68,13 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from simproc import SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
+from simproc import BlastProcess, SimProcess  # noqa: E402  (benchmarks/ is on sys.path when run as a script)
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
 from bench.records import RequestRecord  # noqa: E402
 
 MODEL = "bench-sim"
 
-
-class BlastProcess(SimProcess):
-    """``benchmarks/blastserver.py`` (pre-rendered sim events, many per write) in its own process."""
-
-    COMMAND = [str(Path(__file__).resolve().parent / "blastserver.py")]
 RESULTS = Path(__file__).resolve().parent / "results" / "hotpath.md"
 
 

@@ -40,19 +40,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from simproc import SimProcess  # noqa: E402
+from simproc import BlastProcess, SimProcess  # noqa: E402
 
 from bench.client import ClientSettings  # noqa: E402
 from bench.config.load import LoadSettings  # noqa: E402
 from bench.config.profile import Profile  # noqa: E402
 from bench.driver import run_load  # noqa: E402
-
-
-class BlastProcess(SimProcess):
-    """``benchmarks/blastserver.py`` in its own process: a short answer in one write, a few tens of microseconds of
-    server CPU per request (``--server blast``)."""
-
-    COMMAND = [str(Path(__file__).resolve().parent / "blastserver.py")]
 
 
 class SimGroup:
