@@ -145,10 +145,10 @@ def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int
         for r in wrecs:
             by_host[str(r.meta.get("node", "this host"))].append(r)
         for host, hrecs in sorted(by_host.items()):
-            err = [(r.sent_ns + e.t_ns - e.write_ns) / 1e6 for r in hrecs for e in r.events
-                   if e.has_text and e.write_ns is not None]
-            mine = [(r.sent_ns + e.t_ns - e.write_ns) / 1e6 for r in hrecs for e in r.events
-                    if e.has_text and e.write_ns is not None and e.write_ns not in late]
+            stamped = [(r.sent_ns + e.t_ns - e.write_ns, e.write_ns) for r in hrecs for e in r.events
+                       if e.has_text and e.write_ns is not None]
+            err = [d / 1e6 for d, _ in stamped]
+            mine = [d / 1e6 for d, w in stamped if w not in late]
             start = min(r.sent_ns for r in hrecs)
             end = max(r.sent_ns + (r.end_ns or 0) for r in hrecs)
             span = (end - start) / 1e9
