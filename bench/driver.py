@@ -267,14 +267,18 @@ def _check_resume(resume: Results | None, profile: Profile, base: str) -> None:
     """Refuse to continue a run of another profile, endpoint or settings (``--resume``)."""
     if resume is None:
         return
-    for what, was, now in (("profile", resume.profile.name, profile.name), ("endpoint", resume.endpoint.url, base)):
-        if was != now:
-            raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
-                              "endpoint and model needed; --overwrite starts afresh)")
+    _same_as_resumed("profile", resume.profile.name, profile.name)
+    _same_as_resumed("endpoint", resume.endpoint.url, base)
     changed = settings_diff(resume.profile.settings, profile_settings(profile))
     if changed:
         raise ConfigError(f"--resume: the run to continue was measured with other settings ({changed}): its cells "
                           "and these would not compare; resume with the same flags, or --overwrite starts afresh")
+
+
+def _same_as_resumed(what: str, was: str, now: str) -> None:
+    if was != now:
+        raise ConfigError(f"--resume: the run to continue used {what} {was!r}, this one {now!r} (same profile, "
+                          "endpoint and model needed; --overwrite starts afresh)")
 
 
 def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult]:
@@ -282,9 +286,7 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
     the rest before the session opened)."""
     if resume is None:
         return {}
-    if resume.endpoint.model != session.model:
-        raise ConfigError(f"--resume: the run to continue used model {resume.endpoint.model!r}, this one "
-                          f"{session.model!r} (same profile, endpoint and model needed; --overwrite starts afresh)")
+    _same_as_resumed("model", resume.endpoint.model, session.model)
     total = len(session.profile.cells())
     session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells), total=total,
                          left=total - len(resume.cells)))
