@@ -40,12 +40,8 @@ PROFILE = Profile(name="t", max_tokens=4, warmup=0, overhead_probes=2)
 
 @pytest.fixture(scope="module")
 def fast_sim() -> Iterator[SimProcess]:
-    sim = SimProcess(decode_step_ms=2, prefill_tok_s=1e9, max_running=512)
-    try:
+    with SimProcess(decode_step_ms=2, prefill_tok_s=1e9, max_running=512) as sim:
         yield sim
-    finally:
-        sim.proc.terminate()
-        sim.proc.wait()
 
 
 def _run(base: str, ls: LoadSettings, out: Path, profile: Profile = PROFILE) -> dict[str, Any]:
@@ -92,13 +88,9 @@ def test_poisson_run_keeps_its_schedule(fast_sim: SimProcess, tmp_path: Path) ->
 
 
 def test_requests_still_in_flight_are_cut_and_counted(tmp_path: Path) -> None:
-    sim = SimProcess(decode_step_ms=50, prefill_tok_s=1e9)
-    try:
+    with SimProcess(decode_step_ms=50, prefill_tok_s=1e9) as sim:
         ls = LoadSettings(rate=20.0, requests=6, arrival="constant", input_tokens="8", drain_s=0.2)
         c = _run(sim.base, ls, tmp_path, Profile(name="t", max_tokens=200, warmup=0, overhead_probes=1))["cells"][0]
-    finally:
-        sim.proc.terminate()
-        sim.proc.wait()
     assert c["counts"] == {"planned": 6, "finished": 0, "failed": 0, "cut": 6}
     assert any("cut" in w and "--drain" in w for w in c["warnings"])
     recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
@@ -110,13 +102,9 @@ def test_a_concurrency_cap_that_binds_is_named_not_the_cpu(tmp_path: Path) -> No
     through): bench dispatched every request on time and the cap held them back. The run warned "bench fell
     behind its schedule ... did not get the CPU in time; --workers 4" (and --workers is refused with a cap); now
     the warning names the cap."""
-    sim = SimProcess(decode_step_ms=40, prefill_tok_s=1e9)
-    try:
+    with SimProcess(decode_step_ms=40, prefill_tok_s=1e9) as sim:
         ls = LoadSettings(rate=10.0, duration_s=3.0, arrival="constant", input_tokens="16", max_concurrency=2)
         c = _run(sim.base, ls, tmp_path, Profile(name="t", max_tokens=8, warmup=0, overhead_probes=1))["cells"][0]
-    finally:
-        sim.proc.terminate()
-        sim.proc.wait()
     sc = c["schedule"]
     assert sc["achieved_rps"] < 0.8 * sc["planned_rps"], sc
     assert sc["late"]["late_dispatches"] < 3 and sc["late"]["late_sends"] > 10, sc  # bench on time, the cap not
@@ -258,14 +246,10 @@ def test_workers_keep_the_schedule(fast_sim: SimProcess, tmp_path: Path) -> None
 def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
     conf = tmp_path / "sim.toml"
     conf.write_text("prefix_cache = true\nprefix_block_tokens = 16\ndecode_step_ms = 2.0\nprefill_tok_s = 1e6\n")
-    sim = SimProcess(config=conf)
-    try:
+    with SimProcess(config=conf) as sim:
         ls = LoadSettings(mode="sessions", users=3, turns=3, think_s=0.05, stagger_s=0.05, input_tokens="40")
         c = _run(sim.base, ls, tmp_path / "out", Profile(name="t", max_tokens=12, warmup=0, overhead_probes=1))
         c = c["cells"][0]
-    finally:
-        sim.proc.terminate()
-        sim.proc.wait()
     assert c["counts"] == {"planned": 9, "finished": 9, "failed": 0, "cut": 0}
     recs = [r for r in read_records(tmp_path / "out" / "records.jsonl") if r.meta.get("phase") == "measure"]
     by = {(r.meta["user"], r.meta["turn"]): r for r in recs}
