@@ -89,27 +89,32 @@ def test_full_endpoint_url_is_cut_to_its_base_with_a_note(tmp_path, sim_url) -> 
     assert "using its base URL" in r.stderr and json.loads(r.stdout)["ok"] is True
 
 
+def _terminate_after(args: list[str], recs: Path, lines: int) -> tuple[subprocess.Popen[str], str]:
+    """Run ``bench ARGS``, send SIGTERM once ``recs`` holds ``lines`` records (or after 60 s); the process, ended,
+    and its stderr."""
+    proc = subprocess.Popen([sys.executable, "-m", "bench", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= lines):
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    return proc, err
+
+
 def test_sigterm_keeps_records_and_marks_the_run_interrupted(tmp_path) -> None:
     prof = tmp_path / "slow.toml"
     prof.write_text(TWO_CELLS.replace("requests = 6", "requests = 60"))
     out = tmp_path / "res"
     with running_sim(SimConfig(decode_step_ms=10.0)) as url:
-        proc = subprocess.Popen([sys.executable, "-m", "bench", "run", url, "-p", str(prof), "--out", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        recs = out / "records.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= 5):
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc, err = _terminate_after(["run", url, "-p", str(prof), "--out", str(out)], out / "records.jsonl", 5)
     assert proc.returncode == 130, err
     assert "SIGTERM" in err
     res = load_results(out / "results.json")
     assert res.run.interrupted and not res.run.complete
     assert (out / "results.csv").exists() and (out / "results.md").exists()
     assert "Interrupted" in (out / "results.md").read_text()
-    assert len(read_records(recs)) >= 5
+    assert len(read_records(out / "records.jsonl")) >= 5
 
 
 def test_incomplete_results_are_refused_by_compare_unless_forced(tmp_path, sim_url) -> None:
@@ -205,15 +210,7 @@ def test_an_interrupted_ab_names_what_each_side_kept(tmp_path) -> None:
     prof.write_text(TINY.replace("requests = 2", "requests = 60"))
     out = tmp_path / "ab"
     with running_sim(SimConfig(decode_step_ms=10.0)) as url:
-        proc = subprocess.Popen([sys.executable, "-m", "bench", "ab", url, url, "-p", str(prof), "--out", str(out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        recs = out / "b" / "records.jsonl"
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not (recs.exists() and len(recs.read_text().splitlines()) >= 3):
-            time.sleep(0.1)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=30)
+        proc, err = _terminate_after(["ab", url, url, "-p", str(prof), "--out", str(out)], out / "b" / "records.jsonl", 3)
     assert proc.returncode == 130, err
     line = err.strip().splitlines()[-1]
     n_a, n_b = (len(read_records(out / side / "records.jsonl")) for side in "ab")
