@@ -169,9 +169,8 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
             for cell in profile.cells():
                 if cell.id in done:
                     cells.append(done[cell.id])
-                    kept = getattr(observer, "cell_kept", None)  # its number is its place in the profile
-                    if kept is not None:
-                        kept(cell)
+                    if observer is not None:  # its number is its place in the profile
+                        observer.cell_kept(cell)
                     continue
                 run = await sweep.run_cell(cell)
                 assert run.summary is not None

@@ -188,6 +188,10 @@ class Sided:
         self.inner.side = self.side
         self.inner.cell_started(cell, total_requests)
 
+    def cell_kept(self, cell: Cell) -> None:
+        self.inner.side = self.side
+        self.inner.cell_kept(cell)
+
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
         self.inner.side = self.side
         self.inner.wave_started(cell, taps)
