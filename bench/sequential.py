@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import functools
 import math
+import textwrap
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import NormalDist
@@ -453,21 +454,23 @@ def gate_schedules(first: Mapping[str, int], costs: Mapping[str, tuple[float, fl
     return best
 
 
+PLAN_WIDTH = 80
+"""Columns a printed plan line keeps to (a terminal's and a CI log's); longer text goes on indented lines below."""
+
+
 def plan_lines(plan: Sequence[Mapping[str, Any]], schedules: Mapping[str, Sequence[int]],
                costs: Mapping[str, tuple[float, float]], time_left: float | None) -> list[str]:
-    """The plan as printed before the gate measures: the budget, then one line per rule and cell."""
+    """The plan as printed before the gate measures: the budget, each cell's looks, then each rule and cell; every
+    line within :data:`PLAN_WIDTH` columns (a long one continues on lines indented under its text)."""
     need_s = sum(_schedule_cost(s, *costs[c]) for c, s in schedules.items())
-    spw = ", ".join(f"{c} {costs[c][0]:.2f} s" for c in schedules)
     budget = f" of the {time_left:.0f} s left" if time_left is not None else ""
-    lines = [f"plan: seconds per wave {spw}; looks at {_looks_text(schedules)} waves; at most "
-             f"{need_s:.0f} s{budget}"]
-    for p in plan:
-        lines.append("plan: " + _plan_text(p, costs.get(p["cell"], (0.0, 0.0))))
-    return lines
-
-
-def _looks_text(schedules: Mapping[str, Sequence[int]]) -> str:
-    return "; ".join(f"{c} {'/'.join(str(w) for w in s)}" for c, s in schedules.items())
+    texts = [f"at most {need_s:.0f} s{budget}"]
+    texts += [f"{c}: {costs[c][0]:.2f} s a wave, looks at {'/'.join(str(w) for w in s)} waves"
+              for c, s in schedules.items()]
+    texts += [_plan_text(p, costs.get(p["cell"], (0.0, 0.0))) for p in plan]
+    return [line for t in texts for line in textwrap.wrap(t, PLAN_WIDTH, initial_indent="plan: ",
+                                                           subsequent_indent="      ", break_long_words=False,
+                                                           break_on_hyphens=False)]
 
 
 def _plan_text(p: Mapping[str, Any], cost: tuple[float, float]) -> str:

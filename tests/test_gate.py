@@ -803,6 +803,19 @@ def test_sequential_verdict_fields_and_plan():
     assert quiet["planned_mde_pct"] < noisy["planned_mde_pct"]
     assert noisy["waves_needed"] is None and noisy["waves_needed_both"] > 24
     assert quiet["waves_needed"] is not None
+    # printed within 80 columns, the names whole (a long rule name, two cells, a plan that cannot be met)
+    from bench.sequential import plan_lines
+
+    long_rule = Rule("decode_tok_s", "*", "median", 5.0, 0)
+    p1 = plan_rule(long_rule, "d131072-s16-prose", base, 16, [8, 12, 18, 24])
+    p2 = plan_rule(long_rule, "d0-s1-prose", list(100 * np.exp(rng.normal(0, 0.10, 16))), 16, [8, 12, 18, 24])
+    lines = plan_lines([p1, p2], {"d131072-s16-prose": [8, 12, 18, 24], "d0-s1-prose": [8, 12, 18, 24]},
+                       {"d131072-s16-prose": (1.25, 2.0), "d0-s1-prose": (0.5, 1.0)}, 300.0)
+    assert all(len(line) <= 80 for line in lines), lines
+    text = "\n".join(lines)
+    assert "d131072-s16-prose: 1.25 s a wave, looks at 8/12/18/24 waves" in text and "of the 300 s left" in text
+    assert f"plan: {p1['name']}: expected MDE" in text and f"plan: {p2['name']}: expected MDE" in text
+    assert "record the baseline with about" in " ".join(t.strip() for t in lines)
 
 
 def test_gate_schedules_fit_the_budget():

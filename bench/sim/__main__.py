@@ -83,8 +83,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         serve(cfg)
     except OSError as e:
-        print(f"bench sim: cannot listen on {cfg.host}:{cfg.port}: {e}", file=sys.stderr)
-        return 1
+        why = e.strerror or str(e)
+        print(f"bench sim: cannot listen on {cfg.host}:{cfg.port}: {why} (another --port, or --port 0 for a free "
+              "one)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -70,6 +71,7 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--no-such-flag"], 3, "unrecognized"),
         (["sim", "--config", str(tmp / "sim-bad.toml")], 3, "bogus_field"),  # docs/sim.md: bad input, exit 3
         (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
+        (["sim", "--port", str(urlsplit(sim_url).port)], 3, "another --port"),  # the fixture's sim holds it
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
     ]
 
