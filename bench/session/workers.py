@@ -195,12 +195,29 @@ async def _share(client: Any, base: str, specs: list[RequestSpec], model: str, s
 # ---------------------------------------------------------------------------------------------------------------
 # the worker process
 # ---------------------------------------------------------------------------------------------------------------
+def _next_job(conn: Any) -> tuple[int, list[RequestSpec], int, list[int] | None] | None:
+    """The next job from the pipe with its start time (which follows the share when the pool sends it apart: the
+    worker says ``("got", job_id)`` first), or None: told to stop, or the pipe closed."""
+    try:
+        msg = conn.recv()
+        if msg is None:
+            return None
+        job_id, specs, start_ns, offsets = msg
+        if start_ns is None:
+            conn.send(("got", job_id))
+            start_ns = conn.recv()[2]
+    except (EOFError, OSError):
+        return None
+    return job_id, specs, start_ns, offsets
+
+
 def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
                  gc_quiet: bool) -> None:
     """Entry point of a worker: serve wave jobs from ``conn`` until told to stop (``None``) or the pipe closes.
 
     Protocol: the worker sends ``("ready", pid)``; each job ``(job_id, [RequestSpec], start_ns, offsets)`` (offsets:
-    None for a wave, else each spec's send time in ns after ``start_ns``) is answered by ``("done", job_id, [record
+    None for a wave, else each spec's send time in ns after ``start_ns``; ``start_ns`` None: the worker answers
+    ``("got", job_id)`` and the start time follows as ``("start", job_id, start_ns)``) is answered by ``("done", job_id, [record
     dict], cpu_s, lag_ns)`` (``lag_ns``: this loop's lag samples during the job, :class:`bench.session.loop_lag.LagMonitor`) or
     ``("error", job_id, text)``.
     """
@@ -218,13 +235,7 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
         loop.add_signal_handler(signal.SIGUSR1, lambda: [f() for f in list(stoppers)])
     try:
         conn.send(("ready", os.getpid()))
-        while True:
-            try:
-                msg = conn.recv()
-            except (EOFError, OSError):
-                break
-            if msg is None:
-                break
+        while (msg := _next_job(conn)) is not None:
             job_id, specs, start_ns, offsets = msg
             cpu0 = time.process_time()
             mon = LagMonitor()
@@ -252,6 +263,13 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
         finally:
             loop.close()
             conn.close()
+
+
+def _send(conn: Any, proc: Any, msg: Any) -> None:
+    try:
+        conn.send(msg)
+    except (OSError, ValueError) as e:
+        raise RuntimeError(f"bench worker {proc.pid} is gone: {e}") from None
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -364,7 +382,7 @@ class WorkerPool:
     def run(self, specs: Sequence[RequestSpec], *, start_delay_s: float = DEFAULT_START_DELAY_S,
             offsets: Sequence[int] | None = None) -> list[RequestRecord]:
         """Run one wave: every spec as one concurrent streaming request, spread round-robin over the workers, all
-        sent at one start time ``start_delay_s`` from now. Returns the records in the order of ``specs``.
+        sent at one start time, ``start_delay_s`` after the last worker got its share. Returns the records in the order of ``specs``.
 
         ``offsets`` (ns, sorted, one per spec) makes it an open-loop schedule instead: spec i is sent at the start
         time + ``offsets[i]`` by the worker it is dealt to (records carry ``scheduled_ns``).
@@ -380,15 +398,8 @@ class WorkerPool:
         with self._lock:
             self._jobs += 1
             job = self._jobs
-            shares = split_specs(specs, self.workers)
-            start_ns = time.perf_counter_ns() + int(start_delay_s * 1e9)
-            used = list(zip(self._conns, self._procs, shares))
-            for c, p, idx in used:
-                try:
-                    c.send((job, [specs[i] for i in idx], start_ns,
-                            None if offsets is None else [int(offsets[i]) for i in idx]))
-                except (OSError, ValueError) as e:
-                    raise RuntimeError(f"bench worker {p.pid} is gone: {e}") from None
+            used = list(zip(self._conns, self._procs, split_specs(specs, self.workers)))
+            self._deal(job, specs, used, offsets, start_delay_s)
             out: list[RequestRecord | None] = [None] * len(specs)
             cpu: list[float] = []
             lags: list[list[int]] = [[] for _ in range(self.workers)]
@@ -412,6 +423,26 @@ class WorkerPool:
                 raise RuntimeError("; ".join(problems))
         assert self._stopped or all(r is not None for r in out)
         return [r for r in out if r is not None]
+
+    @staticmethod
+    def _deal(job: int, specs: list[RequestSpec], used: list[tuple[Any, Any, list[int]]],
+              offsets: Sequence[int] | None, start_delay_s: float) -> None:
+        """Send every worker its share and, once each has it unpacked, the start time, ``start_delay_s`` from then:
+        the shares of a large schedule take a while to pickle, send and unpickle (60,000 short requests: about
+        0.4 s of CPU), and a start time fixed before sending them made the last workers start late (issue 26)."""
+        for c, p, idx in used:
+            _send(c, p, (job, [specs[i] for i in idx], None,
+                         None if offsets is None else [int(offsets[i]) for i in idx]))
+        for c, p, _ in used:
+            try:
+                got = c.recv()
+            except (EOFError, OSError):
+                raise RuntimeError(f"bench worker {p.pid} died before the start (exit code {p.exitcode})") from None
+            if got != ("got", job):
+                raise RuntimeError(f"bench worker {p.pid} failed: {got[2] if got[0] == 'error' else got!r}")
+        start_ns = time.perf_counter_ns() + int(start_delay_s * 1e9)
+        for c, p, _ in used:
+            _send(c, p, ("start", job, start_ns))
 
     def stop(self) -> None:
         """Interrupt the running wave or schedule (SIGUSR1 to each worker): nothing more is sent, the requests in
