@@ -189,10 +189,11 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
 
 async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: LoadSettings, *,
                    out_dir: Path | None, model: str | None = None, observer: Observer | None = None,
-                   workers: int = 1, ray_address: str | None = None, views: Views | None = None) -> Results:
+                   workers: int | str = 1, ray_address: str | None = None, views: Views | None = None) -> Results:
     """``bench run`` in an open-loop mode (``ls.mode``: rate, trace or sessions): one point; returns the results
     document (records.jsonl as requests end; results.json and ``views`` at the end, or on interrupt with the
-    requests that ended so far). ``workers > 1`` sends the schedule from that many processes, ``ray_address`` from
+    requests that ended so far). ``workers > 1`` sends the schedule from that many processes (``"auto"``: as many
+    as its CPU need asks, :func:`bench.session.autosize.open_loop_workers`), ``ray_address`` from
     ``workers`` Ray actors on that cluster (``run.nodes`` names the nodes and their clock offsets). ``views``: the files
     beside results.json (default: results.csv and results.md).
 
@@ -208,6 +209,9 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
     plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else None  # made once, sent as made
     planned = len(plan) if plan is not None else ls.users * ls.turns
     need = (f"the {ls.mode} schedule", max(p.input_tokens + p.output_tokens for p in plan)) if plan else None
+    sizing = _open_loop_sizing(plan) if workers == "auto" else None
+    if sizing is not None:
+        workers = int(sizing["workers"])
     from bench.report.export import VIEWS
 
     out = RunOutput(out_dir, VIEWS if views is None else views)
@@ -215,6 +219,8 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
         session = await _open(got, out, lambda: out.final(_not_started(base, profile, model, load_dict(ls))), base,
                               settings, profile, model=model, out_dir=out_dir, observer=observer, workers=workers,
                               ray_address=ray_address, need=need)
+        if sizing is not None:
+            session.workers_auto, session.sizing = True, {"open-loop": sizing}
         try:
             summary = await measure_load(session, ls, plan)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)
@@ -230,6 +236,15 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             raise RunInterrupted(out_dir, session.writer.count if session.writer else 0, got["signal"]) from None
         finally:
             await session.close()
+
+
+def _open_loop_sizing(plan: list[Any] | None) -> dict[str, Any]:
+    """``--workers auto`` for an open loop: from the plan's CPU need (sessions, with no plan: one process)."""
+    from bench.session.autosize import WorkerChoice, open_loop_workers
+
+    if not plan:
+        return WorkerChoice(workers=1, note="sessions run in this process")
+    return open_loop_workers([p.at_s for p in plan], [p.output_tokens for p in plan])
 
 
 def _measured_records(session: Session, out_dir: Path | None) -> list[RequestRecord]:

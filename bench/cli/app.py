@@ -186,7 +186,8 @@ def replay(case_file: str, as_json: bool) -> None:
               "(default bench-results/<time>-<profile>).")
 @click.option("--workers", default="1", show_default=True, metavar="N|auto", callback=lambda c, p, v: _workers_value(v),
               help="Processes reading the measured streams: more than 1 for hundreds of streams or >5k tokens/s "
-              "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count.")
+              "(see benchmarks/results/fidelity.md); 'auto': bench measures its own lag and picks the count (with "
+              "--rate/--trace: from the schedule's CPU need).")
 @click.option("--ray", "ray_address", metavar="ADDRESS", help="Run the measured waves (or a --rate/--trace "
               "schedule) in --workers N Ray actors on this cluster (as `ray start` prints it; needs pip install "
               "'bench[ray]').")
@@ -255,8 +256,6 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
         if ls is not None:  # open loop (rate, trace, sessions): bench.load
             no_gpu_in_open_loop(gpu_kw)
-            if not isinstance(workers, int):
-                raise click.BadParameter("open-loop runs need a count: --workers N", param_hint="--workers")
             _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
                                       progress_every=progress_every), out, as_json,
                         make_report, history_db)

@@ -135,7 +135,7 @@ def kw_names(given: dict[str, Any]) -> list[str]:
 
 
 def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: ClientSettings, out: Path,
-                  model: str | None, workers: int = 1, ray_address: str | None = None, *, quiet: bool = False,
+                  model: str | None, workers: int | str = 1, ray_address: str | None = None, *, quiet: bool = False,
                   progress_every: float = 30.0) -> Any:
     """``bench run`` in rate/trace/sessions mode: run the point (from ``workers`` processes, or Ray actors on
     ``ray_address``) with the progress of every run (bench.report.progress), return the results document (files

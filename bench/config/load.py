@@ -25,6 +25,7 @@ class LoadSettings:
     arrival: str = "poisson"
     burstiness: float = 1.0
     ramp_s: float = 0.0
+    exact_count: bool = False  # exactly rate x duration arrivals: capacity probes only (docs/load.md), no profile key
     max_concurrency: int | None = None
     input_tokens: str = "128"
     output_tokens: str | None = None

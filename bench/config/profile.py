@@ -465,7 +465,7 @@ def _parse_load(d: Any, mode: str, where: str) -> tuple[tuple[str, Any], ...]:
     _type_check(where, "load", d, dict)
     if mode not in MODES:
         raise ConfigError(f"{where}: mode must be one of {', '.join(MODES)}, got {mode!r}")
-    known = {f.name for f in dc_fields(LoadSettings) if f.init} - {"mode"}
+    known = {f.name for f in dc_fields(LoadSettings) if f.init} - {"mode", "exact_count"}  # exact_count: probes
     for k in d:
         if k not in known:
             raise ConfigError(f"{where}: load: unknown key {k!r} (known: {', '.join(sorted(known))})")

@@ -85,11 +85,23 @@ def _from_operational(u: np.ndarray, rate: float, ramp_s: float) -> np.ndarray:
 
 
 def arrival_times(kind: str, rate: float, *, duration_s: float | None = None, requests: int | None = None,
-                  burstiness: float = 1.0, ramp_s: float = 0.0, seed: int = 0) -> np.ndarray:
+                  burstiness: float = 1.0, ramp_s: float = 0.0, seed: int = 0,
+                  exact_count: bool = False) -> np.ndarray:
     """Send offsets in seconds (sorted, first 0.0) for ``requests`` arrivals or every arrival before
-    ``duration_s``. Same arguments -> the same schedule. Raises ConfigError naming the flag on a bad value."""
+    ``duration_s``. Same arguments -> the same schedule. Raises ConfigError naming the flag on a bad value.
+
+    ``exact_count`` (with ``duration_s``): exactly ``round(rate x duration)`` arrivals (at least 1), the process's
+    gaps scaled to fill the duration: for Poisson arrivals the schedule is a Poisson process conditioned on its
+    count (the arrivals after the first are uniform over the span), so a short point offers its nominal rate
+    and only the burstiness within it is random (a capacity probe: a 6-s Poisson probe at 4 req/s drew 36
+    arrivals, 6.1 req/s, and missed the SLO at a load it never offered)."""
     _check(kind, rate, duration_s, requests, burstiness, ramp_s)
     rng = rng_for(seed, "arrivals")
+    if exact_count and duration_s is not None:
+        u_end = rate * (duration_s - ramp_s / 2.0) if duration_s >= ramp_s else rate * duration_s ** 2 / (2 * ramp_s)
+        gaps = _unit_gaps(kind, max(1, round(u_end)), burstiness, rng)
+        gaps *= u_end / float(gaps.sum())
+        return _from_operational(np.concatenate(([0.0], np.cumsum(gaps[:-1]))), rate, ramp_s)
     if requests is not None:
         gaps = _unit_gaps(kind, requests, burstiness, rng)
         u = np.concatenate(([0.0], np.cumsum(gaps[:-1])))

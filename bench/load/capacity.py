@@ -153,14 +153,16 @@ CONSTANT_REFINE_MIN_S = 20.0  # ... but no less than this (a queue growing slowl
 
 def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
                    refine_s: float | None = None) -> Any:
-    """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) is judged
-    on the second half of its schedule; a refine point keeps ``--warmup`` or leaves out its first
+    """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) offers
+    exactly its load (``exact_count``: as many arrivals as load x duration) and is judged on the second half of
+    its schedule; a refine point keeps ``--warmup`` or leaves out its first
     ``REFINE_WARMUP_SHARE``, and keeps ``--cooldown`` or leaves out its last ``REFINE_COOLDOWN_S``."""
     from dataclasses import replace
 
     pls = ls.at(load, by=by, seed=seed)
     if duration_s is not None:
-        return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0)
+        return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0,
+                       exact_count=True)
     if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
         pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
     if pls.cooldown_s is None and by == "rate":

@@ -65,7 +65,7 @@ def make_plan(ls: LoadSettings, default_max_tokens: int) -> list[Planned]:
     if ls.rate is None:
         raise ConfigError("--rate R is needed in rate mode (requests/s)")
     times = arrival_times(ls.arrival, ls.rate, duration_s=ls.duration_s, requests=ls.requests,
-                          burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed)
+                          burstiness=ls.burstiness, ramp_s=ls.ramp_s, seed=ls.seed, exact_count=ls.exact_count)
     n = len(times)
     assert ls.input_sizes is not None  # parsed when the settings were made
     ins = ls.input_sizes.draw(rng_for(ls.seed, "input"), n)
@@ -493,6 +493,8 @@ def load_dict(ls: LoadSettings) -> dict[str, Any]:
         d.update({"rate": ls.rate, "arrival": ls.arrival, "burstiness": ls.burstiness, "ramp_s": ls.ramp_s,
                   "duration_s": ls.duration_s, "requests": ls.requests, "input_tokens": ls.input_tokens,
                   "output_tokens": ls.output_tokens, "dataset": ls.dataset})
+        if ls.exact_count:  # a capacity probe: exactly rate x duration arrivals (docs/load.md)
+            d["exact_count"] = True
     else:
         d.update({"trace": ls.trace, "speed": ls.speed, "block_tokens": ls.block_tokens})
     return d

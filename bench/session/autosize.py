@@ -44,7 +44,7 @@ from typing import Any
 from bench.records import RequestRecord
 from bench.warns import warning
 
-__all__ = ["LoopLag", "choose_workers", "cpu_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
+__all__ = ["LoopLag", "choose_workers", "cpu_workers", "open_loop_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
            "lag_summary", "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
 CPU_TARGET = 0.5  # the busiest a reading process is planned to be (its lag stays low below it: docs/scale.md)
@@ -145,6 +145,29 @@ def choose_workers(lag_p99_ms: float | None, budget_ms: float, streams: int, cor
     n = min(want, limit)
     return WorkerChoice(workers=n, lag_p99_ms=lag_p99_ms, budget_ms=round(budget_ms, 3), lag_source=lag_source,
                         capped=want > n)
+
+
+OPEN_REQUEST_CPU_S = 0.40e-3
+"""Client CPU per short open-loop request (send, read, record): one process sending 2,000 req/s for 3 s on the H200
+host used 0.40 ms per request, set-up included (benchmarks/results/schedule_accuracy-2026-12-05-h200.md)."""
+OPEN_EVENT_CPU_S = 3.0e-6
+"""Client CPU per token event: 335,676 events per CPU-second (benchmarks/results/hotpath-blast-2026-12-05-h200.md)."""
+
+
+def open_loop_workers(times_s: Sequence[float], output_tokens: Sequence[int],
+                      cores: int | None = None) -> WorkerChoice:
+    """``--workers auto`` for an open-loop schedule (sent at its due times, so its CPU need is known before it
+    runs): the client CPU its requests and token events take per second (:data:`OPEN_REQUEST_CPU_S`,
+    :data:`OPEN_EVENT_CPU_S`) over :data:`CPU_TARGET`, at most the cores beside the main process (a 20,000 req/s
+    schedule of one-token answers asks for 17, and gets 15 on 16 cores; 12 held send-lag p99 0.24 ms there)."""
+    n = len(times_s)
+    span = max(times_s, default=0.0) or 1.0
+    rate, events = n / span, sum(output_tokens) / span
+    cpu = rate * OPEN_REQUEST_CPU_S + events * OPEN_EVENT_CPU_S
+    want = max(1, math.ceil(cpu / CPU_TARGET))
+    limit = reader_limit(n, cores)
+    return WorkerChoice(workers=min(want, limit), rate_rps=round(rate, 3), events_per_s=round(events, 1),
+                        cpu_cores=round(cpu, 3), capped=want > limit)
 
 
 def cpu_workers(records: Sequence[RequestRecord], cpu_s: float | None, streams: int) -> int | None:

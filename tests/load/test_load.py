@@ -71,6 +71,31 @@ def test_constant_gaps_are_exact_and_uniform() -> None:
     assert ks_statistic(t, lambda x: min(1.0, max(0.0, x / 10.0))) <= 1.0 / t.size + 1e-12
 
 
+def test_exact_count_offers_the_nominal_rate() -> None:
+    """``exact_count`` (a capacity probe's schedule): exactly round(rate x duration) arrivals, first at 0, all
+    inside the span; Poisson ones uniform over it (the process conditioned on its count), seeded, while the plain
+    process's count varies; a probe's settings ask for it, a refine point's do not."""
+    counts = {arrival_times("poisson", 4.0, duration_s=6.0, seed=s).size for s in range(40)}
+    assert len(counts) > 3  # the plain process: 24 on average, more or fewer per seed
+    for kind, b in (("poisson", 1.0), ("gamma", 0.5), ("constant", 1.0)):
+        for s in range(20):
+            t = arrival_times(kind, 4.0, duration_s=6.0, seed=s, burstiness=b, exact_count=True)
+            assert t.size == 24 and t[0] == 0.0 and t[-1] < 6.0 and np.all(np.diff(t) >= 0)
+    a = arrival_times("poisson", 100.0, duration_s=40.0, seed=5, exact_count=True)
+    assert a.size == 4000 and np.array_equal(a, arrival_times("poisson", 100.0, duration_s=40.0, seed=5,
+                                                                  exact_count=True))
+    assert ks_pvalue(ks_statistic(a[1:], lambda x: min(1.0, max(0.0, x / 40.0))), a.size - 1) > 0.01
+    assert arrival_times("poisson", 0.01, duration_s=6.0, exact_count=True).size == 1  # never an empty probe
+    from bench.config.load import LoadSettings
+
+    ls = LoadSettings(rate=1.0, duration_s=50.0)
+    from bench.load.point import load_dict
+
+    probe, refine = C.point_settings(ls, 4.0, "rate", 1, 6.0), C.point_settings(ls, 4.0, "rate", 1, None)
+    assert probe.exact_count and load_dict(probe)["exact_count"] is True  # the point's results say so
+    assert not refine.exact_count and "exact_count" not in load_dict(refine)
+
+
 def test_poisson_times_uniform_given_count() -> None:
     t = arrival_times("poisson", 100.0, duration_s=40.0, seed=11)
     assert abs(t.size - 4000) < 4 * math.sqrt(4000)

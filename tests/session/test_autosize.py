@@ -138,3 +138,33 @@ def test_bad_workers_value(capsys) -> None:
     rc = main(["run", "http://127.0.0.1:9/v1", "--workers", "many"])
     assert rc != 0
     assert "auto" in capsys.readouterr().err
+
+
+def test_open_loop_workers_from_the_schedules_cpu_need() -> None:
+    """``--workers auto`` with ``--rate``: processes from the schedule's client CPU need (requests and token events
+    per second, measured costs) at half busy, at most the cores beside the main process."""
+    from bench.session.autosize import open_loop_workers
+
+    def sched(rate: float, seconds: float, tokens: int) -> tuple[list[float], list[int]]:
+        n = int(rate * seconds)
+        return [i / rate for i in range(n)], [tokens] * n
+
+    c = open_loop_workers(*sched(20_000, 3, 1), cores=16)
+    assert c["workers"] == 15 and c["capped"] and c["rate_rps"] == pytest.approx(20_000, rel=0.001)  # wants 17
+    assert c["cpu_cores"] == pytest.approx(20_000 * (0.40e-3 + 3e-6), rel=0.001)
+    assert open_loop_workers(*sched(10_000, 3, 1), cores=16)["workers"] == 9
+    assert open_loop_workers(*sched(20_000, 3, 1), cores=2) == {**c, "workers": 2, "capped": True}
+    assert open_loop_workers(*sched(100, 3, 1), cores=16)["workers"] == 1
+    assert open_loop_workers(*sched(1_000, 3, 128), cores=16)["workers"] == 2  # 0.40 + 0.38 cores of events
+    assert open_loop_workers([0.0], [1], cores=16)["workers"] == 1
+
+
+def test_open_loop_workers_auto_end_to_end(tmp_path, capsys) -> None:
+    with running_sim(SimConfig(decode_step_ms=1.0)) as url:
+        rc = main(["run", url, "--rate", "50", "--duration", "1", "--max-tokens", "2", "--input-tokens", "16",
+                   "--workers", "auto", "--out", str(tmp_path / "o"), "--json"])
+        res = json.loads(capsys.readouterr().out)
+    assert rc == 0 and res["run"]["workers_auto"] is True and res["run"]["workers"] == 1
+    sizing = res["run"]["sizing"]["open-loop"]
+    assert sizing["workers"] == 1 and sizing["cpu_cores"] < 0.1 and sizing["rate_rps"] > 0
+    assert res["cells"][0]["counts"]["failed"] == 0
