@@ -13,7 +13,8 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
   and summary included, plus the CPU of the worker processes, which end with the point) and the sim's CPU
   (/proc), in % of the point's wall time (one core = 100 %) and in ms per planned request.
 
-``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``).
+``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``;
+``auto``: the count ``bench run --workers auto`` picks, shown as ``auto N``).
 ``--sims N`` serves from N sim processes listening on one port
 (``bench sim --reuse-port``; the kernel spreads the connections), for rates one sim process cannot serve; the sim
 CPU column is then their sum. ``--server blast`` serves from ``benchmarks/blastserver.py`` instead (one write per
@@ -75,9 +76,9 @@ def _client_cpu_s() -> float:
     return time.process_time() + ch.ru_utime + ch.ru_stime
 
 
-def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: str = "auto") -> dict[str, Any]:
-    """Run one point at ``rate`` (sent from ``workers`` processes, arrival stamps from ``stamps``: auto, kernel or
-    user) and return its schedule figures."""
+def one_rate(sim: Any, rate: float, duration: float, workers: int | str = 1, stamps: str = "auto") -> dict[str, Any]:
+    """Run one point at ``rate`` (sent from ``workers`` processes, ``"auto"``: as many as bench picks, shown as
+    ``auto N``; arrival stamps from ``stamps``: auto, kernel or user) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
                       cooldown_s=0.0, drain_s=30.0)
@@ -88,7 +89,8 @@ def one_rate(sim: Any, rate: float, duration: float, workers: int = 1, stamps: s
     client_s, sim_s = _client_cpu_s() - c0, sim.cpu_s() - s0
     cell = res.cells[0].to_dict()
     sc = cell["schedule"]
-    return {"rate": rate, "workers": workers, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
+    chosen = f"auto {res.run.workers}" if workers == "auto" else workers
+    return {"rate": rate, "workers": chosen, "stamps": stamps, "duration_s": duration, "requests": sc["planned_requests"],
             "achieved_rps": sc["achieved_rps"], "dispatch_lag_ms": sc["dispatch_lag_ms"],
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
             "cut": cell["counts"]["cut"], "errors": cell.get("errors") or {},
@@ -125,7 +127,7 @@ def run_rows(a: argparse.Namespace, sim: Any) -> list[dict[str, Any]]:
 
     prof = cProfile.Profile() if a.cprofile else None
     rows = []
-    for w in (int(x) for x in a.workers.split(",")):
+    for w in (x if x == "auto" else int(x) for x in a.workers.split(",")):
         for st in a.stamps.split(","):
             for r in (float(x) for x in a.rates.split(",")):
                 if prof:
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rates", default="10,100,1000,5000", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per rate")
-    ap.add_argument("--workers", default="1", help="comma list of worker counts, each run at every rate")
+    ap.add_argument("--workers", default="1", help="comma list of worker counts (or auto), each run at every rate")
     ap.add_argument("--sims", type=int, default=1, help="server processes on one port (SO_REUSEPORT)")
     ap.add_argument("--server", choices=("sim", "blast"), default="sim", help="what answers: bench sim (default) or "
                     "benchmarks/blastserver.py (one write per short answer: the server side nearly free, for rates "

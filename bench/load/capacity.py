@@ -427,13 +427,7 @@ class _RateSearch(_Bracketing):
         probe beyond ``x`` that missed (``side`` 1) or held (-1)."""
         step = 1.0 + self.ss.spread
         nxt = x * step ** (2 * side)
-        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
-        crosses = []
-        for m in (p.summary.get("slo_model") or {}).values():
-            share = (m.get("adjusted") or {}).get("share", m["share"])
-            if share is not None and m.get("n"):
-                s = min(max(float(share), 0.5 / m["n"]), 1 - 0.5 / m["n"])
-                crosses.append(x * math.exp((_logit(m["alpha"]) - _logit(s)) / PRIOR_SLOPE))
+        crosses = self._prior_crossings(x)
         probes = [q.load for q in self.points if q.phase == "probe" and self.passes(q) == (side < 0)
                   and (q.load - x) * side > 0]
         if not crosses or not probes:
@@ -441,6 +435,32 @@ class _RateSearch(_Bracketing):
         if side > 0:
             return max(nxt, min(min(crosses), min(probes) / step))
         return min(nxt, max(min(crosses), max(probes) * step))
+
+    def _prior_crossings(self, x: float) -> list[float]:
+        """Per objective, where the share of the refine point at ``x`` (its control-variate share, else its plain
+        one) puts the crossing of alpha with the slope ``PRIOR_SLOPE`` in logit(share) per log(load)."""
+        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
+        crosses = []
+        for m in (p.summary.get("slo_model") or {}).values():
+            share = (m.get("adjusted") or {}).get("share", m["share"])
+            if share is not None and m.get("n"):
+                s = min(max(float(share), 0.5 / m["n"]), 1 - 0.5 / m["n"])
+                crosses.append(x * math.exp((_logit(m["alpha"]) - _logit(s)) / PRIOR_SLOPE))
+        return crosses
+
+    def _toward_refine(self, est: float | None, blo: float | None, bhi: float | None) -> float | None:
+        """An answer from the probes' bracket kept on the side of the boundary its refine points found: no higher
+        than the lowest refine load over the limit, no lower than the highest under it (within ``[blo, bhi]``).
+        Both refine points of a 170-s search just over the limit had sent the answer to the middle of a probe
+        bracket 23 % above the truth."""
+        low, top = self.refine_bracket()
+        if est is None or blo is None or bhi is None:
+            return est
+        if top is not None:
+            est = min(est, top)
+        if low is not None:
+            est = max(est, low)
+        return min(max(est, blo), bhi)
 
     def constant(self) -> bool:
         """The points' arrivals are constant (bench's schedule is deterministic)."""
@@ -591,6 +611,7 @@ class _RateSearch(_Bracketing):
                                                         f"of {kind}, with no stated confidence")
             mid = math.sqrt(blo * bhi) if blo is not None and bhi is not None else blo
             est = b if b is not None and blo is not None and bhi is not None and blo <= b <= bhi else mid
+            est = self._toward_refine(est, blo, bhi)
             if self.constant() and kind.startswith("refine") and blo is not None and bhi is not None:
                 est = self.interpolate(blo, bhi, 0.0)
             doc.update({"boundary": None if est is None else round(est, 6), "interval": [blo, bhi], "safe": blo,

@@ -352,6 +352,21 @@ def test_an_open_side_steps_further_when_the_share_is_far_from_alpha() -> None:
     assert s._open_step(30.0, -1) == pytest.approx(30.0 / step ** 2)
 
 
+def test_an_answer_from_the_probes_bracket_stays_on_the_refine_points_side() -> None:
+    # seed 100, shape A, tpot: both refine points (1.10 and 0.98 x the boundary) are over the limit by their
+    # control-variate shares (0.36 and 0.102 against 0.1), so no fit bounds the boundary and the answer came from
+    # the probes' bracket [20.1, 32]: its middle, 25.4 req/s, 23 % over the truth (20.64). Now it stays at or under
+    # the lowest refine load over the limit.
+    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="tpot_p90=150ms", seed=100)
+    mp = ModelPoints(SHAPE_A, ls, parse_slo("tpot_p90=150ms"), max_tokens=16)
+    doc = asyncio.run(search(SearchSettings(time_budget_s=170), mp, clock=mp.clock))
+    refine = [p["load"] for p in doc["points"] if p["phase"] == "refine"]
+    assert len(refine) == 2 and "single probe points" in doc["note"]
+    lo, hi = doc["interval"]
+    assert lo <= doc["boundary"] <= min(refine) + 1e-6 < hi  # (the answer is rounded to 6 decimals)
+    assert abs(doc["boundary"] / 20.640 - 1) < 0.03
+
+
 def test_a_first_refine_point_far_under_the_boundary_is_followed_by_one_near_it() -> None:
     # seed 5100 on shape A (seed 500 before probes offered exactly their load): the bisection's probe at 22.6
     # req/s misses, the first refine point runs at 16 req/s (0.73 x the boundary, no request over the limit); the
