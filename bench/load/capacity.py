@@ -49,7 +49,7 @@ from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
 from bench.load.control import PointRequests, adjusted_shares
-from bench.load.estimate import Fit, fit_boundary, fit_shares
+from bench.load.estimate import Fit, crossing, fit_boundary, fit_shares
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
 __all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS"]
@@ -315,7 +315,7 @@ class _Bracketing(_Search):
             note = note or f"the SLO held at every load tried (up to {top:g}); raise --max-load"
         boundary = lo
         if lo is not None and hi is not None and self.ss.by == "rate":
-            boundary = round(crossing(self.points, lo, hi), 6)
+            boundary = round(crossing([(p.load, p.slo_met) for p in self.points], lo, hi), 6)
         conf = None if lo is None or hi is None else round(confidence(self.count(lo), self.count(hi)), 4)
         return {"boundary": boundary, "interval": [lo, hi], "safe": lo, "confidence": conf, "note": note or None,
                 "method": {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated "
@@ -618,29 +618,6 @@ class _RateSearch(_Bracketing):
                         "confidence": None})
         doc["note"] = note or None
         return doc
-
-
-def crossing(points: list[Point], lo: float, hi: float) -> float:
-    """The load where the pass fraction crosses 1/2: pass fractions per tested load in ``[lo, hi]`` made
-    non-increasing (pool-adjacent-violators, weighted by trials), then interpolated linearly in log load; the
-    geometric middle of ``[lo, hi]`` when no tested load lies between with a fraction of 1/2 or a crossing."""
-    loads = sorted({p.load for p in points if lo <= p.load <= hi})
-    blocks: list[list[float]] = []  # [passes, trials, first load index, last load index]
-    for i, x in enumerate(loads):
-        res = [p.slo_met for p in points if p.load == x]
-        blocks.append([float(sum(res)), float(len(res)), i, i])
-        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
-            b = blocks.pop()
-            blocks[-1] = [blocks[-1][0] + b[0], blocks[-1][1] + b[1], blocks[-1][2], b[3]]
-    frac = [0.0] * len(loads)
-    for b in blocks:
-        for i in range(int(b[2]), int(b[3]) + 1):
-            frac[i] = b[0] / b[1]
-    for i in range(1, len(loads)):
-        if frac[i - 1] >= 0.5 > frac[i]:
-            t = (frac[i - 1] - 0.5) / (frac[i - 1] - frac[i])
-            return math.exp(math.log(loads[i - 1]) + t * (math.log(loads[i]) - math.log(loads[i - 1])))
-    return math.sqrt(lo * hi)
 
 
 async def search(ss: SearchSettings, run_point: RunPoint,

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "fit_shares", "t_quantile",
+__all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "fit_shares", "t_quantile", "crossing",
            "RISE_SIGMAS", "RISE_MIN_SHARE"]
 
 RISE_SIGMAS = 4.0
@@ -295,3 +295,27 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
 # and logit(share) bends across the loads tried (the fitted line is a chord). Measured on the sim's engine model:
 # 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson); benchmarks/results/capacity_coverage-2026-12-04c-vm.md.
 SHIFT_SD = 0.15
+
+
+def crossing(results: Sequence[tuple[float, bool]], lo: float, hi: float) -> float:
+    """The load where the pass fraction crosses 1/2: pass fractions per tested load in ``[lo, hi]`` made
+    non-increasing (pool-adjacent-violators, weighted by trials), then interpolated linearly in log load; the
+    geometric middle of ``[lo, hi]`` when no tested load lies between with a fraction of 1/2 or a crossing.
+    ``results``: ``(load, met the SLO)`` of every trial (bench.load.capacity's bracketing)."""
+    loads = sorted({x for x, _ in results if lo <= x <= hi})
+    blocks: list[list[float]] = []  # [passes, trials, first load index, last load index]
+    for i, x in enumerate(loads):
+        res = [met for y, met in results if y == x]
+        blocks.append([float(sum(res)), float(len(res)), i, i])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            b = blocks.pop()
+            blocks[-1] = [blocks[-1][0] + b[0], blocks[-1][1] + b[1], blocks[-1][2], b[3]]
+    frac = [0.0] * len(loads)
+    for b in blocks:
+        for i in range(int(b[2]), int(b[3]) + 1):
+            frac[i] = b[0] / b[1]
+    for i in range(1, len(loads)):
+        if frac[i - 1] >= 0.5 > frac[i]:
+            t = (frac[i - 1] - 0.5) / (frac[i - 1] - frac[i])
+            return math.exp(math.log(loads[i - 1]) + t * (math.log(loads[i]) - math.log(loads[i - 1])))
+    return math.sqrt(lo * hi)
