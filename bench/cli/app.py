@@ -272,7 +272,7 @@ def _closed_loop(url: str | None, prof: Profile, settings: ClientSettings, out: 
     GPUs sampled around each cell's measured waves (bench.server.gpu), with live progress."""
     from bench.measure.roofline import RooflineAnnotator
 
-    parallel, ctx = engine_size(prof)
+    parallel, ctx = engine_size(prof, url)
     with endpoint(url, parallel=parallel, ctx_size=ctx, log_dir=out) as base, gpu_sampler(gpu_kw, base, settings) as g:
         annotators = [RooflineAnnotator(roof)] if roof is not None else []
         return _run_with_progress(base, prof, settings, out, as_json, progress_every, annotators=annotators, gpu=g,

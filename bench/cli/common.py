@@ -67,9 +67,24 @@ def echo(text: str, err: bool = False, nl: bool = True) -> None:
     click.echo(redact(text), err=err, nl=nl)
 
 
-def engine_size(profile: Profile) -> tuple[int, int]:
-    """Slots and context the embedded llama-server needs for ``profile``'s cells: ``(parallel, ctx_size)``."""
+def engine_size(profile: Profile, url: str | None = None) -> tuple[int, int]:
+    """Slots and context the embedded llama-server needs for ``profile``'s cells: ``(parallel, ctx_size)``.
+
+    Raises:
+        ConfigError: the embedded endpoint will run (no ``url``) and a cell's prompt + output cannot fit the
+            default model's context (SmolLM2-135M: 8,192 tokens a request, whatever ``-c``): said before the
+            server starts; not with ``$BENCH_MODEL`` (another model).
+    """
+    import os
+
+    from bench.tools.engine import MODEL_CTX
+
     cells = profile.cells()
+    for c in cells if not url and not os.environ.get("BENCH_MODEL") else []:
+        if c.depth + c.max_tokens > MODEL_CTX:
+            raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens do not fit the "
+                              f"embedded endpoint's model (SmolLM2-135M: {MODEL_CTX} tokens a request); use --depths "
+                              f"below {MODEL_CTX - c.max_tokens}, or give the URL of a server with a longer context")
     streams = max(c.streams for c in cells)
     need = max(c.depth + c.max_tokens for c in cells) + 512
     return max(4, streams), max(8192, max(4, streams) * need)

@@ -236,7 +236,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     settings = _settings(**client)
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer(len(prof.cells()), quiet=as_json)
-    parallel, ctx = engine_size(prof)
+    parallel, ctx = engine_size(prof, url)
     deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
     with discard_when_failed(out), endpoint(url, parallel=parallel, ctx_size=ctx) as base, \
             gpu_sampler(gpu_kw, base, settings) as gpu:

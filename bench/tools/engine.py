@@ -28,6 +28,7 @@ INTERRUPT_GRACE_S = 2.0
 
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 ENGINE_MODEL_ALIAS = "smollm2-135m-instruct-q4_1"
+MODEL_CTX = 8192  # SmolLM2-135M's trained context: llama-server gives one request (a slot) at most this many tokens
 
 
 def _package_dir(name: str) -> Path | None:

@@ -73,6 +73,7 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
         (["sim", "--port", str(urlsplit(sim_url).port)], 3, "another --port"),  # the fixture's sim holds it
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
+        (["run", "--depths", "16k", "--streams", "1"], 3, "embedded endpoint's model"),  # said before it starts
     ]
 
 
@@ -257,3 +258,22 @@ def test_drift_probes_are_unique_and_leave_the_header_alone(tmp_path) -> None:
     assert len(closing) == len(opening) == 2
     header = res["run"]["template_cached_tokens"]
     assert all((x.usage or {}).get("prompt_tokens_details", {}).get("cached_tokens", 0) <= header + 4 for x in closing)
+
+
+def test_the_embedded_models_context_is_checked_only_for_the_embedded_endpoint(monkeypatch) -> None:
+    """SmolLM2-135M gives a request at most 8,192 tokens whatever ``-c``: a deeper cell is refused before the
+    embedded server starts, but not against a URL (that server's own context is checked once it answers) nor with
+    ``$BENCH_MODEL`` (another model)."""
+    from bench.cli.common import engine_size
+    from bench.config.profile import Profile, Sweep
+
+    deep = Profile(name="deep", sweeps=(Sweep(streams=(1,), depths=(16384,)),), max_tokens=8)
+    monkeypatch.delenv("BENCH_MODEL", raising=False)
+    with pytest.raises(ConfigError, match="use --depths below 8184"):
+        engine_size(deep)
+    assert engine_size(deep, "http://127.0.0.1:8000/v1")[0] >= 1
+    monkeypatch.setenv("BENCH_MODEL", "/models/long-context.gguf")
+    assert engine_size(deep)[1] >= 16392
+    fits = Profile(name="fits", sweeps=(Sweep(streams=(2,), depths=(8000,)),), max_tokens=128)
+    monkeypatch.delenv("BENCH_MODEL")
+    assert engine_size(fits) == (4, 4 * (8128 + 512))
