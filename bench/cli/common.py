@@ -77,14 +77,13 @@ def engine_size(profile: Profile, url: str | None = None) -> tuple[int, int]:
     """
     import os
 
+    from bench.session.endpoint import check_fits_context
     from bench.tools.engine import MODEL_CTX
 
+    if not url and not os.environ.get("BENCH_MODEL"):
+        check_fits_context(profile, MODEL_CTX, where="the embedded endpoint's model (SmolLM2-135M: {n} tokens a request)",
+                           cure="give the URL of a server with a longer context")
     cells = profile.cells()
-    for c in cells if not url and not os.environ.get("BENCH_MODEL") else []:
-        if c.depth + c.max_tokens > MODEL_CTX:
-            raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens do not fit the "
-                              f"embedded endpoint's model (SmolLM2-135M: {MODEL_CTX} tokens a request); use --depths "
-                              f"below {MODEL_CTX - c.max_tokens}, or give the URL of a server with a longer context")
     streams = max(c.streams for c in cells)
     need = max(c.depth + c.max_tokens for c in cells) + 512
     return max(4, streams), max(8192, max(4, streams) * need)

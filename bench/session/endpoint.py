@@ -104,27 +104,30 @@ CellAnnotator = Callable[["Session", CellResult], None]
 """Adds to a fresh cell summary what the core does not compute (the roofline...): called by the cell-summary step."""
 
 
-def check_fits_context(profile: Profile, context: int | None, need: tuple[str, int] | None = None) -> None:
+def check_fits_context(profile: Profile, context: int | None, need: tuple[str, int] | None = None, *,
+                       where: str = "the server's context of {n} tokens",
+                       cure: str = "start the server with a larger context") -> None:
     """Refuse, before sending anything, a profile whose prompt + output cannot fit the server's context. ``need``:
     what an open-loop run sends instead of the profile's cells (a label and its largest prompt + output tokens).
+    ``where`` (``{n}``: the context) and ``cure`` word the line for a context the user cannot raise (the embedded
+    endpoint's model: :func:`bench.cli.common.engine_size`).
 
     Raises:
         ConfigError: naming the cell's depth (or the schedule's largest request), the context and the fix.
     """
     if not context:
         return
+    where = where.format(n=context)
     if need is not None:
         if need[1] > context:
             raise ConfigError(f"{need[0]}: its largest request, {need[1]} prompt + output tokens, does not fit "
-                              f"the server's context of {context} tokens (use smaller --input-tokens/--max-tokens, "
-                              "or start the server with a larger context)")
+                              f"{where} (use smaller --input-tokens/--max-tokens, or {cure})")
         return
     for c in profile.cells():
         total = c.depth + c.max_tokens
         if total > context:
             raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {total} "
-                              f"tokens do not fit the server's context of {context} tokens (use --depths below "
-                              f"{context - c.max_tokens}, or start the server with a larger context)")
+                              f"tokens do not fit {where} (use --depths below {context - c.max_tokens}, or {cure})")
 
 
 def check_connection_limits(base: str, streams: int) -> None:
