@@ -73,7 +73,9 @@ def load_case(path: str | Path) -> Case:
         raise ConfigError(f"case {p} is malformed: missing or bad {e}") from None
 
 
-def _make_app(case: Case) -> web.Application:
+def _make_app(case: Case, late_ms: list[float] | None = None) -> web.Application:
+    """The case's app; each write's lateness behind ``at_ms`` (ms) goes to ``late_ms`` when given."""
+
     async def respond(request: web.Request) -> web.StreamResponse:
         t0 = time.perf_counter()
         await request.read()
@@ -89,6 +91,8 @@ def _make_app(case: Case) -> web.Application:
                     request.transport.abort()
                 return resp
             await resp.write(data)
+            if late_ms is not None:
+                late_ms.append((time.perf_counter() - t0) * 1000.0 - at_ms)
         await resp.write_eof()
         return resp
 
@@ -103,14 +107,17 @@ def _make_app(case: Case) -> web.Application:
 
 
 @contextmanager
-def serve_case(case: Case) -> Iterator[str]:
-    """Serve ``case`` on a free loopback port from a background thread; yields the base URL ``.../v1``."""
+def serve_case(case: Case, *, late_ms: list[float] | None = None) -> Iterator[str]:
+    """Serve ``case`` on a free loopback port from a background thread; yields the base URL ``.../v1``.
+
+    ``late_ms``, when given, receives how late (ms) each write left behind the case's ``at_ms``.
+    """
     loop = asyncio.new_event_loop()
     started = threading.Event()
     box: dict[str, Any] = {}
 
     async def start() -> None:
-        runner = web.AppRunner(_make_app(case), access_log=None)
+        runner = web.AppRunner(_make_app(case, late_ms), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
@@ -187,16 +194,32 @@ async def _probe(base: str, case: Case, fast_io: bool) -> Any:
         return await stream_request(client, base, RequestSpec(case.id, case.endpoint, body), model=model)
 
 
+#: A case server that wrote more than this behind the case's timing did not serve the case (a busy host).
+LATE_MS = 5.0
+#: Tries when the case server itself fell behind and the check failed.
+TRIES = 3
+
+
 def replay_case(case: Case, *, fast_io: bool = True) -> tuple[Any, Any, list[str]]:
     """Serve ``case``, probe it once with the normal client, and check it.
 
     ``fast_io`` picks the client's read path (``ClientSettings.fast_io``); both must measure every case alike.
     Returns ``(record, metrics, failures)``: the :class:`~bench.records.RequestRecord`, its
     :class:`~bench.measure.metrics.RequestMetrics`, and the mismatch lines of :func:`check_expect`.
+
+    The server runs in this process: on a busy host its own writes can leave late, and then the stream was not the
+    case's. Such a try is repeated (up to :data:`TRIES`); a failure that remains names the server's lateness.
     """
     from bench.measure.metrics import request_metrics
 
-    with serve_case(case) as base:
-        rec = asyncio.run(_probe(base, case, fast_io))
-    m = request_metrics(rec)
-    return rec, m, check_expect(m.to_dict(), case.expect)
+    for _ in range(TRIES):
+        late: list[float] = []
+        with serve_case(case, late_ms=late) as base:
+            rec = asyncio.run(_probe(base, case, fast_io))
+        m = request_metrics(rec)
+        fails = check_expect(m.to_dict(), case.expect)
+        worst = max(late, default=0.0)
+        if not fails or worst <= LATE_MS:
+            return rec, m, fails
+    note = f"the case server itself wrote up to {worst:.1f} ms behind the case's timing in {TRIES} tries (busy host)"
+    return rec, m, [*fails, note]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -67,3 +68,29 @@ def test_check_expect_rules() -> None:
     assert check_expect({"ok": 1}, {"ok": True}) != []  # booleans match exactly, not by truthiness
     assert check_expect({"error": "HTTP 429: slow"}, {"error": "429"}) == []
     assert check_expect({"error": None}, {"error": "429"}) != []
+
+
+def test_a_late_case_server_is_retried_and_named(monkeypatch) -> None:
+    """A try whose server fell behind the case's timing is not the case: it is repeated, and a failure says so."""
+    import bench.tools.replay as replay
+
+    case = load_case(CASES[0])
+    wrong = replace(case, expect={**case.expect, "ttft_ms": [0.0, 0.001]})  # no stream meets this
+    tries: list[int] = []
+    real = replay._probe
+
+    async def counted(*a):
+        tries.append(1)
+        return await real(*a)
+
+    monkeypatch.setattr(replay, "_probe", counted)
+    monkeypatch.setattr(replay, "LATE_MS", 1e9)  # no write counts as late
+    _, _, fails = replay_case(wrong)
+    assert len(tries) == 1 and not any("case server" in f for f in fails)  # on time: one try, the plain mismatch
+    monkeypatch.setattr(replay, "LATE_MS", -1e9)  # every write counts as late
+    tries.clear()
+    _, _, fails = replay_case(wrong)
+    assert len(tries) == replay.TRIES
+    assert "ttft_ms" in fails[0] and "behind the case's timing" in fails[-1]
+    tries.clear()
+    assert replay_case(case)[2] == [] and len(tries) == 1  # a pass is a pass, late or not
