@@ -139,8 +139,8 @@ def test_check_vllms_tokenize_form_and_a_cache_only_its_metrics_show(hits: int, 
         chats[0] += request.path == "/v1/chat/completions"
         return await handler(request)
 
-    def app(c: Case) -> web.Application:
-        a = make(c)
+    def app(c: Case, late_ms: list[float] | None = None) -> web.Application:
+        a = make(c, late_ms)
         a.middlewares.append(count)
         a.router.add_post("/tokenize", tokenize)
         a.router.add_get("/metrics", metrics)
