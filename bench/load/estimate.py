@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 
 __all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "fit_shares", "t_quantile", "crossing",
-           "RISE_SIGMAS", "RISE_MIN_SHARE"]
+           "RISE_SIGMAS", "RISE_MIN_SHARE",
+           "RISE_PARTS"]
 
 RISE_SIGMAS = 4.0
 RISE_MIN_SHARE = 0.25
+RISE_PARTS = 5  # a rising series also rises from each of these equal parts of its window to the next
 SOKAL_C = 5.0
 
 
@@ -63,9 +65,12 @@ def exceedance(values: Sequence[float], limit: float) -> dict[str, Any]:
 def rise_test(xs_s: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
     """Steadiness of a series over its window: ``rise`` = mean of the second half minus mean of the first half
     (by sample time), ``se`` its standard error from each half's residuals around its own straight line, their
-    variance inflated by their integrated autocorrelation time; ``rising`` when the rise exceeds ``RISE_SIGMAS`` standard errors and ``RISE_MIN_SHARE``
-    of the first half's mean (a queue that grows without bound doubles its wait; noise in a stable queue does
-    not reach a quarter of the level in both tests at once)."""
+    variance inflated by their integrated autocorrelation time; ``rising`` when the rise exceeds ``RISE_SIGMAS``
+    standard errors and ``RISE_MIN_SHARE`` of the first half's mean (a queue that grows without bound doubles
+    its wait; noise in a stable queue does not reach a quarter of the level in both tests at once), and the mean
+    of each of ``RISE_PARTS`` equal spans of the window exceeds the one before (a queue that grows without
+    bound grows all the time; a stable one that wandered up for half a window seldom did in every part:
+    benchmarks/results/steadiness_alarms-2026-12-05-vm.md)."""
     t, y = np.asarray(xs_s, dtype=float), np.asarray(ys, dtype=float)
     keep = np.isfinite(y)
     t, y = t[keep], y[keep]
@@ -79,8 +84,19 @@ def rise_test(xs_s: Sequence[float], ys: Sequence[float]) -> dict[str, Any]:
         return {"rise": None, "se": None, "rising": False}
     var = sum(_detrended_var(t[sel], p) for sel, p in ((t < mid, a), (t >= mid, b)))
     rise, se = float(b.mean() - a.mean()), math.sqrt(var)
-    rising = rise > RISE_SIGMAS * se and rise > RISE_MIN_SHARE * abs(float(a.mean()))
+    rising = rise > RISE_SIGMAS * se and rise > RISE_MIN_SHARE * abs(float(a.mean())) and _every_part_up(t, y)
     return {"rise": round(rise, 3), "se": round(se, 3), "rising": bool(rising)}
+
+
+def _every_part_up(t: np.ndarray, y: np.ndarray) -> bool:
+    """The mean of ``y`` over each of ``RISE_PARTS`` equal time spans (``t`` sorted) exceeds the one before."""
+    edges = np.linspace(t[0], t[-1], RISE_PARTS + 1)
+    part = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, RISE_PARTS - 1)
+    count = np.bincount(part, minlength=RISE_PARTS)
+    if count.min() == 0:
+        return False
+    means = np.bincount(part, weights=y, minlength=RISE_PARTS) / count
+    return bool(np.all(np.diff(means) > 0))
 
 
 def _detrended_var(t: np.ndarray, y: np.ndarray) -> float:

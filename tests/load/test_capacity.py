@@ -135,22 +135,34 @@ def _model_point(cfg: SimConfig, prompt: int, out: int, rate: float, seed: int, 
 
 
 def test_steadiness_false_alarms_below_85_percent_load() -> None:
-    # 50 % .. 85 % of each shape's saturation throughput, Poisson: at most 2 % of 240 points called not steady
-    alarms = total = 0
+    # at each of 50 .. 85 % of each shape's saturation throughput, Poisson: at most 2 % of the points called not
+    # steady (300 seeds where alarms occur, 75 and 85 %: a 100-seed block varies from 1 to 3 % at 85 % on shape A;
+    # benchmarks/steadiness_alarms.py measures more)
     for cfg, prompt, out in ((SHAPE_A, 200, 16), (SHAPE_B, 32, 8)):
         sat = T.saturation_rps(cfg, prompt, out)
-        for share in (0.5, 0.65, 0.75, 0.85):
-            for seed in range(30):
-                s = _model_point(cfg, prompt, out, share * sat, seed)
-                alarms += not s["steady"]
-                total += 1
-    assert alarms / total <= 0.02, (alarms, total)
+        for share, seeds in ((0.5, 50), (0.65, 50), (0.75, 300), (0.85, 300)):
+            alarms = sum(not _model_point(cfg, prompt, out, share * sat, seed)["steady"] for seed in range(seeds))
+            assert alarms <= 0.02 * seeds, (cfg, share, alarms)
 
 
 def test_steadiness_fires_on_overload() -> None:
-    sat = T.saturation_rps(SHAPE_B, 32, 8)
-    called = sum(not _model_point(SHAPE_B, 32, 8, 1.2 * sat, seed, duration=30.0)["steady"] for seed in range(20))
-    assert called >= 19
+    # 120 % of saturation, 50-s points (the search's --duration): at least 95 % called not steady on both shapes
+    for cfg, prompt, out in ((SHAPE_A, 200, 16), (SHAPE_B, 32, 8)):
+        sat = T.saturation_rps(cfg, prompt, out)
+        called = sum(not _model_point(cfg, prompt, out, 1.2 * sat, seed)["steady"] for seed in range(40))
+        assert called >= 38, (cfg, called)
+
+
+def test_rising_means_rising_in_every_part() -> None:
+    """A stable queue that wandered up for a while is not rising; one that grows all the time is."""
+    t = np.linspace(0.0, 40.0, 800)
+    noise = np.random.default_rng(1).normal(0.0, 1.0, t.size)
+    growing = 10.0 + 0.5 * t + noise
+    wander = 10.0 + 12.0 * np.clip((t - 10.0) / 15.0, 0.0, 1.0) - 8.0 * (t > 33.0) + noise  # up, then partly back
+    assert E.rise_test(t, growing)["rising"] is True
+    out = E.rise_test(t, wander)
+    assert out["rise"] > E.RISE_SIGMAS * out["se"] and out["rise"] > E.RISE_MIN_SHARE * 10.0  # the half test fires
+    assert out["rising"] is False
 
 
 # ---- searches on the engine model ----------------------------------------------------------------------------------
@@ -368,11 +380,12 @@ def test_an_answer_from_the_probes_bracket_stays_on_the_refine_points_side() -> 
 
 
 def test_a_first_refine_point_far_under_the_boundary_is_followed_by_one_near_it() -> None:
-    # seed 5100 on shape A (seed 500 before probes offered exactly their load): the bisection's probe at 22.6
-    # req/s misses, the first refine point runs at 16 req/s (0.73 x the boundary, no request over the limit); the
-    # next one ran at 16 x 1.06^2 = 18.0 (both under: no bounded fit, the answer 8.6 % low), now where
-    # PRIOR_SLOPE puts the crossing
-    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="ttft_p90=300ms", seed=5100)
+    # seed 192 on shape A (5100 before the steadiness test asked for a rise in every part of the window; 500
+    # before probes offered exactly their load): the bisection's probe at 22.6 req/s misses, the first refine
+    # point runs at 16 req/s (0.73 x the boundary, no request over the limit); the next one would run at 16 x
+    # 1.06^2 = 18.0 without PRIOR_SLOPE (seed 5100 then: both under, no bounded fit, the answer 8.6 % low), and
+    # runs where PRIOR_SLOPE puts the crossing
+    ls = LoadSettings(duration_s=50.0, input_tokens="200", slo="ttft_p90=300ms", seed=192)
     mp = ModelPoints(SHAPE_A, ls, parse_slo("ttft_p90=300ms"), max_tokens=16)
     doc = asyncio.run(search(SearchSettings(time_budget_s=170), mp, clock=mp.clock))
     refine = [p["load"] for p in doc["points"] if p["phase"] == "refine"]
