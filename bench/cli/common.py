@@ -80,7 +80,7 @@ def engine_size(profile: Profile, url: str | None = None) -> tuple[int, int]:
     from bench.session.endpoint import check_fits_context
     from bench.tools.engine import MODEL_CTX
 
-    if not url and not os.environ.get("BENCH_MODEL"):
+    if url is None and not os.environ.get("BENCH_MODEL"):
         check_fits_context(profile, MODEL_CTX, where="the embedded endpoint's model (SmolLM2-135M: {n} tokens a request)",
                            cure="give the URL of a server with a longer context")
     cells = profile.cells()
@@ -127,7 +127,7 @@ def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_d
     ``log_dir``, e.g. the results folder, else a temporary file removed when it stops)."""
     from bench.client import normalize_url
 
-    if url:
+    if url is not None:  # "" is a mistake, not a request for the embedded endpoint: normalize_url says so
         yield checked_url(normalize_url(url))
         return
     from bench.errors import EXIT_INTERRUPTED, RunInterrupted

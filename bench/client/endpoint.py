@@ -29,12 +29,22 @@ def normalize_url(url: str) -> str:
     """OpenAI-style base URL, as the openai client takes it: ``http://host:port/v1`` (no trailing slash).
 
     ``host:port`` gets ``http://``; a URL with no path gets ``/v1``; a path is kept as given (``/v1``,
-    ``/openai/v1``...). Raises :class:`ConfigError` for a URL that is not http(s).
+    ``/openai/v1``...). A password in the URL (``http://user:pw@host``) is registered for redaction like the API
+    key: no output, file or log shows it. Raises :class:`ConfigError` for a URL that is not http(s) or does not
+    parse (a bad IPv6 literal, a port out of range).
     """
     url = url.strip()
+    if not url:
+        raise ConfigError("the URL is empty: give one like http://host:port/v1, or none for the embedded endpoint")
     if "://" not in url:
         url = "http://" + url
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        add_secret(parts.password)
+        parts.port  # noqa: B018 - parses the port: ValueError when it is not a number in range
+    except ValueError as e:
+        raise ConfigError(f"URL {redact(url)!r} does not parse ({redact(str(e))}); write it like "
+                          "http://host:port/v1 (IPv6: http://[::1]:8000/v1)") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"URL {url!r} is not an http(s) URL like http://host:port/v1")
     path = parts.path.rstrip("/")

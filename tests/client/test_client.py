@@ -15,6 +15,7 @@ from bench.client import ClientSettings, make_http_client, normalize_url, root_u
 from bench.client import events as client_mod
 from bench.errors import ConfigError
 from bench.records import RequestRecord
+from bench.redaction import redact, secrets
 from bench.tools.replay import Case, serve_case
 from bench.transport.sse import SSEEvent
 
@@ -29,6 +30,21 @@ def test_normalize_url() -> None:
     assert root_url("http://h:1/v1") == "http://h:1"
     with pytest.raises(ConfigError):
         normalize_url("ftp://h/v1")
+
+
+@pytest.mark.parametrize("url", ["http://[::1:46555/v1", "http://[zz]:80/v1", "http://h:99999/v1", "", "  "])
+def test_a_url_that_does_not_parse_is_one_line_and_exit_3(url: str, capsys) -> None:
+    with pytest.raises(ConfigError):
+        normalize_url(url)
+    assert main(["probe", url]) == 3  # "" is not a request for the embedded endpoint
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err and "URL" in err
+
+
+def test_a_password_in_the_url_is_redacted_like_the_key() -> None:
+    assert normalize_url("http://bob:pw-in-url-4711@h:8000") == "http://bob:pw-in-url-4711@h:8000/v1"
+    assert "pw-in-url-4711" in secrets()
+    assert "pw-in-url-4711" not in redact("probe http://bob:pw-in-url-4711@h:8000/v1 (chat)")
 
 
 def test_pool_never_caps_concurrency() -> None:
