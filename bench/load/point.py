@@ -38,6 +38,7 @@ from bench.load.traces import load_trace
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
+from bench.stats import summarize
 from bench.prompts import build_prompt, unique_prefix
 from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.report.tables import num
@@ -283,6 +284,7 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
                        expected_cached_tokens=None, metrics=ms).to_dict()
     span = hi - lo
     ok = [m for m in ms if m.ok]
+    _window_aggregate(s, ok, span)
     s.update({
         "id": load["id"], "mode": ls.mode, "load": load, "schedule": _schedule_figures(run, plan),
         "counts": {"planned": len(plan), "finished": sum(1 for r in run.records if r.ok),
@@ -303,6 +305,18 @@ def point_summary(run: PointRun, plan: list[Planned], ls: LoadSettings, slo: SLO
         s["slo_met"] = bool(recs) and all(v["held"] for v in s["slo"].values()) and s["steady"]
     _point_warnings(s, ls, run, stamp_context(recs, s.get("itl_ms")))
     return s
+
+
+def _window_aggregate(s: dict[str, Any], ok: list[Any], span: float) -> None:
+    """An open-loop point's aggregate decode rate: the decode tokens (``output_tokens - first_event_tokens``) of
+    the successful requests sent in its window over the window's length (docs/metrics.md). The per-wave
+    definition (first first token to last last token) would add one end-to-end time to the span, and an open
+    loop has no waves."""
+    if span <= 0:
+        return
+    rate = sum(max(0, m.output_tokens - m.first_event_tokens) for m in ok) / span
+    s["aggregate_decode_tok_s"] = summarize([rate]).to_dict()
+    s.setdefault("samples", {})["aggregate_decode_tok_s"] = [rate]
 
 
 def more_workers(sched: dict[str, Any], workers: int) -> int:

@@ -58,6 +58,13 @@ def test_achieved_rate_within_1pct(fast_sim: SimProcess, tmp_path: Path, rate: f
     assert sc["planned_rps"] == pytest.approx(rate, rel=1e-9)
     assert sc["achieved_rps"] == pytest.approx(rate, rel=0.01)
     assert c["counts"] == {"planned": sc["planned_requests"], "finished": sc["planned_requests"], "failed": 0, "cut": 0}
+    # aggregate decode: the window's decode tokens over its length (no wave: one E2E more would dilute it)
+    w = c["window"]
+    decode_per_request = PROFILE.max_tokens - 1  # the sim sends one token an event
+    assert c["aggregate_decode_tok_s"]["median"] == pytest.approx(
+        w["requests"] * decode_per_request / (w["to_s"] - w["from_s"]), rel=1e-3)
+    if w["requests"] >= 20:  # constant arrivals: the window holds the rate, up to one request at its ends
+        assert c["aggregate_decode_tok_s"]["median"] == pytest.approx(rate * decode_per_request, rel=0.05)
     # this process sent and read the point: its own loop lag, sampled every 10 ms over the span
     assert c["client_lag"]["samples"] >= 0.5 * duration * 100 and "workers" not in c["client_lag"]
     recs = [r for r in read_records(tmp_path / "records.jsonl") if r.meta.get("phase") == "measure"]
