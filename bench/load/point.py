@@ -38,7 +38,6 @@ from bench.load.traces import load_trace
 from bench.measure.metrics import request_metrics
 from bench.measure.slo import SLO, point_slo, request_values
 from bench.measure.summary import summarize_cell
-from bench.stats import summarize
 from bench.prompts import build_prompt, unique_prefix
 from bench.prompts.build import PREFIX_SHARED_TOKENS_MAX
 from bench.report.tables import num
@@ -46,6 +45,7 @@ from bench.results import cell_from_dict
 from bench.server.metrics import counters_beside
 from bench.server.tokenizer import TokenizerError
 from bench.session.loop_lag import LagMonitor, lag_warning, stamp_context
+from bench.stats import summarize
 from bench.warns import in_cell, warning
 
 if TYPE_CHECKING:
