@@ -462,10 +462,14 @@ def test_other_work_beside_a_local_server_leaves_the_gate_undecided(sims, sim_pr
     assert load["server_local"] and load["server_cores"] is not None, load
     doc["machine"]["other_load"] = {**load, "other_cores": load["other_cores"] + 1.6}
     busy = _write_doc(tmp_path / "busy.json", doc)
+    md = tmp_path / "g1.md"
     code = bench_main(["gate", sims["same"], "-p", str(sim_profile), "--baseline", busy, "--out",
-                       str(tmp_path / "g1"), "--max-waves", "8"])
-    err = capsys.readouterr().err
+                       str(tmp_path / "g1"), "--max-waves", "8", "--markdown", str(md)])
+    out, err = capsys.readouterr()
     assert code == 2, err
+    # the printed outcome is the exit's, whatever the verdicts alone would say
+    assert "INCONCLUSIVE (other work on this host changed between the runs)" in " ".join(out.split())
+    assert md.read_text().startswith("### :warning: bench gate: INCONCLUSIVE (other work on this host")
     assert f"other work on this host kept {load['other_cores'] + 1.6:.2f} cores busy during the baseline" in err
     assert "bench ab" in err
     gate_doc = json.loads((tmp_path / "g1" / "gate.json").read_text())

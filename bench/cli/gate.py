@@ -55,12 +55,13 @@ DEFAULT_GATE_PROFILE = "ci-gate"
 
 
 def _write_reports(verdicts: Sequence[Verdict], *, title: str, context: dict[str, Any], junit: str | None,
-                   markdown: str | None, side: Any = None, elapsed: float | None = None) -> list[str]:
+                   markdown: str | None, side: Any = None, elapsed: float | None = None,
+                   code: int | None = None, why: str | None = None) -> list[str]:
     from bench.report.verdicts import append_step_summary, to_junit, to_markdown
     from bench.results import write_atomic
 
     written = []
-    md = to_markdown(verdicts, title=title, context=context, side_by_side=side)
+    md = to_markdown(verdicts, title=title, context=context, side_by_side=side, code=code, why=why)
     if junit:
         written.append(str(write_atomic(junit, to_junit(verdicts, suite=title, properties=context, time_s=elapsed))))
     if markdown:
@@ -113,12 +114,12 @@ def _report_options(f: Any) -> Any:
     return f
 
 
-def _print_verdicts(verdicts: Sequence[Verdict], title: str) -> None:
+def _print_verdicts(verdicts: Sequence[Verdict], title: str, code: int | None = None, why: str | None = None) -> None:
     from bench.report.console import say, stdout
     from bench.report.verdicts import gate_table, resolution_notes, summary_line
 
     stdout.print(gate_table(verdicts, title))
-    say(summary_line(verdicts), stdout, soft_wrap=False)
+    say(summary_line(verdicts, code, why), stdout, soft_wrap=False)
     _warn(resolution_notes(verdicts), note=True)  # the rules the noise cannot resolve, and the waves that would
 
 
@@ -248,13 +249,14 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     _warn(_drift_lines(baseline, outcome.results), note=True)
     moved = _moved_beside(baseline, outcome.results)
     code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
+    why = "other work on this host changed between the runs" if code != outcome.code else None
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
                                                **moved, **({"exit": code} if code != outcome.code else {})})
     write_atomic(out / "gate.json", doc)
     if as_json:
         click.echo(doc, nl=False)
     else:
-        _print_verdicts(outcome.verdicts, f"bench gate: profile {prof.name}, {base} vs {baseline_file}")
+        _print_verdicts(outcome.verdicts, f"bench gate: profile {prof.name}, {base} vs {baseline_file}", code, why)
     context = {
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
@@ -262,7 +264,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
         "results": str(out / "results.json"), "GPUs": "; ".join(moved.get("gpu_notes", [])) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
-                             markdown=markdown_file, elapsed=time.monotonic() - t0)
+                             markdown=markdown_file, elapsed=time.monotonic() - t0, code=code, why=why)
     if update_baseline:
         write_atomic(baseline_file, to_json(outcome.results))
         written.append(f"{baseline_file} (baseline updated)")

@@ -97,12 +97,15 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> tuple[list[str], list[list[str]
     return list(VERDICT_HEAD), rows
 
 
-def summary_line(verdicts: Sequence[Verdict]) -> str:
-    """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 1 regression, 2 unchanged``."""
-    code = overall_exit(verdicts)
+def summary_line(verdicts: Sequence[Verdict], code: int | None = None, why: str | None = None) -> str:
+    """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 1 regression, 2 unchanged``. ``code``: the exit the
+    command gives when something beside the verdicts decided it (other work on the host), with ``why``:
+    ``INCONCLUSIVE (why): 1 regression, 2 unchanged``."""
+    own = overall_exit(verdicts)
     counts = verdict_counts(verdicts)
     parts = [f"{n} {k}" for k, n in counts.items() if n]
-    return f"{OUTCOME[code]}: " + (", ".join(parts) if parts else "nothing compared")
+    head = OUTCOME[own] if code is None or code == own else f"{OUTCOME[code]} ({why or 'see the warnings'})"
+    return f"{head}: " + (", ".join(parts) if parts else "nothing compared")
 
 
 def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> RenderableType:
@@ -247,14 +250,16 @@ def to_markdown(
     title: str = "bench gate",
     context: Mapping[str, Any] | None = None,
     side_by_side: tuple[Sequence[str], Sequence[Sequence[str]]] | None = None,
+    code: int | None = None,
+    why: str | None = None,
 ) -> str:
     """A Markdown report: ``### title: OUTCOME``, a context list (profile, files, URLs, notes), the verdict table
-    (regressions first, then inconclusive, then the rest), and optionally a side-by-side table (head, rows)."""
+    (regressions first, then inconclusive, then the rest), and optionally a side-by-side table (head, rows).
+    ``code``/``why``: the command's exit when something beside the verdicts decided it (:func:`summary_line`)."""
     order = {"regression": 0, "inconclusive": 1, "improved": 2, "unchanged": 3}
     vs = sorted(verdicts, key=lambda v: order.get(v.verdict, 9))
-    code = overall_exit(verdicts)
-    icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[code]
-    lines = [f"### {icon} {_md_cell(title)}: {summary_line(verdicts)}", ""]
+    icon = {0: ":white_check_mark:", 1: ":x:", 2: ":warning:"}[overall_exit(verdicts) if code is None else code]
+    lines = [f"### {icon} {_md_cell(title)}: {summary_line(verdicts, code, why)}", ""]
     for k, val in (context or {}).items():
         if val not in (None, "", []):
             lines.append(f"- **{_md_cell(str(k))}**: {_md_cell(str(val))}")
