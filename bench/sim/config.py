@@ -116,7 +116,7 @@ class SimConfig:
 
     # -- output length ---------------------------------------------------------------------------
     default_max_tokens: int = _f(256, "tokens", "output length when the request gives no max_tokens")
-    max_model_len: int = _f(131072, "tokens", "prompt + max_tokens above this is rejected with 400")
+    max_model_len: int = _f(262144, "tokens", "prompt + max_tokens above this is rejected with 400")
     eos_prob: float = _f(0.0, "probability per token", "chance that each output token is the last (finish 'stop'); 0 = always run to max_tokens")
 
     # -- errors --------------------------------------------------------------------------------

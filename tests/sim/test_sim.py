@@ -531,3 +531,13 @@ def test_late_write_reports_name_the_events_by_their_stamp(capsys: pytest.Captur
     with running_sim(SimConfig(decode_step_ms=1)) as url, httpx.Client(base_url=url, timeout=10) as c:
         stream(c, "/chat/completions", chat_body(words(5), 6))
     assert "late-write" not in capsys.readouterr().err  # 0: off
+
+
+def test_every_shipped_profile_fits_the_sims_default_context() -> None:
+    """`bench run SIM -p NAME` works for every shipped profile (spark-recipe asks for 131,072 + 256 tokens)."""
+    from bench.config.profile import PROFILES_DIR, load_profile
+
+    names = sorted(p.stem for p in PROFILES_DIR.glob("*.toml"))
+    assert {"quick", "prefill", "spark-recipe"} <= set(names)
+    need = {n: max(c.depth + c.max_tokens for c in load_profile(n).cells()) for n in names}
+    assert all(v <= SimConfig().max_model_len for v in need.values()), need
