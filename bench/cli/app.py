@@ -248,6 +248,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)
+    _closed_loop_only(ls, streams=streams, depths=depths)
     if ls is not None and resume:
         raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
                           "and cannot be continued: run it again with --overwrite (or another --out)")
@@ -290,6 +291,17 @@ def _overridden(profile_name: str, streams: str | None, depths: str | None, prom
         prompts=parse_kinds(prompt_kinds) if prompt_kinds is not None else None,
         **overrides,
     )
+
+
+def _closed_loop_only(ls: Any, **given: str | None) -> None:
+    """An open-loop run (``ls`` not None) refuses the flags that shape closed-loop cells, naming what sets its
+    sizes instead (they were ignored without a word)."""
+    used = [f"--{k}" for k, v in given.items() if v is not None]
+    if ls is not None and used:
+        verb = "shape" if len(used) > 1 else "shapes"
+        raise ConfigError(f"{' and '.join(used)} {verb} closed-loop cells; an open-loop run ({ls.mode}) sends its "
+                          "own schedule: its prompt sizes come from --input-tokens, its concurrency from the "
+                          "arrivals (cap: --max-concurrency)")
 
 
 def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool, history_db: str | None = None) -> None:

@@ -479,3 +479,15 @@ def test_point_lines_show_latencies_from_the_send_and_from_the_schedule() -> Non
     assert lines[2] == "  E2E  ms p50 / p90 / p99, from send:     100.0 / - / 300.0"
     assert "coordinated omission" in lines[-1] and all(len(x) <= 80 for x in lines)
     assert latency_lines({}) == []
+
+
+@pytest.mark.parametrize("flags, named", [(["--streams", "2"], "--streams shapes"),
+                                          (["--depths", "4k", "--streams", "2"], "--streams and --depths shape")])
+def test_open_loop_refuses_closed_loop_cell_flags(flags: list[str], named: str, tmp_path: Path, capsys) -> None:
+    """They were ignored without a word (the run went at the default prompt size)."""
+    from bench.cli.app import main
+
+    rc = main(["run", "http://127.0.0.1:9/v1", "--rate", "5", "--duration", "2", *flags, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 3 and named in err and "--input-tokens" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
