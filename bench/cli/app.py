@@ -363,6 +363,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
 def _print_results(results: Results, out: Path, as_json: bool, report_path: Path | None = None) -> None:
     from bench.report.console import results_note, results_table, say, stderr, stdout, warn
     from bench.report.export import headline
+    from bench.report.progress import shown_notes
     from bench.results import to_json
 
     if as_json:
@@ -374,8 +375,10 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
         say(note, stdout, soft_wrap=False)
     for h in headline(results):
         say(f"  {h}", stdout, soft_wrap=False)
-    for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces
-        warn(w, soft_wrap=False)
+    shown = shown_notes()
+    for w in results.warnings:  # wrapped at the console's width ($COLUMNS), at spaces; once: not those shown live
+        if w not in shown:
+            warn(w, soft_wrap=False)
     say(f"results: {out}/results.json, results.csv, results.md, records.jsonl", soft_wrap=False)
     if report_path is not None:
         # the path whole (for copying): beside "report:" when that fits the terminal, else on a line of its own

@@ -25,10 +25,16 @@ from bench.report.tables import num
 from bench.results import CellResult
 
 __all__ = ["CapacityProgress", "RichObserver", "QuietObserver", "PlainObserver", "Sided", "cell_result_text",
-           "PROGRESS_EVERY_S", "make_observer", "observed"]
+           "PROGRESS_EVERY_S", "make_observer", "observed", "shown_notes"]
 
 PROGRESS_EVERY_S = 30.0
 T = TypeVar("T")
+_SHOWN: set[str] = set()  # the notes this command's observer printed live (the end's list leaves them out)
+
+
+def shown_notes() -> frozenset[str]:
+    """The run-level warnings the current command's observer already printed while it ran."""
+    return frozenset(_SHOWN)
 
 
 class QuietObserver:
@@ -36,6 +42,7 @@ class QuietObserver:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console
+        _SHOWN.clear()  # a new command's observer: nothing of this command printed yet
         self.side = ""  # bench ab: the side (A or B) the calls are for now (set by :class:`Sided`), shown in lines
 
     def __enter__(self) -> QuietObserver:
@@ -63,9 +70,10 @@ class QuietObserver:
         """Nothing to show."""
 
     def note(self, text: str) -> None:
-        """Warnings go to stderr."""
+        """Warnings go to stderr (once: :func:`shown_notes`)."""
         if self.console is not None:
             warn(text, self.console, soft_wrap=False)
+            _SHOWN.add(text)
 
 
 class RichObserver(QuietObserver):

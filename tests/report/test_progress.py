@@ -265,3 +265,15 @@ def test_a_resumed_run_numbers_its_cells_by_their_place_in_the_profile() -> None
     assert out.getvalue().splitlines() == [
         "bench: [1/2] d0-s1-prose kept from the run resumed (measured before it stopped)",
         "bench: [2/2] d0-s2-prose started: 4 requests, 2 stream(s)"]
+
+
+def test_a_run_level_warning_is_printed_once(sim, tmp_path, capsys):
+    """Shown live as it happens, not again in the end's list (it was printed twice)."""
+    from bench.cli.app import main
+
+    rc = main(["run", sim, "--streams", "1", "--depths", "0", "--repeats", "1", "--max-tokens", "8",
+               "--hardware", "h200", "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 0 and err.count("the server reports no model size") == 1, err
+    doc = json.loads((tmp_path / "r" / "results.json").read_text())
+    assert sum("the server reports no model size" in w for w in doc["warnings"]) == 1
