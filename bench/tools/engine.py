@@ -80,6 +80,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_is_free(port: int) -> None:
+    """Raises :class:`ConfigError` when something listens on ``127.0.0.1:port`` already (its ``/health`` would
+    answer for the server being started, whose own start then fails)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ConfigError(f"port {port} on 127.0.0.1 is taken (another server listens there): give another "
+                              "--port, or --port 0 for a free one") from None
+
+
 class LocalEngine:
     """``llama-server`` as a context manager.
 
@@ -130,6 +141,8 @@ class LocalEngine:
             EndpointUnreachable: the server exited or did not become healthy in time (the log path is named).
         """
         binary, model = find_server_binary(), find_model()
+        if self.port:
+            port_is_free(self.port)
         self.port = self.port or free_port()
         cmd = [
             str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(self.port),
@@ -177,9 +190,11 @@ class LocalEngine:
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL after ``grace_s``; after a Ctrl-C, a short grace: nothing of
-        the embedded server's is worth waiting for); a temporary log is removed. Idempotent."""
+        the embedded server's is worth waiting for); a temporary log is removed, unless the server exited on its
+        own with an error (the message that names the log is still to be read). Idempotent."""
         if self.proc is None:
             return
+        died = self.proc.poll() not in (None, 0)  # it exited on its own, with an error: its log says why
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
@@ -188,7 +203,7 @@ class LocalEngine:
                 self.proc.kill()
                 self.proc.wait()
         self.proc = None
-        if self.log_dir is None and self.url:  # started fine: nothing left behind in the temp folder
+        if self.log_dir is None and self.url and not died:  # started and ended fine: nothing left in the temp folder
             self.log_path.unlink(missing_ok=True)
 
     def wait(self) -> int:

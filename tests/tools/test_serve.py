@@ -37,6 +37,23 @@ def test_serve_prints_its_url_serves_and_stops_on_ctrl_c(tmp_path: Path, sig: si
         httpx.get(url.removesuffix("/v1") + "/health", timeout=5)
 
 
+def test_serve_on_a_taken_port_says_so_before_printing_a_url(tmp_path: Path) -> None:
+    """The other server's /health answered for llama-server, so bench printed the URL and "serving", then failed
+    with a log path it had deleted."""
+    import socket
+
+    env = fake_engine_env(tmp_path)
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        p = subprocess.run([sys.executable, "-m", "bench", "serve", "--port", str(port)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert p.returncode == 3 and p.stdout == "", p
+    assert f"port {port} on 127.0.0.1 is taken" in p.stderr and "--port 0" in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.engine
 def test_serve_says_the_context_a_request_can_use(tmp_path: Path) -> None:
     """`bench serve` said "4 slots, 32768 tokens of context" while `bench run` against it refused prompts over
