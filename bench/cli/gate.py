@@ -25,7 +25,7 @@ from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
 from bench.config.profile import Profile
-from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, GateCouldNotRun
+from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, GateCouldNotRun, RunInterrupted
 from bench.gate import (
     Rule,
     Verdict,
@@ -89,13 +89,14 @@ def _observer(cells: int, quiet: bool = False) -> tuple[Any, Callable[[str], Non
 
 
 def _could_not_run(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn any BenchError of a ``bench gate`` run into :class:`GateCouldNotRun` (exit 3)."""
+    """Turn any BenchError of a ``bench gate`` run into :class:`GateCouldNotRun` (exit 3), but an interrupt
+    (Ctrl-C, SIGTERM) stays one: exit 130, as every command."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except GateCouldNotRun:
+        except (GateCouldNotRun, RunInterrupted):
             raise
         except BenchError as e:
             raise GateCouldNotRun(str(e)) from e

@@ -277,3 +277,19 @@ def test_the_embedded_models_context_is_checked_only_for_the_embedded_endpoint(m
     fits = Profile(name="fits", sweeps=(Sweep(streams=(2,), depths=(8000,)),), max_tokens=128)
     monkeypatch.delenv("BENCH_MODEL")
     assert engine_size(fits) == (4, 4 * (8128 + 512))
+
+
+def test_an_interrupted_gate_exits_130(tmp_path) -> None:
+    """It exited 3 ("could not run"), unlike every other command; its finished records stay."""
+    prof = tmp_path / "slow.toml"
+    prof.write_text(TWO_CELLS.replace("requests = 6", "requests = 60"))
+    with running_sim(SimConfig(decode_step_ms=10.0)) as url:
+        base = tmp_path / "base"
+        quick = tmp_path / "quick.toml"
+        quick.write_text(TWO_CELLS)
+        assert _bench("run", url, "-p", str(quick), "--out", str(base), "--json").returncode == 0
+        out = tmp_path / "g"
+        proc, err = _terminate_after(["gate", url, "-p", str(prof), "--baseline", str(base / "results.json"),
+                                      "--out", str(out), "--force"], out / "records.jsonl", 5)
+    assert proc.returncode == 130, err
+    assert "interrupted (SIGTERM)" in err and len(read_records(out / "records.jsonl")) >= 5
