@@ -121,10 +121,12 @@ def add(inputs: tuple[str, ...], db: str, commit: str | None, branch: str | None
                 _note(f"skipped {f}: the run is incomplete (interrupted)")
                 continue
             if key in seen or store.has_run(key):
+                what = ("is given twice (the same run id and start in two of the files)" if key in seen
+                        else "is already stored")
                 if not skip_existing:
                     raise HistoryError(f"history {store.where}: run {r.run.id} (started {r.run.started or r.created}"
-                                       f", {f}) is already stored; nothing added (--skip-existing skips it)")
-                _note(f"skipped {f}: run {r.run.id} is already stored")
+                                       f", {f}) {what}; nothing added (--skip-existing skips it)")
+                _note(f"skipped {f}: run {r.run.id} {what}")
                 continue
             seen.add(key)
             todo.append((f, r))

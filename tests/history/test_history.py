@@ -82,7 +82,7 @@ def test_add_stores_runs_and_refuses_the_same_run_again(tmp_path, capsys) -> Non
     assert rc == 3
     assert len(err.strip().splitlines()) == 1 and "already stored" in err and "00000001" in err
     rc, _, err = run_cli(capsys, "history", "add", str(files[1]), str(files[1]), "--db", str(tmp_path / "b.db"))
-    assert rc == 3 and "already stored" in err  # the same run twice in one call: nothing added
+    assert rc == 3 and "is given twice" in err and "already stored" not in err  # twice in one call: nothing added
     assert sqlite3.connect(tmp_path / "b.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
     rc, out, _ = run_cli(capsys, "history", "runs", "--db", db, "--json")
     runs = json.loads(out)
