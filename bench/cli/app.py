@@ -172,7 +172,8 @@ def replay(case_file: str, as_json: bool) -> None:
 @cli.command()
 @click.argument("url", required=False)
 @click.option("--profile", "-p", "profile_name", default="quick", show_default=True,
-              help="Shipped profile name (quick, decode, prefill, depth, spark-recipe) or a TOML file path.")
+              help="Shipped profile name (quick, decode, prefill, depth, spark-recipe, ci-gate, multimodal, agent) "
+                   "or a TOML file path.")
 @click.option("--streams", help="Concurrent streams per wave, comma list: 1,2,4,8 (overrides the profile).")
 @click.option("--depths", help="Context depths in prompt tokens, comma list; k = 1024: 0,4k,32k,131k.")
 @click.option("--max-tokens", type=click.IntRange(1), help="Output tokens per request.")

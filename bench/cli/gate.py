@@ -194,7 +194,7 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
     \b
     Examples:
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
-      bench gate URL -p ci.toml --baseline base/results.json --update-baseline
+      bench gate URL -p my-ci.toml --baseline base/results.json --update-baseline
           (refresh it)
       bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """

@@ -28,3 +28,11 @@ def test_help_of_every_command(path: tuple[str, ...]) -> None:
     assert "Usage" in text or "usage" in text
     wide = [ln for ln in text.splitlines() if len(ln) > 80]
     assert not wide, "\n".join(wide)
+
+
+def test_run_help_names_every_shipped_profile() -> None:
+    from bench.config.profile import PROFILES_DIR
+
+    text = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=80).output.split())
+    names = [p.stem for p in PROFILES_DIR.glob("*.toml") if not p.stem.startswith("sim-")]
+    assert names and all(n in text for n in names), [n for n in names if n not in text]
