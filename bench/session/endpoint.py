@@ -126,8 +126,11 @@ def check_fits_context(profile: Profile, context: int | None, need: tuple[str, i
     for c in profile.cells():
         total = c.depth + c.max_tokens
         if total > context:
+            fix = (f"use --depths below {context - c.max_tokens}" if c.max_tokens < context
+                   else f"use --max-tokens below {context - c.depth}" if c.depth < context
+                   else "use smaller --depths and --max-tokens")
             raise ConfigError(f"cell {c.id}: a {c.depth}-token prompt + {c.max_tokens} output tokens = {total} "
-                              f"tokens do not fit {where} (use --depths below {context - c.max_tokens}, or {cure})")
+                              f"tokens do not fit {where} ({fix}, or {cure})")
 
 
 def check_connection_limits(base: str, streams: int) -> None:
