@@ -271,12 +271,12 @@ def test_the_embedded_models_context_is_checked_only_for_the_embedded_endpoint(m
     monkeypatch.delenv("BENCH_MODEL", raising=False)
     with pytest.raises(ConfigError, match="use --depths below 8184"):
         engine_size(deep)
-    assert engine_size(deep, "http://127.0.0.1:8000/v1")[0] >= 1
-    monkeypatch.setenv("BENCH_MODEL", "/models/long-context.gguf")
-    assert engine_size(deep)[1] >= 16392
     huge = Profile(name="huge", sweeps=(Sweep(streams=(1,), depths=(0,)),), max_tokens=99_999_999)
     with pytest.raises(ConfigError, match="use --max-tokens below 8192"):  # not "--depths below -99991807"
         engine_size(huge)
+    assert engine_size(deep, "http://127.0.0.1:8000/v1")[0] >= 1
+    monkeypatch.setenv("BENCH_MODEL", "/models/long-context.gguf")
+    assert engine_size(deep)[1] >= 16392
     fits = Profile(name="fits", sweeps=(Sweep(streams=(2,), depths=(8000,)),), max_tokens=128)
     monkeypatch.delenv("BENCH_MODEL")
     assert engine_size(fits) == (4, 4 * (8128 + 512))
