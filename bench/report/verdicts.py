@@ -43,7 +43,7 @@ __all__ = [
 
 OUTCOME = {0: "PASS", 1: "REGRESSION", 2: "INCONCLUSIVE"}
 _STYLE = {"regression": "bold red", "inconclusive": "yellow", "improved": "green", "unchanged": ""}
-_CHANGE = {"regression": "worse", "inconclusive": "~", "improved": "better", "unchanged": "same"}
+_CHANGE = {"regression": "worse", "inconclusive": "~", "improved": "better", "unchanged": "~"}  # docs/gate.md
 VERDICT_HEAD = ["verdict", "metric", "stat", "cell", "baseline", "candidate", "ratio", "CI", "limit", "MDE", "n"]
 
 
