@@ -234,6 +234,17 @@ def test_overall_exit():
     assert overall_exit([]) == 2  # nothing compared is not a pass
 
 
+def test_compares_change_words_are_the_documented_three():
+    from bench.report.verdicts import side_by_side_rows
+
+    def v(kind: str) -> Verdict:
+        return Verdict(DEC, "c", kind, 1, 1, 1, 0.99, 1.01, 0.95, 8, 8)
+
+    words = [row[-1] for row in side_by_side_rows([v(k) for k in ("regression", "improved", "inconclusive",
+                                                                   "unchanged")])[1]]
+    assert words == ["worse", "better", "~", "~"]  # docs/gate.md: better / worse / ~
+
+
 def test_check_comparable():
     a = results({}, profile="ci", model="llama", backend="vllm")
     assert check_comparable(a, results({}, profile="ci", model="llama", backend="vllm")) == []
