@@ -4,6 +4,7 @@ embedded llama-server), the client options every endpoint command takes (timeout
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
@@ -194,6 +195,9 @@ def settings_from_options(api_key_env: str, connect_timeout: float, read_timeout
     ``--insecure``."""
     from bench.client import ClientSettings
 
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):
+        raise ConfigError(f"--api-key-env takes the NAME of an environment variable (letters, digits, _), not "
+                          f"{'an empty string' if not api_key_env else 'this text'}: e.g. --api-key-env MY_KEY")
     if connect_timeout <= 0:
         raise ConfigError("--connect-timeout must be > 0")
     if read_timeout is not None and read_timeout <= 0:

@@ -56,6 +56,8 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["run", sim_url, "-p", str(tmp / "empty.toml")], 3, "streams is empty"),
         (["run", sim_url, "-p", str(tmp / "nosweep.toml")], 3, "no cells"),
         (["run", sim_url, "--depths", ","], 3, "--depths"),
+        (["probe", sim_url, "--api-key-env", ""], 3, "--api-key-env takes the NAME"),
+        (["probe", sim_url, "--api-key-env", "sk-not-a-name"], 3, "--api-key-env takes the NAME"),
         (["run", sim_url, "--prompt", "poetry"], 3, "--prompt"),
         (["run", sim_url, "--out", str(tmp / "afile" / "sub")], 3, "--out"),
         (["run", sim_url, "--out", str(tmp / "afile")], 3, "is a file"),
