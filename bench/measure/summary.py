@@ -282,8 +282,10 @@ def _server_gap_warning(cell: Cell, ok: Sequence[RequestMetrics], gap: list[floa
 
 
 def _client_warnings(cell: Cell, ms: Sequence[RequestMetrics], cpu_pct: float | None) -> list[str]:
+    """The client's CPU (not when every request failed: no figure to distrust, and a loop of fast failures keeps
+    any client busy) and a cell where every request failed."""
     out = []
-    if cpu_pct is not None and cpu_pct > CLIENT_CPU_WARN_PCT:
+    if cpu_pct is not None and cpu_pct > CLIENT_CPU_WARN_PCT and any(m.ok for m in ms):
         n = max(2, math.ceil(cpu_pct / (CLIENT_CPU_WARN_PCT / 2)))
         out.append(warning("client-cpu", cell.id, cpu=cpu_pct, n=n))
     if ms and all(not m.ok for m in ms):

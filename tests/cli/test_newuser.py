@@ -709,3 +709,22 @@ def test_plain_progress_lines_wrap_at_the_width():
                                         "aggregate_decode_tok_s": {"median": 987654.3}, "requests_failed": 3}))
     lines = buf.getvalue().splitlines()
     assert max(len(ln) for ln in lines) <= 40 and "12,345.6" in buf.getvalue() and "987,654.3" in buf.getvalue()
+
+
+def test_client_cpu_is_not_blamed_when_every_request_failed():
+    """A server killed mid-run: its cells' requests all failed at once, the client spun through them, and the
+    warning said to add --workers (next to "every request failed")."""
+    from bench.config.profile import Cell
+    from bench.measure.summary import summarize_cell
+    from bench.records import Event, RequestRecord
+
+    recs = [RequestRecord(f"r{i}", "chat", "m", queued_ns=1, sent_ns=1, done=True, error="connect: refused",
+                          error_kind="connect") for i in range(4)]
+    cell = Cell("s", 0, 1, "prose", 4, 4)
+    ws = summarize_cell(cell, recs, [[r.request_id for r in recs]], None, client_cpu_pct=100.0).warnings
+    assert any("every request failed" in w for w in ws) and not any("--workers" in w for w in ws), ws
+    r = RequestRecord("x", "chat", "m", queued_ns=1, sent_ns=1, done=True, finish_reason="length")
+    r.events = [Event(int(k * 1e6), content=" w") for k in range(1, 5)]
+    r.end_ns = int(6e6)
+    ws = summarize_cell(cell, [r], [["x"]], None, client_cpu_pct=100.0).warnings
+    assert any("--workers" in w for w in ws), ws  # a cell with a success at 100 % CPU still gets it
