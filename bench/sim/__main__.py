@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import sys
 from typing import Any, NoReturn
 
@@ -84,8 +85,9 @@ def main(argv: list[str] | None = None) -> int:
         serve(cfg)
     except OSError as e:
         why = e.strerror or str(e)
-        print(f"bench sim: cannot listen on {cfg.host}:{cfg.port}: {why} (another --port, or --port 0 for a free "
-              "one)", file=sys.stderr)
+        cure = ("--host: an address of this machine, e.g. 127.0.0.1" if e.errno == errno.EADDRNOTAVAIL
+                else "another --port, or --port 0 for a free one")
+        print(f"bench sim: cannot listen on {cfg.host}:{cfg.port}: {why} ({cure})", file=sys.stderr)
         return EXIT_BAD_INPUT
     return 0
 

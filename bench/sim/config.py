@@ -234,7 +234,10 @@ def load_config(path: str) -> SimConfig:
     Raises ValueError naming any unknown key, or describing an invalid value.
     """
     with open(path, "rb") as fh:
-        data = tomllib.load(fh)
+        try:
+            data = tomllib.load(fh)
+        except tomllib.TOMLDecodeError as e:
+            raise ValueError(f"{path} is not valid TOML: {e}") from None
     if set(data) == {"sim"} and isinstance(data["sim"], dict):
         data = data["sim"]
     for key, value in data.items():

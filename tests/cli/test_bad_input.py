@@ -43,6 +43,7 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
     (tmp / "nosweep.toml").write_text('sweep = []\n')
     (tmp / "afile").write_text("x")
     (tmp / "sim-bad.toml").write_text("decode_step_ms = 5\nbogus_field = 1\n")
+    (tmp / "sim-syntax.toml").write_text("decode_step_ms = \n")
     bad_types = {"schema": 1, "profile": {"name": "p"}, "endpoint": {"url": "u"}, "run": {"id": "r"},
                  "cells": [{"id": "c", "waves": "three"}]}
     (tmp / "types.json").write_text(json.dumps(bad_types))
@@ -72,6 +73,8 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--port", "70000"], 3, "port"),
         (["sim", "--no-such-flag"], 3, "unrecognized"),
         (["sim", "--config", str(tmp / "sim-bad.toml")], 3, "bogus_field"),  # docs/sim.md: bad input, exit 3
+        (["sim", "--config", str(tmp / "sim-syntax.toml")], 3, "sim-syntax.toml is not valid TOML"),
+        (["sim", "--host", "10.255.255.1", "--port", "0"], 3, "--host: an address of this machine"),
         (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
         (["sim", "--port", str(urlsplit(sim_url).port)], 3, "another --port"),  # the fixture's sim holds it
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
