@@ -50,15 +50,17 @@ def capacity_answer(doc: dict[str, Any]) -> str:
 
 
 def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """A capacity search's points as a table, sorted by load then trial: throughput against latency, per-user
-    against aggregate tok/s, goodput and whether the SLO held."""
-    head = ["load", "point", "trial", "achieved req/s", "done req/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s",
+    """A capacity search's points as a table, sorted by load then trial: the kind of point (probe, refine, or a
+    bracketing point; ``t1``, ``t2``: its second, third trial), throughput against latency, per-user against
+    aggregate tok/s, goodput and whether the SLO held."""
+    head = ["load", "point", "achieved req/s", "done req/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s",
             "total tok/s", "goodput req/s", "SLO", "steady"]
     rows = []
     pts = [p for p in doc.get("points") or [] if isinstance(p, dict) and isinstance(p.get("load"), int | float)]
     for p in sorted(pts, key=lambda x: (x["load"], x.get("trial") or 0)):
         g = p.get("goodput") or {}
-        rows.append([f"{p['load']:.4g}", str(p.get("phase") or "-"), str(p.get("trial", 0)), _f(p.get("achieved_rps"), 2),
+        kind = f"{p.get('phase') or 'point'}" + (f" t{p['trial']}" if p.get("trial") else "")  # t1: a second trial
+        rows.append([f"{p['load']:.4g}", kind, _f(p.get("achieved_rps"), 2),
                      _f(p.get("completed_rps"), 2), _f(p.get("ttft_p90_ms")), _f(p.get("tpot_p50_ms"), 2),
                      _f(p.get("per_user_tok_s")), _f(p.get("aggregate_tok_s")), _f(g.get("rps"), 2),
                      "met" if p.get("slo_met") else "missed", "yes" if p.get("steady") else "no"])
