@@ -125,14 +125,15 @@ def _print_verdicts(verdicts: Sequence[Verdict], title: str, code: int | None = 
 
 
 def _warn(lines: Sequence[str], note: bool = False) -> None:
-    """Each line as a warning (``warning`` in yellow) or, with ``note``, as ``note: ...``; their text as it is."""
+    """Each line as a warning (``warning`` in yellow) or, with ``note``, as ``note: ...``; their text as it is,
+    wrapped at the console's width ($COLUMNS) at spaces."""
     from bench.report.console import say, warn
 
     for d in lines:
         if note:
-            say(f"note: {d}")
+            say(f"note: {d}", soft_wrap=False)
         else:
-            warn(d)
+            warn(d, soft_wrap=False)
 
 
 def _load_profile(name: str) -> Profile:

@@ -583,11 +583,11 @@ def describe_point(s: dict[str, Any]) -> list[str]:
     sc, c, w = s["schedule"], s["counts"], s["window"]
     lag = sc["send_lag_ms"]
     lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {num(sc['planned_rps'])} req/s, achieved "
-             f"{num(sc['achieved_rps'])} req/s; send lag p50/p99/max {num(lag['p50'])} / {num(lag['p99'])} / "
-             f"{num(lag['max'])} ms",
-             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; window {num(w['from_s'], 1)}-"
-             f"{num(w['to_s'], 1)} s ({w['requests']} of {c['planned']} requests), steady: "
-             f"{'yes' if s['steady'] else 'no (saturated)'}"]
+             f"{num(sc['achieved_rps'])} req/s",
+             f"  send lag p50 / p99 / max: {num(lag['p50'])} / {num(lag['p99'])} / {num(lag['max'])} ms",
+             f"  finished {c['finished']}, failed {c['failed']}, cut {c['cut']}; steady: "
+             f"{'yes' if s['steady'] else 'no (saturated)'}",
+             f"  window {num(w['from_s'], 1)}-{num(w['to_s'], 1)} s ({w['requests']} of {c['planned']} requests)"]
     lines += latency_lines(s.get("latency") or {})
     if "goodput" in s:
         g = s["goodput"]

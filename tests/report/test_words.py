@@ -137,7 +137,8 @@ def test_point_lines_hold_no_raw_float():
          "slo": {"ttft_p90": {"value": 123.456789, "limit_ms": 2000.0, "held": True}}}
     lines = describe_point(s)
     assert not [ln for ln in lines if RAW.search(ln)], lines
-    assert "SLO met by 26.5 % of requests" in " ".join(lines) and "(56 of 80 requests)" in lines[1]
+    assert "SLO met by 26.5 % of requests" in " ".join(lines) and "(56 of 80 requests)" in lines[3]
+    assert max(len(ln) for ln in lines) <= 80, lines  # each fits an 80-column terminal
 
 
 def test_numbers_and_the_capacity_answer():
