@@ -111,7 +111,8 @@ def results_table(results: Results, width: int | None = None) -> RenderableType:
     fit = width is not None and width < table_width(head, rows, natural=True)
     for i, h in enumerate(head):  # squeezed: each column as wide as its widest value (headers wrap at spaces)
         w = max([len(r[i]) for r in rows] + [len(x) for x in h.split()]) if fit else None
-        t.add_column(h, justify="left" if i in (0, 2) or h == "SLO goodput" else "right", overflow="fold", width=w)
+        t.add_column(Text(h), justify="left" if i in (0, 2) or h == "SLO goodput" else "right", overflow="fold",
+                     width=w)  # Text: "[p10-p90]" is not markup
     for r in rows:
         t.add_row(*(Text(v) for v in r))
     return t

@@ -165,6 +165,7 @@ def test_results_table_is_the_full_table_when_it_fits(piped_run):
     assert "┃" in text or "│" in text  # a table, not the stacked view
     for r in rows:
         assert all(v in text for v in r)
+    assert "[p10-p90]" in text  # a header is text, not markup (rich ate "[p10-p90]" as a style tag)
 
 
 def test_console_width_reads_columns():
