@@ -398,6 +398,7 @@ class Capacity:
     time_budget_s: float | None = None
     elapsed_s: float | None = None
     interrupted: bool = False
+    cut_point: dict[str, Any] | None = None  # interrupted mid-point: its load, trial, folder and records kept
     slo: str | None = None
     load: dict[str, Any] | None = None
     endpoint: dict[str, Any] | None = None

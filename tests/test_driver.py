@@ -110,6 +110,14 @@ def test_capacity_interrupt_writes_the_points_so_far(sim: str, tmp_path: Path) -
     assert doc["interrupted"] is True and doc["boundary"] is None
     done = sorted((out / "points").glob("*/point.json"))
     assert len(doc["points"]) == len(done)
+    # the point it cut: named with its folder and the records it kept (that folder has no point.json)
+    cut = doc["cut_point"]
+    folders = sorted((out / "points").iterdir())
+    if cut is None:  # the signal came between two points: every folder is a finished point
+        assert all((f / "point.json").exists() for f in folders), folders
+    else:
+        assert not (Path(cut["dir"]) / "point.json").exists() and "cut_point" in doc["note"], cut
+        assert cut["records"] == len((Path(cut["dir"]) / "records.jsonl").read_text().splitlines())
     r = subprocess.run([sys.executable, "-m", "bench", "capacity", sim, "--slo", "ttft_p90=300ms", "--out", str(out)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == EXIT_BAD_INPUT and "--overwrite" in r.stderr, r.stderr

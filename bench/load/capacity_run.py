@@ -52,6 +52,7 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
     assert slo is not None
     first = [0]
     finished: list[Point] = []
+    current: list[dict[str, Any]] = []  # the point being measured (its folder has records.jsonl, no point.json yet)
 
     async def one(load: float, trial: int, duration_s: float | None = None,
                        refine_s: float | None = None) -> dict[str, Any]:
@@ -62,6 +63,7 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
             plan = make_plan(pls, session.profile.max_tokens)
         ld = load_dict(pls)
         folder = out_dir / "points" / f"{len(first):02d}-{ld['id']}-t{trial}"
+        current[:] = [{"load": load, "trial": trial, "dir": str(folder)}]
         old, session.writer = session.writer, RecordWriter(folder / "records.jsonl")
         if progress is not None:
             progress.begin(ld["id"], max((p.at_s for p in plan), default=0.0), pls.max_concurrency)
@@ -77,6 +79,7 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
         first[0] += len(plan)
         first.append(0)
         s["dir"] = str(folder)
+        current.clear()
         finished.append(Point(load, trial, s))
         write_atomic(folder / "point.json", json.dumps(s, indent=1) + "\n")
         if ss.by == "rate":
@@ -89,13 +92,24 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
         doc = await search(ss, one)
     except asyncio.CancelledError:
         doc = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [point_entry(p) for p in finished],
-               "interrupted": True,
-               "note": f"interrupted after {len(finished)} point(s): no boundary (run the search again)"}
+               "interrupted": True, "cut_point": _cut_point(current),
+               "note": f"interrupted after {len(finished)} point(s): no boundary (run the search again)"
+                       + ("; the point in progress is cut_point (its records only)" if current else "")}
         _write_doc(doc, slo, ls, session, out_dir)
         raise
     doc["interrupted"] = False
     _write_doc(doc, slo, ls, session, out_dir)
     return doc
+
+
+def _cut_point(current: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The point an interrupt cut: its load, trial and folder, and how many finished records that folder kept (no
+    point.json: it has no window or statistics)."""
+    if not current:
+        return None
+    recs = Path(current[0]["dir"]) / "records.jsonl"
+    n = sum(1 for line in recs.read_text(encoding="utf-8").splitlines() if line.strip()) if recs.exists() else 0
+    return {**current[0], "records": n}
 
 
 def search_load(ls: LoadSettings, by: str) -> dict[str, Any]:
