@@ -189,8 +189,9 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     for c in results.cells:
         d, t = c.decode_tok_s, c.ttft_ms
         thin = "*" if "p99" in t.get("thin", []) else ""
-        pt = c.stat("prompt_tok_s") if c.depth else None
-        ptc = c.stat("prompt_tok_s_corrected") if c.depth else None
+        shown = bool(c.depth and c.streams)  # an open-loop cell's TTFT holds its queueing: no prefill figure
+        pt = c.stat("prompt_tok_s") if shown else None
+        ptc = c.stat("prompt_tok_s_corrected") if shown else None
         noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
         rows.append([
             _depth(c.depth), str(c.streams) if c.streams else "open",
@@ -200,8 +201,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             + _pct(c.roofline, "decode_pct_of_limit", c.streams == 1),
             _n(c.stat("aggregate_decode_tok_s")) + _pct(c.roofline, "decode_pct_of_limit", c.streams > 1),
             f"{_n(t.get('median'), 0)} / {_n(t.get('p90'), 0)} / {_n(t.get('p99'), 0)}{thin}",
-            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.overhead_flag and c.depth else "")
-            + _pct(c.roofline, "prefill_pct_of_limit", bool(c.depth)),
+            f"{_n(pt, 0)} ({_n(ptc, 0)})" + (" !" if c.overhead_flag and shown else "")
+            + _pct(c.roofline, "prefill_pct_of_limit", shown),
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
         ] + ([f"{_n(c.stat('reasoning_tok_s'))} / {_n(c.stat('content_tok_s'))}"] if with_think else [])
