@@ -46,7 +46,7 @@ def normalize_url(url: str) -> str:
         raise ConfigError(f"URL {redact(url)!r} does not parse ({redact(str(e))}); write it like "
                           "http://host:port/v1 (IPv6: http://[::1]:8000/v1)") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ConfigError(f"URL {url!r} is not an http(s) URL like http://host:port/v1")
+        raise ConfigError(f"URL {redact(url)!r} is not an http(s) URL like http://host:port/v1")
     path = parts.path.rstrip("/")
     if not path:
         path = "/v1"

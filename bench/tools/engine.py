@@ -194,7 +194,8 @@ class LocalEngine:
         own with an error (the message that names the log is still to be read). Idempotent."""
         if self.proc is None:
             return
-        died = self.proc.poll() not in (None, 0)  # it exited on its own, with an error: its log says why
+        rc = self.proc.poll()
+        died = rc is not None and 0 < rc < 128  # it exited on its own with an error (not a signal): its log says why
         if self.proc.poll() is None:
             self.proc.terminate()
             try:
