@@ -280,3 +280,26 @@ def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
             prev = p
     assert [t["turn"] for t in c["turns"]] == [0, 1, 2]
     assert c["turns"][0]["cached_share"] == 0 and c["turns"][2]["cached_share"] > 0.5
+
+
+@pytest.mark.parametrize("cfg, prompt, out", [
+    ({"decode_step_ms": 24, "max_running": 4}, 200, 16),  # prefill 40 ms: the new user's case (10.12 / 10.25 read)
+    ({"decode_step_ms": 20, "decode_step_ms_per_seq": 1, "max_running": 4, "prefill_tok_s": 1e12}, 32, 8),
+])
+def test_concurrency_points_do_not_read_above_what_the_server_serves(tmp_path: Path, cfg: dict[str, Any],
+                                                                     prompt: int, out: int) -> None:
+    """4 slots: at most ``saturation_rps`` req/s. Counted over the span, a 4-stream point read 7-9 % above it
+    (the streams' sends and ends come in bursts); Little's law does not."""
+    truth = T.saturation_rps(SimConfig(**cfg), prompt, out)
+
+    async def go(base: str) -> dict[str, Any]:
+        ls = LoadSettings(requests=60, input_tokens=str(prompt), slo="ttft_p90=2s")
+        return await run_capacity(base, Profile(name="cap", max_tokens=out, warmup=0, overhead_probes=2),
+                                  ClientSettings(), ls, SearchSettings(by="concurrency", start=4, max_load=8,
+                                                                       trials=1, max_points=1), out_dir=tmp_path)
+
+    with SimProcess(**cfg) as sim:
+        doc = asyncio.run(go(sim.base))
+    [p] = [p for p in doc["points"] if p["load"] == 4]
+    assert truth * 0.9 <= p["achieved_rps"] <= truth * 1.01, (p, truth)
+    assert truth * 0.9 <= p["completed_rps"] <= truth * 1.01, (p, truth)
