@@ -93,4 +93,5 @@ def test_a_late_case_server_is_retried_and_named(monkeypatch) -> None:
     assert len(tries) == replay.TRIES
     assert "ttft_ms" in fails[0] and "behind the case's timing" in fails[-1]
     tries.clear()
-    assert replay_case(case)[2] == [] and len(tries) == 1  # a pass is a pass, late or not
+    untimed = replace(case, expect={"ok": case.expect.get("ok", True)})  # no timing: passes on any host
+    assert replay_case(untimed)[2] == [] and len(tries) == 1  # a pass is a pass, late or not
