@@ -94,23 +94,17 @@ _ENDPOINT_PATHS = ("/chat/completions", "/completions", "/models")
 
 
 def checked_url(base: str) -> str:
-    """The base URL with its port checked; a full endpoint URL pasted by mistake is cut back to its base with a note.
+    """The base URL (from :func:`bench.client.normalize_url`, which checked that it parses, port included); a full
+    endpoint URL pasted by mistake is cut back to its base with a note.
 
     An ``https://`` URL gets a TLS handshake first (:func:`bench.transport.tls.check_tls`).
 
     Raises:
-        ConfigError: the port is not a number or out of range.
         EndpointUnreachable: ``https://`` to a server that does not speak TLS.
     """
-    from urllib.parse import urlsplit
-
     from bench.report.console import say
     from bench.transport.tls import check_tls
 
-    try:
-        _ = urlsplit(base).port
-    except ValueError:
-        raise ConfigError(f"URL {base}: the port is not a number in 1-65535") from None
     for tail in _ENDPOINT_PATHS:
         if base.endswith(tail):
             cut = base[: -len(tail)] or base

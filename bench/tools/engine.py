@@ -196,7 +196,7 @@ class LocalEngine:
             return
         rc = self.proc.poll()
         died = rc is not None and 0 < rc < 128  # it exited on its own with an error (not a signal): its log says why
-        if self.proc.poll() is None:
+        if rc is None:
             self.proc.terminate()
             try:
                 self.proc.wait(timeout=grace_s)
