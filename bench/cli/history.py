@@ -108,33 +108,46 @@ def add(inputs: tuple[str, ...], db: str, commit: str | None, branch: str | None
     All or nothing: a run already stored (same run id and start) or given twice is refused (exit 3) and nothing is
     added, unless --skip-existing. Incomplete (interrupted) runs are skipped with a note.
     """
-    from bench.history.store import open_store, run_key
+    from bench.history.store import open_store, sqlite_file
     from bench.results import load_results
 
     loaded = [(f, load_results(f)) for f in _result_files(inputs)]
     commit, branch = found_commit(commit, branch, use_git=use_git)
+    new_file = sqlite_file(db)
+    if new_file is not None and not os.path.exists(new_file):  # refuse before the file exists: none is left behind
+        _to_add(loaded, lambda key: False, new_file, skip_existing)
     with open_store(db) as store:
-        todo, seen = [], set()
-        for f, r in loaded:
-            key = run_key(r)
-            if not r.run.complete:
-                _note(f"skipped {f}: the run is incomplete (interrupted)")
-                continue
-            if key in seen or store.has_run(key):
-                what = ("is given twice (the same run id and start in two of the files)" if key in seen
-                        else "is already stored")
-                if not skip_existing:
-                    raise HistoryError(f"history {store.where}: run {r.run.id} (started {r.run.started or r.created}"
-                                       f", {f}) {what}; nothing added (--skip-existing skips it)")
-                _note(f"skipped {f}: run {r.run.id} {what}")
-                continue
-            seen.add(key)
-            todo.append((f, r))
-        if not todo:
-            raise HistoryError(f"history {store.where}: nothing to add")
+        todo = _to_add(loaded, store.has_run, store.where, skip_existing)
         rows = sum(store.add(r, source=str(f), commit=commit, branch=branch) for f, r in todo)
         total = len(store.runs())
     _note(f"added {len(todo)} run(s), {rows} statistics, to {store.where} ({total} runs stored)")
+
+
+def _to_add(loaded: list[tuple[Path, Any]], stored: Any, where: str, skip_existing: bool) -> list[tuple[Path, Any]]:
+    """The complete runs of ``loaded`` not yet ``stored`` (a key test); HistoryError for a run stored or given
+    twice (unless ``skip_existing``: a note) or when nothing is left. Incomplete runs: a note."""
+    from bench.history.store import run_key
+
+    todo: list[tuple[Path, Any]] = []
+    seen: set[str] = set()
+    for f, r in loaded:
+        key = run_key(r)
+        if not r.run.complete:
+            _note(f"skipped {f}: the run is incomplete (interrupted)")
+            continue
+        if key in seen or stored(key):
+            what = ("is given twice (the same run id and start in two of the files)" if key in seen
+                    else "is already stored")
+            if not skip_existing:
+                raise HistoryError(f"history {where}: run {r.run.id} (started {r.run.started or r.created}, {f}) "
+                                   f"{what}; nothing added (--skip-existing skips it)")
+            _note(f"skipped {f}: run {r.run.id} {what}")
+            continue
+        seen.add(key)
+        todo.append((f, r))
+    if not todo:
+        raise HistoryError(f"history {where}: nothing to add")
+    return todo
 
 
 def require_store(db: str | None) -> None:

@@ -30,7 +30,7 @@ from bench.redaction import redact
 from bench.results import CellResult, Results
 
 __all__ = ["HistoryStore", "open_store", "RunRow", "Point", "MIGRATIONS", "SCHEMA_VERSION", "STAT_METRICS",
-           "STAT_COLUMNS", "DEFAULT_DB", "run_key"]
+           "STAT_COLUMNS", "DEFAULT_DB", "run_key", "sqlite_file"]
 
 DEFAULT_DB = "bench-history.db"
 
@@ -358,6 +358,15 @@ def _hide_password(url: str) -> str:
     return url
 
 
+def sqlite_file(url: str | os.PathLike[str] | None) -> str | None:
+    """The SQLite file a ``--db`` value names (a path, ``sqlite:///path``, None: :data:`DEFAULT_DB`); None for a
+    PostgreSQL URL."""
+    u = os.fspath(url) if url is not None else DEFAULT_DB
+    if u.startswith(("postgresql://", "postgres://")):
+        return None
+    return u[len("sqlite:///"):] if u.startswith("sqlite:///") else u
+
+
 def open_store(url: str | os.PathLike[str] | None = None) -> HistoryStore:
     """Open (creating and migrating when needed) the store at ``url``: a path or ``sqlite:///path`` for SQLite
     (default :data:`DEFAULT_DB` in the current folder), ``postgresql://...`` for PostgreSQL.
@@ -365,10 +374,9 @@ def open_store(url: str | os.PathLike[str] | None = None) -> HistoryStore:
     Raises:
         HistoryError: the database cannot be opened or reached, psycopg is missing, or its schema is newer.
     """
-    u = os.fspath(url) if url is not None else DEFAULT_DB
-    if u.startswith(("postgresql://", "postgres://")):
-        return _open_postgres(u)
-    path = u[len("sqlite:///"):] if u.startswith("sqlite:///") else u
+    path = sqlite_file(url)
+    if path is None:
+        return _open_postgres(os.fspath(url or ""))
     if os.path.isdir(path):
         raise HistoryError(f"--db {path}: is a folder (give a file, e.g. {os.path.join(path, DEFAULT_DB)})")
     try:

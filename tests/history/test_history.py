@@ -83,7 +83,9 @@ def test_add_stores_runs_and_refuses_the_same_run_again(tmp_path, capsys) -> Non
     assert len(err.strip().splitlines()) == 1 and "already stored" in err and "00000001" in err
     rc, _, err = run_cli(capsys, "history", "add", str(files[1]), str(files[1]), "--db", str(tmp_path / "b.db"))
     assert rc == 3 and "is given twice" in err and "already stored" not in err  # twice in one call: nothing added
-    assert sqlite3.connect(tmp_path / "b.db").execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 0
+    assert not (tmp_path / "b.db").exists()  # refused before a new store was made: no empty file is left
+    rc, _, err = run_cli(capsys, "history", "add", str(files[1]), str(files[1]), "--db", f"sqlite:///{db}")
+    assert rc == 3 and "already stored" in err  # an existing store is still asked
     rc, out, _ = run_cli(capsys, "history", "runs", "--db", db, "--json")
     runs = json.loads(out)
     assert [r["run_id"] for r in runs] == ["00000000", "00000001", "00000002"]
