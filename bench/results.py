@@ -613,6 +613,9 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
     if not held:
         return None
     if resume:
+        if not (d / "results.json").exists():
+            raise ConfigError(f"--resume: {d} holds {', '.join(held)} but no results.json (the run stopped before "
+                              "it wrote any); --overwrite starts it again")
         prev = load_results(d / "results.json")
         if prev.run.complete:
             raise ConfigError(f"--resume: the run in {d} is complete; nothing to continue (--overwrite to redo it)")

@@ -317,9 +317,25 @@ def _finish_run(results: Results, out: Path, as_json: bool, make_report: bool, h
 
         report_path = write_report([out / "results.json"], out / "report.html")
     _print_results(results, out, as_json, report_path)
+    empty = [c for c in results.cells if c.requests_ok == 0 and _window_missed(c)]
+    if empty:
+        raise ConfigError(_empty_window_line(empty))
     failed = [c.id for c in results.cells if c.requests_ok == 0]
     if failed:
         raise ServerError(f"no request succeeded in cell(s) {', '.join(failed)} (errors: see {out}/records.jsonl)")
+
+
+def _window_missed(cell: Any) -> bool:
+    """An open-loop cell whose requests succeeded, none of them inside its steady window."""
+    return bool(cell.window) and (cell.counts or {}).get("finished", 0) > 0 and not (cell.window or {}).get("requests")
+
+
+def _empty_window_line(cells: list[Any]) -> str:
+    c = cells[0]
+    w, n = c.window or {}, (c.counts or {}).get("finished", 0)
+    return (f"cell(s) {', '.join(x.id for x in cells)}: {n} request(s) finished, none scheduled inside the steady "
+            f"window ({w.get('from_s', 0):.1f}-{w.get('to_s', 0):.1f} s, after the warm-up and before the cool-down)"
+            ": nothing was measured; send more (--requests or --duration)")
 
 
 def _workers_value(v: str) -> int | str:

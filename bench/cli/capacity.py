@@ -88,6 +88,9 @@ _FLAG_TO_FIELD = {"duration": "duration_s", "ramp": "ramp_s", "drain": "drain_s"
                   "cooldown": "cooldown_s", "think": "think_s"}
 
 
+_SESSION_ONLY = ("turns", "think_s")  # settings only a multi-turn (--sessions) run reads
+
+
 def load_settings(profile: Profile, kw: dict[str, Any]) -> LoadSettings | None:
     """LoadSettings from the profile's ``mode``/``[load]`` and the flags given (flags win); None when neither asks
     for an open-loop mode (``--slo`` alone is then for the concurrency cells: :func:`with_cell_slo`). ``kw`` holds
@@ -103,6 +106,9 @@ def load_settings(profile: Profile, kw: dict[str, Any]) -> LoadSettings | None:
         mode = "sessions"
     elif "rate" in given:
         mode = "rate"
+    alone = [k for k in _SESSION_ONLY if k in given]
+    if alone and mode != "sessions":
+        raise ConfigError(f"--{kw_names({alone[0]: 1})[0]} applies to multi-turn runs: add --sessions N")
     if mode == "concurrency":
         others = {k: v for k, v in given.items() if k != "slo"}
         if others:

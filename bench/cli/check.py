@@ -11,16 +11,18 @@ from typing import Any
 
 import click
 
-from bench.cli.common import client_options, echo, endpoint
+from bench.cli.common import client_options, client_options_noting, echo, endpoint
 from bench.cli.common import settings_from_options as _settings
 
 __all__ = ["check", "record"]
+
+CHECK_READ_TIMEOUT_NOTE = "default: 15 s, so that a server that never ends a response cannot hang the check"
 
 
 @click.command()
 @click.argument("url", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object on stdout, nothing else.")
-@client_options
+@client_options_noting(CHECK_READ_TIMEOUT_NOTE)
 def check(url: str | None, as_json: bool, model: str | None, api_key_env: str, connect_timeout: float,
           read_timeout: float | None) -> None:
     """What does this endpoint actually do? A conformance report of the streaming behaviours that break

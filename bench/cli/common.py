@@ -5,7 +5,7 @@ embedded llama-server), the client options every endpoint command takes (timeout
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -144,7 +144,15 @@ def endpoint(url: str | None, *, parallel: int = 4, ctx_size: int = 32768, log_d
         eng.stop()
 
 
-def client_options(f: Any) -> Any:
+READ_TIMEOUT_NOTE = "default: none; long prefills send nothing for minutes"
+
+
+def client_options_noting(read_timeout_note: str) -> Callable[[Any], Any]:
+    """:func:`client_options` for a command whose --read-timeout has another default (its help says which)."""
+    return lambda f: client_options(f, read_timeout_note=read_timeout_note)
+
+
+def client_options(f: Any, *, read_timeout_note: str = READ_TIMEOUT_NOTE) -> Any:
     """Options shared by every command that talks to an endpoint."""
     f = click.option("--model", default=None, help="Model name (default: first entry of GET {URL}/models).")(f)
     f = click.option(
@@ -156,7 +164,7 @@ def client_options(f: Any) -> Any:
     )(f)
     f = click.option(
         "--read-timeout", type=float, default=None,
-        help="Longest silence allowed mid-response, seconds (default: none; long prefills send nothing for minutes).",
+        help=f"Longest silence allowed mid-response, seconds ({read_timeout_note}).",
     )(f)
     # the options below reach settings_from_options through the click context (the commands' signatures stay)
     f = click.option(

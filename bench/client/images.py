@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench.config.profile import image_files
 from bench.errors import ConfigError
 from bench.records import RequestRecord
 
@@ -28,7 +29,6 @@ _IMAGE_ERROR = re.compile(r"image|multimodal|multi-modal|vision|mmproj", re.I)
 
 FORMATS = ("png", "jpeg")
 DATA_URL_PREFIX = "data:image/"
-_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
 JPEG_QUALITY = 90
 PNG_COMPRESS_LEVEL = 1  # noise does not compress; a higher level only costs time
 
@@ -58,12 +58,7 @@ class ImageSet:
         if self.fmt not in FORMATS:
             raise ConfigError(f"--image-format: {self.fmt!r} is not one of {', '.join(FORMATS)}")
         if self.source != "noise":
-            folder = Path(self.source)
-            if not folder.is_dir():
-                raise ConfigError(f"--image-source: {self.source!r} is neither 'noise' nor a folder")
-            files = tuple(sorted(p for p in folder.iterdir() if p.suffix.lower() in _SUFFIXES))
-            if not files:
-                raise ConfigError(f"--image-source: {self.source} holds no image files ({', '.join(_SUFFIXES)})")
+            files = image_files(self.source)
             object.__setattr__(self, "_files", files)
 
     def encode(self, seed: str, i: int) -> bytes:

@@ -592,12 +592,16 @@ def latency_lines(lat: dict[str, Any]) -> list[str]:
     return out
 
 
+def _pct_text(share: float | None) -> str:
+    return "-" if share is None else f"{100 * share:.0f} %"
+
+
 def describe_point(s: dict[str, Any]) -> list[str]:
     """Plain lines on a point: schedule keeping, counts, window, steadiness, goodput and each SLO."""
     if s.get("mode") == "sessions":
-        return [f"{s['id']}: turn {t['turn']}: {t['requests']} requests, prompt {t['prompt_tokens_p50']} tokens, "
-                f"cached {t['cached_tokens_p50']} ({t['cached_share']}), TTFT p50 {t['ttft_ms_p50']} ms"
-                for t in s["turns"]]
+        return [f"{s['id']}: turn {t['turn']}: {t['requests']} requests; p50: prompt {num(t['prompt_tokens_p50'])}"
+                f" tokens, cached {num(t['cached_tokens_p50'])}, TTFT {num(t['ttft_ms_p50'])} ms; cached share "
+                f"{_pct_text(t['cached_share'])}" for t in s["turns"]]
     sc, c, w = s["schedule"], s["counts"], s["window"]
     lag = sc["send_lag_ms"]
     lines = [f"{s['id']}: planned {sc['planned_requests']} requests at {num(sc['planned_rps'])} req/s, achieved "

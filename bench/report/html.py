@@ -148,18 +148,39 @@ def _run_info(s: Source) -> str:
     rows = [("model", ep.get("model")), ("endpoint", where),
             ("server", f"{srv.get('backend') or 'unknown backend'} {srv.get('version') or ''}".strip()),
             ("context size", srv.get("context_size")), ("profile", prof.get("name")),
-            ("settings", ", ".join(f"{k}={st[k]}" for k in ("max_tokens", "requests", "warmup", "endpoint",
-                                                               "thinking", "prefix_cache", "images", "image_size",
-                                                               "tools", "tool_choice") if st.get(k) not in (None, ""))),
+            ("state", _state(r)), ("settings", _settings_line(st, r.get("cells") or [])),
             ("created", r.get("created")), ("duration s", _fmt(run.get("duration_s"), 0, "")),
             ("fixed overhead ms", _fmt(run.get("overhead_ms"), 1, "")), ("bench", r.get("bench_version")),
             ("machine", (r.get("machine") or {}).get("hostname")),
             ("roofline", _spec_line(spec) if spec else None)]
     warns = "".join(f"<li class='warn'>{html.escape(str(w))}</li>" for w in r.get("warnings") or [])
     heads = "".join(f"<li>{html.escape(h)}</li>" for h in headline(results_from_dict(r))) if r.get("cells") else ""
-    return (f"<h3>{html.escape(s.name)}</h3>{_kv_table(rows)}"
+    state = _state(r)
+    return (f"<h3>{html.escape(s.name)}</h3>"
+            + (f"<p class='warn'><b>{html.escape(state[0].upper() + state[1:])}.</b></p>" if state else "")
+            + _kv_table(rows)
             + (f"<p><b>Headline</b></p><ul>{heads}</ul>" if heads else "")
             + (f"<p><b>Warnings</b></p><ul>{warns}</ul>" if warns else ""))
+
+
+def _state(r: dict[str, Any]) -> str | None:
+    """None for a complete run; else what results.md says of it, with the cells it holds."""
+    run = r.get("run") or {}
+    if run.get("complete", True):
+        return None
+    n = len(r.get("cells") or [])
+    what = "interrupted: partial results" if run.get("interrupted") else "incomplete: the run did not finish"
+    return f"{what} ({n} cell{'' if n == 1 else 's'} measured)"
+
+
+def _settings_line(st: dict[str, Any], cells: Sequence[dict[str, Any]]) -> str:
+    """The profile's settings; ``images`` and ``image_size`` only when every cell ran them (a sweep's cells each
+    name their own)."""
+    keys = ["max_tokens", "requests", "warmup", "endpoint", "thinking", "prefix_cache", "images", "image_size",
+            "tools", "tool_choice"]
+    if len({(c.get("images"), c.get("image_size")) for c in cells}) > 1:
+        keys = [k for k in keys if k not in ("images", "image_size")]
+    return ", ".join(f"{k}={st[k]}" for k in keys if st.get(k) not in (None, ""))
 
 
 def _spec_line(spec: dict[str, Any]) -> str:

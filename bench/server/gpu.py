@@ -95,6 +95,14 @@ class GpuSampler:
         """One reading of every GPU (all stamped with one ``time.monotonic()``)."""
         raise NotImplementedError
 
+    def check_devices(self, seen: Sequence[str], where: str) -> None:
+        """ConfigError when ``--gpu-devices`` names a GPU ``where`` does not have (its figures would silently be
+        missing), naming the labels it has."""
+        missing = sorted((self.devices or set()) - set(seen))
+        if missing:
+            have = ", ".join(sorted(seen)) or "none"
+            raise ConfigError(f"--gpu-devices {','.join(missing)}: no such GPU at {where} (it has: {have})")
+
     def take(self) -> None:
         """One reading, kept (a failure is counted and skipped)."""
         try:
@@ -314,6 +322,7 @@ class DcgmSampler(GpuSampler):
         if not any(s.power_w is not None for s in samples):
             raise ConfigError(f"--gpu-metrics {self.url}: no DCGM_FI_DEV_POWER_USAGE series with a gpu label (is it a "
                               "DCGM exporter?)")
+        self.check_devices([s.gpu for s in samples], self.url)
 
     def close(self) -> None:
         super().close()
@@ -376,6 +385,11 @@ def make_sampler(mode: str, metrics_url: str | None, base_url: str, *, interval_
         return None
     s = NvmlSampler(nv, interval_s or NVML_INTERVAL_S, devices)
     s.auto = mode == "auto"
+    try:
+        s.check_devices([label for label, _ in s.handles], "this host (NVML)")
+    except ConfigError:
+        s.close()
+        raise
     if not s.handles:
         s.close()
         if mode == "nvml":

@@ -50,6 +50,18 @@ class LagMonitor:
         self.max_samples = max_samples
         self.samples_ns: list[int] = []
         self._task: asyncio.Task[None] | None = None
+        self._paused = 0  # pause() calls not yet resumed
+        self._epoch = 0  # resume() calls so far: a sample whose span met a pause is dropped
+
+    def pause(self) -> None:
+        """Take no samples until :meth:`resume` (work that blocks the loop while nothing is read: building the
+        next wave's requests, encoding its images). Nests."""
+        self._paused += 1
+
+    def resume(self) -> None:
+        """End one :meth:`pause`; the sample whose span met it is dropped."""
+        self._paused = max(0, self._paused - 1)
+        self._epoch += 1
 
     def start(self) -> None:
         """Start sampling on the running loop (call from a coroutine). A second call is a no-op."""
@@ -62,8 +74,10 @@ class LagMonitor:
         step = int(self.interval_s * 1e9)
         samples = self.samples_ns
         while True:
-            due = perf() + step
+            due, epoch = perf() + step, self._epoch
             await asyncio.sleep(self.interval_s)
+            if self._paused or epoch != self._epoch:
+                continue
             samples.append(max(0, perf() - due))
             if len(samples) > self.max_samples:
                 del samples[: len(samples) - self.max_samples]

@@ -104,11 +104,18 @@ class Sweep:
 
     def __init__(self, session: Session) -> None:
         self.session = session
+        self._lag: LagMonitor | None = None  # the measured waves' lag monitor, paused while a wave is prepared
 
     # ---- cells --------------------------------------------------------------------------------------------------
     async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
-        texts = [await self.session.realize(r) for r in reqs]
-        images = [self.session.image_urls(r.request_id, r.images, r.image_wh) for r in reqs]  # before the wave
+        if self._lag is not None:
+            self._lag.pause()  # building prompts and encoding images blocks the loop while nothing is read
+        try:
+            texts = [await self.session.realize(r) for r in reqs]
+            images = [self.session.image_urls(r.request_id, r.images, r.image_wh) for r in reqs]  # before the wave
+        finally:
+            if self._lag is not None:
+                self._lag.resume()
         measured = bool(reqs) and reqs[0].phase == "measure"
         if self.session.pool is not None and reqs and reqs[0].phase in POOL_PHASES:
             return await self._wave_in_workers(cell, reqs, texts, images, measured)
@@ -236,9 +243,11 @@ class Sweep:
         if gpu is not None:  # its readings (and an exporter's page) are taken in a thread, not in this loop
             await asyncio.to_thread(gpu.begin)
         mon.start()
+        self._lag = mon
         try:
             await self._measured_waves(run, want, fixed, first_wave)
         finally:
+            self._lag = None
             own = mon.stop()  # with a pool this loop only waits: the workers' loops stamp the reads
             run.lag = workers_lag(run.worker_lag_ns) or own
             if gpu is not None:

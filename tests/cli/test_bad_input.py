@@ -162,6 +162,9 @@ def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_
     assert any("resumed run" in w for w in res["warnings"])
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--overwrite", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["run"]["id"] != doc["run"]["id"]
+    (out / "results.json").unlink()  # a run that stopped before it wrote any results: records only
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume")
+    assert r.returncode == 3 and "no results.json" in r.stderr and "--overwrite" in r.stderr
 
 
 def _picky_server() -> tuple[str, object]:

@@ -36,3 +36,13 @@ def test_run_help_names_every_shipped_profile() -> None:
     text = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=80).output.split())
     names = [p.stem for p in PROFILES_DIR.glob("*.toml") if not p.stem.startswith("sim-")]
     assert names and all(n in text for n in names), [n for n in names if n not in text]
+
+
+def test_check_help_states_its_own_read_timeout_default() -> None:
+    """It said "default: none" (the shared text) while the check bounds every read at 15 s."""
+    from bench.tools.check import CHECK_READ_TIMEOUT_S
+
+    text = " ".join(CliRunner().invoke(cli, ["check", "--help"], terminal_width=80).output.split())
+    assert f"default: {CHECK_READ_TIMEOUT_S:g} s" in text and "default: none" not in text
+    run = " ".join(CliRunner().invoke(cli, ["run", "--help"], terminal_width=80).output.split())
+    assert "(default: none; long prefills" in run

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from bench.cli.app import main
-from bench.config.profile import load_profile, parse_depths, parse_profile
+from bench.config.profile import PROFILES_DIR, load_profile, parse_depths, parse_profile
 from bench.errors import ConfigError
 from bench.records import read_records
 
@@ -22,6 +22,21 @@ from bench.records import read_records
 def test_shipped_profiles_load(name) -> None:
     p = load_profile(name)
     assert p.cells() and p.name == name
+
+
+def test_a_shipped_name_wins_over_a_file_or_folder_of_that_name_here(tmp_path, monkeypatch) -> None:
+    """After ``bench run URL -p agent --out agent`` the next ``-p agent`` read the folder ("not found"); an empty
+    file named ``quick`` ran as an empty profile."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "agent").mkdir()
+    (tmp_path / "quick").write_text("")
+    assert [c.id for c in load_profile("agent").cells()] == [c.id for c in load_profile(str(PROFILES_DIR / "agent.toml")).cells()]
+    assert len(load_profile("quick").cells()) == 3
+    assert load_profile("./quick").cells()[0].id == "d0-s1-prose" and len(load_profile("./quick").cells()) == 1
+    (tmp_path / "mine").write_text("max_tokens = 7\n")  # a file without suffix that is no shipped name: read
+    assert load_profile("mine").max_tokens == 7
+    with pytest.raises(ConfigError, match="is a folder"):
+        load_profile("./agent")
 
 
 def test_spark_recipe_cells() -> None:

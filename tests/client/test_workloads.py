@@ -131,6 +131,18 @@ def test_server_without_images_gives_one_line_naming_the_flag(tmp_path: Path, ca
     assert any("does not accept image input" in line and "mmproj" in line for line in err)
 
 
+def test_a_bad_image_source_is_refused_before_anything_is_sent(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "empty").mkdir()
+    for source, why in ((tmp_path / "missing", "neither 'noise' nor a folder"), (tmp_path / "empty", "no image")):
+        code = main(["run", "http://127.0.0.1:9/v1", "--images", "1", "--image-source", str(source),
+                     "--out", str(tmp_path / "r")])
+        err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert code == 3 and len(err) == 1 and why in err[0] and "--image-source" in err[0]
+        assert not (tmp_path / "r").exists()  # refused while parsing: no run folder left to block the next try
+    assert parse_profile({"image_source": str(tmp_path / "missing")}, "t").images == 0  # no images: not read
+
+
 def test_image_profile_keys_and_cells() -> None:
     p = parse_profile({"images": 1, "image_size": "256x256", "sweep": [{"images": [0, 1, 4],
                                                                        "image_sizes": ["512x512", "1024x1024"]}]},

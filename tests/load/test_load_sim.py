@@ -280,6 +280,24 @@ def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
             prev = p
     assert [t["turn"] for t in c["turns"]] == [0, 1, 2]
     assert c["turns"][0]["cached_share"] == 0 and c["turns"][2]["cached_share"] > 0.5
+    from bench.load.point import describe_point
+
+    line = describe_point(c)[2]  # figures as printed: no raw floats, the share in per cent
+    assert line.startswith(f"{c['id']}: turn 2: 3 requests; p50: prompt ") and line.endswith(
+        f"cached share {100 * c['turns'][2]['cached_share']:.0f} %")
+
+
+def test_an_open_loop_run_with_no_request_in_its_window_says_so(fast_sim: SimProcess, tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """2 requests at 1 req/s (seed 0): both fall in the warm-up or cool-down. It said "no request succeeded"
+    (exit 5, "errors: see records.jsonl", where there were none)."""
+    from bench.cli.app import main
+
+    rc = main(["run", fast_sim.base, "--rate", "1", "--requests", "2", "--max-tokens", "4", "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 3 and "none scheduled inside the steady window" in err and "--requests" in err
+    assert "no request succeeded" not in err
+    assert (tmp_path / "results.json").exists()  # what was measured is kept
 
 
 @pytest.mark.parametrize("cfg, prompt, out", [

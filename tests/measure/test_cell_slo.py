@@ -147,6 +147,12 @@ def test_a_profile_slo_scores_concurrency_cells_and_the_flag_wins() -> None:
         with_cell_slo(p, "ttft <= 2")  # no unit
     with pytest.raises(ConfigError, match="--duration applies to open-loop runs"):
         load_settings(p, {**flags, "slo": "ttft_p90=2s", "duration": 5.0})
+    for extra in ({}, {"rate": 1.0, "requests": 2}):  # it said "add --rate R", then --rate ignored --turns
+        with pytest.raises(ConfigError, match="--turns applies to multi-turn runs: add --sessions N"):
+            load_settings(p, {**flags, **extra, "turns": 2})
+    with pytest.raises(ConfigError, match="--think applies to multi-turn runs"):
+        load_settings(p, {**flags, "think": 2.0})
+    assert load_settings(p, {**flags, "users": 2, "turns": 2}).turns == 2  # type: ignore[union-attr]
 
 
 def test_the_session_scores_cells_from_the_profile_slo(tmp_path: Path) -> None:

@@ -238,6 +238,21 @@ def test_report_table_of_cells_with_markers_explained(run_dir: Path, tmp_path: P
     assert not re.search(r"\d\.\d{5,}", text), re.findall(r"\S*\d\.\d{5,}\S*", text)[:5]  # no raw floats
 
 
+def test_report_of_a_partial_run_says_so(run_dir: Path, tmp_path: Path) -> None:
+    """results.md said "Interrupted: partial results"; the HTML report showed the cells as if complete."""
+    for interrupted, words in ((True, "Interrupted: partial results (1 cell measured)"),
+                               (False, "Incomplete: the run did not finish (1 cell measured)")):
+        d = tmp_path / str(interrupted)
+        d.mkdir()
+        res = json.loads((run_dir / "results.json").read_text())
+        res["cells"], res["run"]["complete"], res["run"]["interrupted"] = res["cells"][:1], False, interrupted
+        (d / "results.json").write_text(json.dumps(res))
+        assert main(["report", str(d), "-o", str(d / "r.html")]) == 0
+        assert words in _text((d / "r.html").read_text(encoding="utf-8"))
+    page = _text((run_dir / "report.html").read_text(encoding="utf-8"))
+    assert "partial results" not in page and "did not finish" not in page
+
+
 def test_capacity_curve_in_load_order_and_one_colour_per_depth() -> None:
     from bench.report.figures import Source, capacity_figure, decode_vs_streams, depth_figure
 

@@ -367,6 +367,18 @@ def test_dcgm_sampler_energy_is_the_exporters() -> None:
     assert g["power_w_mean"] == pytest.approx(450.0) and [x["gpu"] for x in g["gpus"]] == ["0", "1"]
 
 
+def test_gpu_devices_naming_a_gpu_that_is_not_there_is_refused() -> None:
+    """``--gpu-devices 7`` against an exporter with GPUs 0 and 1 ran with no GPU figures and no word."""
+    with fake_exporter() as (url, _):
+        with pytest.raises(ConfigError, match=r"--gpu-devices 7: no such GPU at .*\(it has: 0, 1\)"):
+            make_sampler("auto", url, "http://127.0.0.1:8000/v1", devices=["1", "7"])
+        s = make_sampler("auto", url, "http://127.0.0.1:8000/v1", devices=["1"])
+        assert s is not None
+        s.close()
+    with pytest.raises(ConfigError, match=r"--gpu-devices 2: no such GPU at this host \(NVML\)"):
+        make_sampler("nvml", None, "http://127.0.0.1:8000/v1", nvml=FakeNvml(_sequence(3)), devices=["2"])
+
+
 def test_dcgm_check_refuses_what_is_not_an_exporter() -> None:
     with fake_exporter(lambda k: "# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 1\n") as (url, _):
         with pytest.raises(ConfigError, match="DCGM_FI_DEV_POWER_USAGE"):
