@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from bench.client import ClientSettings
 from bench.config.load import LoadSettings
 from bench.config.profile import Profile, profile_settings, settings_diff
-from bench.errors import EXIT_CHECK_FAILED, ConfigError, GateCouldNotRun, RunInterrupted
+from bench.errors import EXIT_CHECK_FAILED, BenchError, ConfigError, GateCouldNotRun, RunInterrupted
 from bench.gate import (
     Rule,
     Verdict,
@@ -183,6 +183,10 @@ async def run_profile(base: str, profile: Profile, settings: ClientSettings, *, 
         except (asyncio.CancelledError, KeyboardInterrupt):
             await _interrupted(session, cells, out, got)
             raise  # unreachable: _interrupted raises
+        except BenchError:
+            if cells:  # a run stopped by an error keeps what finished, with its views (marked incomplete)
+                out.final(session.results(cells))
+            raise
         finally:
             await session.close()
 

@@ -116,7 +116,7 @@ class RunInterrupted(BenchError):
     def __init__(self, out_dir: Path | None, records: int, signal_name: str = "SIGINT", *,
                  kept: str | None = None) -> None:
         """``kept``: what was kept, in words, where one folder does not say it (``bench ab``: both sides')."""
-        super().__init__(f"interrupted ({signal_name}); {kept or f'{records} finished records kept in {out_dir}'}")
+        super().__init__(f"interrupted ({signal_name}): {kept or f'{records} finished records kept in {out_dir}'}")
         self.out_dir = out_dir
         self.records = records
         self.signal_name = signal_name

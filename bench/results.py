@@ -342,12 +342,14 @@ def cell_from_dict(data: Any, where: str = "cell") -> CellResult:
 
 
 def load_results(path: str | os.PathLike[str]) -> Results:
-    """Read and validate a ``results.json``.
+    """Read and validate a ``results.json`` (given, or a run folder holding one).
 
     Raises:
         ConfigError: the file is missing, unreadable, not UTF-8 JSON, or not a valid results document.
     """
     p = Path(path)
+    if p.is_dir():
+        p = p / "results.json"
     data = _read_json(p, "results")
     return results_from_dict(data, f"results file {p}")
 

@@ -140,7 +140,7 @@ KINDS: tuple[Kind, ...] = (
     # -- the endpoint: what bench had to work around --
     Kind("fields-rejected",
          "server rejected min_tokens/ignore_eos ({error}): retrying without them, so output lengths are what the "
-         "model produced", "nothing to do: each cell reports its own output lengths"),
+         "model produced", "no action needed: each cell reports its own output lengths"),
     Kind("thinking-fixed",
          "server rejected chat_template_kwargs ({error}): thinking cannot be disabled on it",
          "read the figures as with thinking on, or serve a chat template that takes enable_thinking"),
@@ -157,10 +157,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("tokenize-failed", "/tokenize failed{when} ({error}): prompt lengths are now {how}",
          "depths are estimates from here on: check the server's /tokenize"),
     Kind("closing-probes-failed", "the closing overhead probes failed ({error}): drift not measured",
-         "nothing to do for this run's figures; a gate baseline without drift is checked less (docs/gate.md)"),
+         "no action needed for this run's figures; a gate baseline without drift is checked less (docs/gate.md)"),
     Kind("resumed",
          "resumed run {run}: {kept} of its {total} cell(s) kept, {left} measured now",
-         "nothing to do: the kept cells were measured earlier, with the same flags on the same endpoint"),
+         "no action needed: the kept cells were measured earlier, with the same flags on the same endpoint"),
     Kind("roofline-no-size", "roofline: the server reports no model size",
          "add --model-params N --weight-bits B for the limits"),
     Kind("roofline-size-mismatch",

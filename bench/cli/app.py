@@ -475,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         stderr.print(f"bench: error: {e.format_message()}", highlight=False, markup=False, soft_wrap=True)
         return ConfigError.exit_code
     except BenchError as e:
-        stderr.print(f"bench: error: {e}", highlight=False, markup=False, soft_wrap=True)
+        head = "" if e.exit_code == EXIT_INTERRUPTED else "bench: error: "  # a stop asked for is no error
+        stderr.print(f"{head}{e}", highlight=False, markup=False, soft_wrap=True)
         return e.exit_code
     except SystemExit as e:
         return int(e.code or 0) if not isinstance(e.code, str) else 1

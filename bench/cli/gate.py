@@ -144,8 +144,8 @@ def _load_profile(name: str) -> Profile:
 
 @click.command("gate")
 @click.argument("url", required=False)
-@click.option("--baseline", "baseline_file", required=True, type=click.Path(dir_okay=False),
-              help="results.json of the baseline run (from bench run or an earlier bench gate).")
+@click.option("--baseline", "baseline_file", required=True, type=click.Path(),
+              help="results.json of the baseline run (from bench run or an earlier bench gate), or its folder.")
 @click.option("--profile", "-p", "profile_name", default=DEFAULT_GATE_PROFILE, show_default=True,
               help="Profile name or TOML path; its [[gate]] tables are the rules (default rules: decode_tok_s "
                    "median -5 %, ttft_ms p90 +10 %, every cell).")
@@ -276,8 +276,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
 
 
 @click.command("compare")
-@click.argument("file_a", type=click.Path(dir_okay=False))
-@click.argument("file_b", type=click.Path(dir_okay=False))
+@click.argument("file_a", type=click.Path())
+@click.argument("file_b", type=click.Path())
 @click.option("--profile", "-p", "profile_name", default=None,
               help="Take the gate rules from this profile (default: the rules stored in A, else the defaults).")
 @_report_options
@@ -285,7 +285,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
               "is incomplete.")
 def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str | None, markdown_file: str | None,
             force: bool) -> None:
-    """Compare two results files: main metrics side by side, and the gate rules' verdicts (B against A).
+    """Compare two results files (or run folders): main metrics side by side, and the gate rules' verdicts (B
+    against A).
 
     Prints, per cell, the medians of decode tok/s (per stream and aggregate), TTFT, TPOT, E2E and prompt tok/s
     of A and B with the ratio B/A and its bootstrap 95 % CI; then one line per gate rule and cell.

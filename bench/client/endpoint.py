@@ -30,8 +30,9 @@ def normalize_url(url: str) -> str:
 
     ``host:port`` gets ``http://``; a URL with no path gets ``/v1``; a path is kept as given (``/v1``,
     ``/openai/v1``...). A password in the URL (``http://user:pw@host``) is registered for redaction like the API
-    key: no output, file or log shows it. Raises :class:`ConfigError` for a URL that is not http(s) or does not
-    parse (a bad IPv6 literal, a port out of range).
+    key: no output, file or log shows it. Raises :class:`ConfigError` for a URL that is not http(s), does not
+    parse (a bad IPv6 literal, a port out of range), or carries a query string or fragment (never sent: refused
+    rather than dropped).
     """
     url = url.strip()
     if not url:
@@ -47,6 +48,10 @@ def normalize_url(url: str) -> str:
                           "http://host:port/v1 (IPv6: http://[::1]:8000/v1)") from None
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"URL {redact(url)!r} is not an http(s) URL like http://host:port/v1")
+    if parts.query or parts.fragment:
+        extra = f"?{parts.query}" if parts.query else f"#{parts.fragment}"
+        raise ConfigError(f"URL {redact(url)!r}: its {redact(extra)!r} is not supported (bench adds /chat/completions, "
+                          "/models... to the base URL, with no query string); give the base URL alone")
     path = parts.path.rstrip("/")
     if not path:
         path = "/v1"

@@ -127,9 +127,9 @@ def gpu_field(c: CellResult) -> str:
     v = g.get("tokens_per_joule")
     if not isinstance(v, int | float):
         return "-"
-    # three significant digits below 1: 0.0142 and 0.0122 tok/J (a small model on a big GPU) must not both read 0.01
-    text = f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
-    return text + (" est" if g.get("energy_source") != "counter" else "")
+    from bench.report.tables import three_digits
+
+    return three_digits(v) + (" est" if g.get("energy_source") != "counter" else "")
 
 
 MARKERS = {
@@ -152,13 +152,13 @@ def _has_marker(v: str, m: str) -> bool:
 
 def run_title(results: Results, code: str = "") -> str:
     """The header of a run's table: ``bench: profile quick on MODEL``; with the cell-changing flags given
-    (``profile quick with --streams, --depths``), or the open-loop load that replaced the profile's cells
+    (``profile quick (with --streams, --depths)``), or the open-loop load that replaced the profile's cells
     (``rate-10 (rate load)``). ``code``: the quote around names (a backtick in Markdown)."""
     q, model = code, results.endpoint.model
     if results.load:
         return f"bench: {q}{results.load.get('id')}{q} ({results.load.get('mode')} load) on {q}{model}{q}"
     given = results.profile.settings.get("overrides") if isinstance(results.profile.settings, dict) else None
-    with_ = f" with {', '.join(str(g) for g in given)}" if given else ""
+    with_ = f" (with {', '.join(str(g) for g in given)})" if given else ""
     return f"bench: profile {q}{results.profile.name}{q}{with_} on {q}{model}{q}"
 
 

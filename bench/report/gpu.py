@@ -8,12 +8,18 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.report.figures import COLOURS, Source
+from bench.report.tables import three_digits
 
 __all__ = ["gpu_figure", "gpu_table"]
 
 
 def _num(v: Any, digits: int = 1) -> str:
     return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:,.{digits}f}"
+
+
+def _ratio(v: Any) -> str:
+    """tok/J and J/token as results.md prints tok/J (:func:`bench.report.tables.three_digits`)."""
+    return "-" if not isinstance(v, int | float) or isinstance(v, bool) else three_digits(float(v))
 
 
 def gpu_figure(sources: Sequence[Source]) -> Any:
@@ -65,8 +71,8 @@ def gpu_table(s: Source) -> str:
             f"<tr><td>{html.escape(c['id'])}</td><td>{_num((c.get('decode_tok_s') or {}).get('median'))}</td>"
             f"<td>{_num((c.get('aggregate_decode_tok_s') or {}).get('median'))}</td>"
             f"<td>{_num(g.get('power_w_mean'), 0)} / {_num(g.get('power_w_max'), 0)}</td>"
-            f"<td>{_num(g.get('energy_j'), 0)}{est}</td><td>{_num(g.get('tokens_per_joule'), 3)}</td>"
-            f"<td>{_num(g.get('joules_per_token'), 4)}</td>"
+            f"<td>{_num(g.get('energy_j'), 0)}{est}</td><td>{_ratio(g.get('tokens_per_joule'))}</td>"
+            f"<td>{_ratio(g.get('joules_per_token'))}</td>"
             f"<td>{_num(g.get('sm_clock_mhz_p5'), 0)} / {_num(g.get('sm_clock_mhz_p50'), 0)}</td>"
             f"<td>{'-' if share is None else f'{share:.0%}'}</td><td>{len(g.get('gpus') or [])} "
             f"({html.escape(str(g.get('source') or ''))})</td></tr>")

@@ -52,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
             kw.update(type=_tokens_per_event, metavar="K[,K...]")
         elif f.name in ("error_kind", "reasoning_field"):
             names = ERROR_KINDS if f.name == "error_kind" else REASONING_FIELDS
-            kw.update(choices=names, metavar="NAME", help=kw["help"] + f" (one of {', '.join(names)})")
+            kw.update(choices=names, metavar="NAME")  # the help's unit field lists the names
         elif isinstance(f.default, bool):
             kw.update(action=argparse.BooleanOptionalAction)
         elif isinstance(f.default, int):

@@ -138,6 +138,10 @@ def test_incomplete_results_are_refused_by_compare_unless_forced(tmp_path, sim_u
     assert r.returncode == 3 and "incomplete" in r.stderr
     r = _bench("compare", str(tmp_path / "killed.json"), str(out / "results.json"), "--force")
     assert r.returncode == 0, r.stderr
+    r = _bench("compare", str(out), str(out))  # run folders, as report and history add take them
+    assert r.returncode == 0, r.stderr
+    r = _bench("compare", str(tmp_path), str(out))
+    assert r.returncode == 3 and f"{tmp_path / 'results.json'}: not found" in r.stderr
 
 
 def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_url) -> None:
@@ -226,6 +230,7 @@ def test_an_interrupted_ab_names_what_each_side_kept(tmp_path) -> None:
     line = err.strip().splitlines()[-1]
     n_a, n_b = (len(read_records(out / side / "records.jsonl")) for side in "ab")
     assert f"finished records kept: {n_a} in {out / 'a'}, {n_b} in {out / 'b'}" in line, line
+    assert line.startswith("interrupted (SIGTERM): ") and "error" not in line  # as bench run says it
     for side in "ab":
         assert load_results(out / side / "results.json").run.interrupted
 

@@ -30,6 +30,9 @@ def test_normalize_url() -> None:
     assert root_url("http://h:1/v1") == "http://h:1"
     with pytest.raises(ConfigError):
         normalize_url("ftp://h/v1")
+    for url in ("http://h:8000/v1?api-version=2024-06-01", "http://h:8000/v1#top"):  # was dropped silently
+        with pytest.raises(ConfigError, match="is not supported"):
+            normalize_url(url)
 
 
 @pytest.mark.parametrize("url", ["http://[::1:46555/v1", "http://[zz]:80/v1", "http://h:99999/v1", "", "  "])

@@ -143,6 +143,20 @@ def test_a_bad_image_source_is_refused_before_anything_is_sent(tmp_path: Path,
     assert parse_profile({"image_source": str(tmp_path / "missing")}, "t").images == 0  # no images: not read
 
 
+def test_a_run_stopped_by_a_server_error_keeps_its_finished_cells_with_their_views(tmp_path: Path) -> None:
+    """The second cell's images are refused (exit 5): the first cell's figures were in results.json only, with
+    no results.md or results.csv."""
+    prof = tmp_path / "p.toml"
+    prof.write_text('max_tokens = 4\nrequests = 1\nwarmup = 0\n[[sweep]]\nimages = [0, 1]\nimage_sizes = ["16x16"]\n')
+    with running_sim(SimConfig(decode_step_ms=2.0, prefill_tok_s=1e6, images=False)) as base:
+        code = main(["run", base, "-p", str(prof), "--out", str(tmp_path / "r")])
+    assert code == 5
+    md = (tmp_path / "r" / "results.md").read_text()
+    assert "Incomplete: the run did not finish" in md and "| short | 1 | prose | 1/0 |" in md
+    rows = (tmp_path / "r" / "results.csv").read_text().splitlines()
+    assert len(rows) == 2 and rows[1].startswith("d0-s1-prose,")  # the header and the finished cell
+
+
 def test_image_profile_keys_and_cells() -> None:
     p = parse_profile({"images": 1, "image_size": "256x256", "sweep": [{"images": [0, 1, 4],
                                                                        "image_sizes": ["512x512", "1024x1024"]}]},

@@ -100,7 +100,7 @@ def _results(**kw) -> dict:
 def test_the_header_says_what_ran():
     assert run_title(results_from_dict(_results())) == "bench: profile quick on m"
     over = results_from_dict(_results(settings={"overrides": ["--streams", "--depths"]}))
-    assert run_title(over) == "bench: profile quick with --streams, --depths on m"
+    assert run_title(over) == "bench: profile quick (with --streams, --depths) on m"
     rate = results_from_dict(_results(load={"id": "rate-10", "mode": "rate"}))
     assert run_title(rate) == "bench: rate-10 (rate load) on m"
     assert run_title(rate, "`") == "bench: `rate-10` (rate load) on `m`"

@@ -645,3 +645,6 @@ def test_tokens_per_joule_keeps_three_digits_below_one() -> None:
 
     assert [gpu_field(C(v)) for v in (0.01422, 0.01219, 0.312, 3.206, 12.34, 250.0)] == \
         ["0.0142", "0.0122", "0.312", "3.21", "12.3", "250"]
+    from bench.report.gpu import _ratio  # the HTML report's GPU table prints them the same way (it had 0.081)
+
+    assert [_ratio(v) for v in (0.08129, 12.298, None)] == ["0.0813", "12.3", "-"]
