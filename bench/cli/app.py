@@ -7,8 +7,10 @@ only place that prints errors and turns them into exit codes (table in :mod:`ben
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -16,7 +18,15 @@ import click
 
 import bench.cli.check as _cli_check
 from bench.cli.capacity import capacity, load_options, load_settings, run_open_loop, with_cell_slo
-from bench.cli.common import client_options, echo, endpoint, engine_size, workload_options, workload_overrides
+from bench.cli.common import (
+    checked_images,
+    client_options,
+    echo,
+    endpoint,
+    engine_size,
+    workload_options,
+    workload_overrides,
+)
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gate import ab, compare, gate
 from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_in_open_loop, pop_gpu_options
@@ -243,9 +253,10 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from bench.report.html import require_plotly
 
         require_plotly()
-    prof = _overridden(profile_name, streams, depths, prompt_kinds, max_tokens=max_tokens, requests=repeats,
-                       endpoint=endpoint_kind, thinking=None if thinking is None else thinking == "on",
-                       prefix_cache=prefix_cache, **workload_overrides(extra))
+    prof = checked_images(_overridden(profile_name, streams, depths, prompt_kinds, max_tokens=max_tokens,
+                                      requests=repeats, endpoint=endpoint_kind,
+                                      thinking=None if thinking is None else thinking == "on",
+                                      prefix_cache=prefix_cache, **workload_overrides(extra)))
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)
@@ -256,16 +267,29 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     with discard_when_failed(out):  # a run that fails before writing anything leaves no empty folder
         previous = prepare_folder(out, overwrite=overwrite, resume=resume)
         require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
-        if ls is not None:  # open loop (rate, trace, sessions): bench.load
-            no_gpu_in_open_loop(gpu_kw)
-            _finish_run(run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
-                                      progress_every=progress_every), out, as_json,
-                        make_report, history_db)
-            return
-        prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
-        results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
-                               workers=workers, resume=previous, ray_address=ray_address)
+        with _unfinished_not_stored(history_db):
+            if ls is not None:  # open loop (rate, trace, sessions): bench.load
+                no_gpu_in_open_loop(gpu_kw)
+                results = run_open_loop(url, prof, ls, settings, out, model, workers, ray_address, quiet=as_json,
+                                        progress_every=progress_every)
+            else:
+                prof = with_cell_slo(prof, extra.get("slo"))  # concurrency: --slo scores each cell (goodput, SLOs)
+                results = _closed_loop(url, prof, settings, out, as_json, progress_every, gpu_kw, roof, model=model,
+                                       workers=workers, resume=previous, ray_address=ray_address)
         _finish_run(results, out, as_json, make_report, history_db)
+
+
+@contextlib.contextmanager
+def _unfinished_not_stored(history_db: str | None) -> Iterator[None]:
+    """``--history``: a run that stops (interrupt, error) says it was not added."""
+    try:
+        yield
+    except BaseException:
+        if history_db is not None:
+            from bench.report.console import say
+
+            say("history: this run was not added (it did not finish; only finished runs are stored)")
+        raise
 
 
 def _closed_loop(url: str | None, prof: Profile, settings: ClientSettings, out: Path, as_json: bool,

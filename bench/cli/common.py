@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from bench.config.profile import Profile
 
 __all__ = ["endpoint", "client_options", "settings_from_options", "echo", "workload_options", "workload_overrides",
+           "checked_images", "client_options_noting",
            "WORKLOAD_KEYS"]
 
 WORKLOAD_KEYS = ("images", "image_size", "image_format", "image_source", "tools", "tool_choice")
@@ -58,6 +59,16 @@ def workload_overrides(kw: dict[str, Any]) -> dict[str, Any]:
         if vals[k] is not None:
             out[k] = vals[k]
     return out
+
+
+def checked_images(profile: Any) -> Any:
+    """The profile, once its ``image_source`` folder (when a cell sends images) holds images: a bad one is refused
+    before anything is sent or written (it stopped the first image cell, leaving a run behind in --out)."""
+    if profile.image_source != "noise" and any(c.images for c in profile.cells()):
+        from bench.client.images import image_files
+
+        image_files(profile.image_source)
+    return profile
 
 
 def echo(text: str, err: bool = False, nl: bool = True) -> None:

@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.config.profile import image_files
 from bench.errors import ConfigError
 from bench.records import RequestRecord
 
-__all__ = ["ImageSet", "body_images", "image_part", "image_rejection", "FORMATS", "DATA_URL_PREFIX"]
+__all__ = ["ImageSet", "body_images", "image_part", "image_rejection", "image_files", "FORMATS", "DATA_URL_PREFIX",
+           "IMAGE_SUFFIXES"]
 
 _IMAGE_ERROR = re.compile(r"image|multimodal|multi-modal|vision|mmproj", re.I)
 
@@ -39,6 +39,20 @@ def _pil() -> Any:
     except ImportError:  # pragma: no cover - pillow is a dependency
         raise ConfigError("--images needs Pillow: pip install 'pillow==13.0.0'") from None
     return Image
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
+
+
+def image_files(source: str) -> tuple[Path, ...]:
+    """The image files of an ``--image-source`` folder, sorted; ConfigError when it is no folder or holds none."""
+    folder = Path(source)
+    if not folder.is_dir():
+        raise ConfigError(f"--image-source: {source!r} is neither 'noise' nor a folder")
+    files = tuple(sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES))
+    if not files:
+        raise ConfigError(f"--image-source: {source} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
+    return files
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 __all__ = ["Profile", "Sweep", "Cell", "load_profile", "profile_settings", "settings_diff", "parse_profile", "parse_depth",
            "parse_depths", "parse_ints", "parse_image_size", "parse_image_sizes", "parse_counts", "PROFILES_DIR",
-           "IMAGE_FORMATS", "TOOL_CHOICES", "IMAGE_SUFFIXES", "image_files"]
+           "IMAGE_FORMATS", "TOOL_CHOICES"]
 
 def _profiles_dir() -> Path:
     """The shipped profiles: the repository's ``profiles/`` (a checkout or editable install), else the copy
@@ -384,20 +384,6 @@ def _validate_numbers(p: Profile, where: str) -> None:
     _validate_workload(p, where)
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".bmp", ".gif")
-
-
-def image_files(source: str) -> tuple[Path, ...]:
-    """The image files of an ``image_source`` folder, sorted; ConfigError when it is no folder or holds none."""
-    folder = Path(source)
-    if not folder.is_dir():
-        raise ConfigError(f"--image-source: {source!r} is neither 'noise' nor a folder")
-    files = tuple(sorted(f for f in folder.iterdir() if f.suffix.lower() in IMAGE_SUFFIXES))
-    if not files:
-        raise ConfigError(f"--image-source: {source} holds no image files ({', '.join(IMAGE_SUFFIXES)})")
-    return files
-
-
 def _validate_workload(p: Profile, where: str) -> None:
     """Images, tools and their combinations (docs/workloads.md)."""
     if p.images < 0:
@@ -407,8 +393,6 @@ def _validate_workload(p: Profile, where: str) -> None:
         raise ConfigError(f"{where}: image_format must be one of {', '.join(IMAGE_FORMATS)}, got {p.image_format!r}")
     if not p.image_source:
         raise ConfigError(f"{where}: image_source must be 'noise' or a folder of images")
-    if p.image_source != "noise" and any(c.images for c in p.cells()):
-        image_files(p.image_source)
     if p.endpoint != "chat" and any(c.images for c in p.cells()):
         raise ConfigError(f"{where}: images need the chat endpoint (--endpoint chat); /completions takes text only")
     if p.tool_choice and not p.tools:

@@ -120,6 +120,12 @@ def slo_field(c: CellResult) -> str:
     return out + ("; missed " + ", ".join(missed) if missed else "; held")
 
 
+def three_digits(v: float) -> str:
+    """A ratio such as tok/J: three significant digits below 1 (0.0142 and 0.0122 must not both read 0.01), two
+    decimals below 10, one below 100, none above."""
+    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+
+
 def gpu_field(c: CellResult) -> str:
     """Output tokens per joule of a cell (docs/gpu-telemetry.md): ``3.41``, ``3.41 est`` when the energy is power
     integrated over the samples (no usable energy counter), ``-`` without GPU figures."""
@@ -127,8 +133,6 @@ def gpu_field(c: CellResult) -> str:
     v = g.get("tokens_per_joule")
     if not isinstance(v, int | float):
         return "-"
-    from bench.report.tables import three_digits
-
     return three_digits(v) + (" est" if g.get("energy_source") != "counter" else "")
 
 

@@ -7,8 +7,8 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
+from bench.report.export import three_digits
 from bench.report.figures import COLOURS, Source
-from bench.report.tables import three_digits
 
 __all__ = ["gpu_figure", "gpu_table"]
 
@@ -18,7 +18,7 @@ def _num(v: Any, digits: int = 1) -> str:
 
 
 def _ratio(v: Any) -> str:
-    """tok/J and J/token as results.md prints tok/J (:func:`bench.report.tables.three_digits`)."""
+    """tok/J and J/token as results.md prints tok/J (:func:`bench.report.export.three_digits`)."""
     return "-" if not isinstance(v, int | float) or isinstance(v, bool) else three_digits(float(v))
 
 

@@ -30,12 +30,6 @@ def num(v: Any, digits: int | None = None) -> str:
     return f"{v:,.{digits}f}"
 
 
-def three_digits(v: float) -> str:
-    """A ratio such as tok/J: three significant digits below 1 (0.0142 and 0.0122 must not both read 0.01), two
-    decimals below 10, one below 100, none above."""
-    return f"{v:,.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}" if v >= 1 else f"{v:.3g}"
-
-
 def capacity_answer(doc: dict[str, Any]) -> str:
     """The search's answer in one line: ``capacity (SLO): 12.3 req/s, interval [11.8, 12.9] (confidence 95 %);
     saturated at 20 req/s`` (a load in requests in flight for ``--by concurrency``)."""

@@ -115,9 +115,11 @@ def test_sigterm_keeps_records_and_marks_the_run_interrupted(tmp_path) -> None:
     prof.write_text(TWO_CELLS.replace("requests = 6", "requests = 60"))
     out = tmp_path / "res"
     with running_sim(SimConfig(decode_step_ms=10.0)) as url:
-        proc, err = _terminate_after(["run", url, "-p", str(prof), "--out", str(out)], out / "records.jsonl", 5)
+        proc, err = _terminate_after(["run", url, "-p", str(prof), "--out", str(out), "--history",
+                                      str(tmp_path / "h.db")], out / "records.jsonl", 5)
     assert proc.returncode == 130, err
     assert "SIGTERM" in err
+    assert "history: this run was not added (it did not finish" in err  # --history said nothing
     res = load_results(out / "results.json")
     assert res.run.interrupted and not res.run.complete
     assert (out / "results.csv").exists() and (out / "results.md").exists()

@@ -140,7 +140,8 @@ def test_a_bad_image_source_is_refused_before_anything_is_sent(tmp_path: Path,
         err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert code == 3 and len(err) == 1 and why in err[0] and "--image-source" in err[0]
         assert not (tmp_path / "r").exists()  # refused while parsing: no run folder left to block the next try
-    assert parse_profile({"image_source": str(tmp_path / "missing")}, "t").images == 0  # no images: not read
+    assert main(["run", "http://127.0.0.1:9/v1", "--image-source", str(tmp_path / "missing"), "--out",
+                 str(tmp_path / "r")]) == 4  # no cell sends images: the folder is not read (then: unreachable)
 
 
 def test_a_run_stopped_by_a_server_error_keeps_its_finished_cells_with_their_views(tmp_path: Path) -> None:
