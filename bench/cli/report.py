@@ -102,14 +102,17 @@ def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir
 
 def _history_report(db: str, inputs: tuple[str, ...], out_file: str, title: str | None) -> Any:
     """``bench report --history DB``: the trends page alone, or the report of INPUTS with the trends after it."""
-    from bench.cli.history import open_existing
+    from bench.cli.history import open_existing, trend_views, trends_page
     from bench.report.html import require_plotly, write_report
     from bench.report.trends import trend_page, trend_section
     from bench.results import write_atomic
 
     require_plotly()
-    with open_existing(db) as store:
+    with open_existing(db, "--history") as store:
+        views = trend_views(store)  # one per setup (profile, model, endpoint): their series never mixed
         if not inputs:
-            return write_atomic(out_file, trend_page(store, title))
-        section = trend_section(store)
-    return write_report(inputs, out_file, title, extra_sections=[section])
+            page = (trend_page(store, title) if len(views) == 1
+                    else trends_page(views, title or f"bench trends: {store.where}"))
+            return write_atomic(out_file, page)
+        sections = [trend_section(v) for v in views]
+    return write_report(inputs, out_file, title, extra_sections=sections)

@@ -1,11 +1,13 @@
 """``bench history check``: change points in every stored series of one metric, judged against the gate's rule.
 
-For each cell, the series is one statistic (the rule's, else the median) of the metric over the stored runs in
-the order they were made. :func:`bench.history.changepoints.detect` finds its change points; each is a
-*regression* or an *improvement* by the metric's direction (throughputs higher-better, latencies lower-better).
+A series is one cell of one *setup* (profile, model, endpoint URL: runs of another profile or server measure
+something else and are never mixed in): one statistic (the rule's, else the median) of the metric over that
+setup's stored runs in the order they were made. :func:`bench.history.changepoints.detect` finds its change
+points; each is a *regression* or an *improvement* by the metric's direction (throughputs higher-better,
+latencies lower-better).
 The check fails (exit 1) when a regression larger than the rule's allowance (``max_drop_pct`` /
-``max_rise_pct`` of the newest run's profile, else the gate's default rule, else 0) starts within the last
-``recent`` runs.
+``max_rise_pct`` of the setup's newest run's profile, else the gate's default rule, else 0) starts within the
+last ``recent`` runs of its setup.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any
 
 from bench.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from bench.history.changepoints import METHODS, Change, detect
-from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow
+from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow, Setup, setup_url
 
 __all__ = ["CheckSettings", "check_history", "higher_better", "allowance_for"]
 
@@ -44,12 +46,12 @@ def allowance_for(metric: str, cell: str, runs: Sequence[RunRow]) -> tuple[float
                 if r.metric == metric and r.cell == want:
                     stat = r.stat if r.stat in STAT_COLUMNS else "median"
                     return r.max_change_pct, stat, f"{source} rule {r.key} = {r.max_change_pct:g}"
-    return 0.0, "median", "no rule (any regression counts)"
+    return 0.0, "median", "no rule: any regression counts"
 
 
 @dataclass(frozen=True)
 class CheckSettings:
-    """The options of one check."""
+    """The options of one check (``profile``, ``model``, ``endpoint``: only the setups that match, None: any)."""
 
     metric: str = "decode_tok_s"
     stat: str | None = None  # None: the rule's statistic
@@ -57,6 +59,9 @@ class CheckSettings:
     recent: int = 5
     method: str = "pelt"
     allowance_pct: float | None = None  # None: the rule's
+    profile: str | None = None
+    model: str | None = None
+    endpoint: str | None = None
 
 
 def _side(points: Sequence[Point], span: tuple[int, int]) -> dict[str, Any]:
@@ -67,24 +72,87 @@ def _side(points: Sequence[Point], span: tuple[int, int]) -> dict[str, Any]:
             "median": vals[len(vals) // 2] if len(vals) % 2 else (vals[len(vals) // 2 - 1] + vals[len(vals) // 2]) / 2}
 
 
+@dataclass(frozen=True)
+class _SetupRuns:
+    """One setup's runs, in the order made, and its number among the store's setups (1-based)."""
+
+    setup: Setup
+    number: int
+    runs: list[RunRow]
+
+    def fields(self) -> dict[str, Any]:
+        return {"setup": self.number, **self.setup.to_dict()}
+
+
 def _change_doc(cell: str, metric: str, stat: str, points: Sequence[Point], c: Change, allowance: float,
-                first_recent: int) -> dict[str, Any]:
+                sr: _SetupRuns, recent: int) -> dict[str, Any]:
     p = points[c.index]
     worse = c.change_pct < 0 if higher_better(metric) else c.change_pct > 0
+    at = next(i for i, r in enumerate(sr.runs) if r.pk == p.run.pk)
     return {"cell": cell, "metric": metric, "stat": stat, "run_index": p.index, "run_id": p.run.run_id,
             "started": p.run.started, "commit": p.run.commit_sha, "branch": p.run.branch,
             "change_pct": round(c.change_pct, 3), "ci_pct": [round(c.lo_pct, 3), round(c.hi_pct, 3)],
             "p_value": c.p_value, "direction": "regression" if worse else "improvement",
             "beyond_allowance": abs(c.change_pct) > allowance, "allowance_pct": allowance,
-            "recent": p.index >= first_recent,
+            "recent": at >= len(sr.runs) - recent, **sr.fields(), "setup_run_index": at,
             "before": _side(points, c.before), "after": _side(points, c.after)}
 
 
+def _matches(setup: Setup, s: CheckSettings) -> bool:
+    return ((s.profile is None or setup.profile == s.profile) and (s.model is None or setup.model == s.model)
+            and (s.endpoint is None or setup.endpoint_url.rstrip("/") == setup_url(s.endpoint).rstrip("/")))
+
+
+def _setups(runs: Sequence[RunRow], s: CheckSettings, where: str) -> list[_SetupRuns]:
+    """The store's setups that match the settings' filters; ConfigError when none does (or none is stored)."""
+    if not runs:
+        raise ConfigError(f"history {where}: no runs stored (bench history add adds them)")
+    by: dict[Setup, list[RunRow]] = {}
+    for r in runs:
+        by.setdefault(r.setup, []).append(r)
+    out = [_SetupRuns(k, i + 1, v) for i, (k, v) in enumerate(by.items()) if _matches(k, s)]
+    if not out:
+        given = ", ".join(f"{o} {v}" for o, v in (("--profile", s.profile), ("--model", s.model),
+                                                   ("--endpoint", s.endpoint)) if v is not None)
+        stored = "; ".join(k.label() for k in by)
+        raise ConfigError(f"history {where}: no stored run matches {given} (stored: {stored})")
+    return out
+
+
+def _check_setup(store: HistoryStore, s: CheckSettings, sr: _SetupRuns, cells: Sequence[str],
+                 cache: dict[str, dict[tuple[Setup, str], list[Point]]]) -> tuple[list[dict[str, Any]],
+                                                                                  list[dict[str, Any]]]:
+    """``(series notes, changes)`` of one setup's series of the metric, one per cell it has."""
+    notes: list[dict[str, Any]] = []
+    changes: list[dict[str, Any]] = []
+    for cell in cells:
+        allowance, rule_stat, where = allowance_for(s.metric, cell, sr.runs)
+        if s.allowance_pct is not None:
+            allowance, where = s.allowance_pct, f"--allowance {s.allowance_pct:g}"
+        stat = s.stat or rule_stat
+        if stat not in cache:
+            cache[stat] = store.setup_series(s.metric, stat, cells)
+        pts = cache[stat].get((sr.setup, cell), [])
+        if not pts:
+            continue
+        res = detect([p.value for p in pts], method=s.method)
+        notes.append({"cell": cell, "metric": s.metric, "stat": stat, "runs": res.n, "status": res.status,
+                      "noise_pct": None if res.noise_pct is None else round(res.noise_pct, 3), "note": res.note,
+                      "allowance_pct": allowance, "rule": where, "changes": len(res.changes), **sr.fields(),
+                      "setup_runs": len(sr.runs)})
+        changes += [_change_doc(cell, s.metric, stat, pts, c, allowance, sr, s.recent) for c in res.changes]
+    return notes, changes
+
+
 def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
-    """The check's document (``--json``): ``changes``, ``series`` notes, ``exit``.
+    """The check's document (``--json``): ``changes``, ``series`` notes, ``setups``, ``exit``.
+
+    A series is one cell of one setup (:class:`bench.history.store.Setup`: profile, model, endpoint URL); change
+    points are searched in each on its own, and "recent" counts the runs of the change's setup.
 
     Raises:
-        ConfigError: an unknown method or statistic, ``recent`` < 1, or no stored series of the metric.
+        ConfigError: an unknown method or statistic, ``recent`` < 1, no stored run (of the setups asked for), or
+            no stored series of the metric.
     """
     if s.method not in METHODS:
         raise ConfigError(f"--method {s.method}: one of {', '.join(METHODS)}")
@@ -96,29 +164,26 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
     if s.recent < 1:
         raise ConfigError(f"--recent {s.recent}: must be at least 1")
     runs = store.runs()
-    first_recent = len(runs) - s.recent
+    setups = _setups(runs, s, store.where)
+    cells = list(s.cells) or store.cells()
     changes: list[dict[str, Any]] = []
     notes: list[dict[str, Any]] = []
-    cells = list(s.cells) or store.cells()
-    found_any = False
-    for cell in cells:
-        allowance, rule_stat, where = allowance_for(s.metric, cell, runs)
-        if s.allowance_pct is not None:
-            allowance, where = s.allowance_pct, f"--allowance {s.allowance_pct:g}"
-        stat = s.stat or rule_stat
-        pts = store.series(s.metric, stat, [cell]).get(cell, [])
-        if not pts:
-            continue
-        found_any = True
-        res = detect([p.value for p in pts], method=s.method)
-        notes.append({"cell": cell, "metric": s.metric, "stat": stat, "runs": res.n, "status": res.status,
-                      "noise_pct": None if res.noise_pct is None else round(res.noise_pct, 3), "note": res.note,
-                      "allowance_pct": allowance, "rule": where, "changes": len(res.changes)})
-        changes += [_change_doc(cell, s.metric, stat, pts, c, allowance, first_recent) for c in res.changes]
-    if not found_any:
+    cache: dict[str, dict[tuple[Setup, str], list[Point]]] = {}
+    checked = []
+    for sr in setups:
+        n, c = _check_setup(store, s, sr, cells, cache)
+        notes += n
+        changes += c
+        if n:
+            checked.append({**sr.fields(), "runs": len(sr.runs)})
+    if not notes:
         what = f" in cell(s) {', '.join(s.cells)}" if s.cells else ""
-        raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({len(runs)} runs stored)")
+        raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({_runs(len(runs))} stored)")
     failing = [c for c in changes if c["direction"] == "regression" and c["recent"] and c["beyond_allowance"]]
     return {"db": store.where, "metric": s.metric, "method": s.method, "recent": s.recent, "runs": len(runs),
-            "changes": changes, "series": notes, "failing": len(failing),
+            "changes": changes, "series": notes, "setups": checked, "failing": len(failing),
             "exit": EXIT_CHECK_FAILED if failing else EXIT_OK}
+
+
+def _runs(n: int) -> str:
+    return f"{n} run" if n == 1 else f"{n} runs"

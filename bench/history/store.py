@@ -10,15 +10,18 @@ A store is named by a URL: a plain path or ``sqlite:///path`` is an SQLite file 
     stats           one row per run x cell x metric: n, mean, median, p10, p90, p99, min, max and the 95 %
                     bootstrap interval of the median (median_lo, median_hi; NULL without raw samples)
 
-A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
+A run's *setup* (:class:`Setup`: profile, model, endpoint URL) says what it measured; a series is one cell of one
+setup. A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
 again is refused (:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
 one transaction each, and a store written by a newer bench (a version above :data:`SCHEMA_VERSION`) is refused.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
+import re
 import sqlite3
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -29,8 +32,8 @@ from bench.errors import ConfigError, HistoryError
 from bench.redaction import redact
 from bench.results import CellResult, Results
 
-__all__ = ["HistoryStore", "open_store", "RunRow", "Point", "MIGRATIONS", "SCHEMA_VERSION", "STAT_METRICS",
-           "STAT_COLUMNS", "DEFAULT_DB", "run_key", "sqlite_file"]
+__all__ = ["HistoryStore", "open_store", "RunRow", "Point", "Setup", "MIGRATIONS", "SCHEMA_VERSION",
+           "STAT_METRICS", "STAT_COLUMNS", "DEFAULT_DB", "run_key", "sqlite_file", "setup_url", "FREE_PORTS_FROM"]
 
 DEFAULT_DB = "bench-history.db"
 
@@ -79,6 +82,47 @@ def _started(results: Results) -> str:
     return results.run.started or results.created
 
 
+FREE_PORTS_FROM = 32768
+"""The first port of the kernel's range for free ports (Linux: 32768-60999; macOS, Windows: 49152-65535): where
+bench's embedded endpoint, ``bench sim --port 0`` and ``running_sim`` listen, a new port each run."""
+
+
+def setup_url(url: str) -> str:
+    """The endpoint of a setup: ``url``, except that a loopback URL on a free port (from :data:`FREE_PORTS_FROM`:
+    a local server started for the run, e.g. the embedded endpoint) has its port as ``*``, so that every run of
+    it is one setup. ``http://127.0.0.1:41235/v1`` -> ``http://127.0.0.1:*/v1``; ``:8000`` stays."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        u = urlsplit(url)
+        port, host = u.port, u.hostname or ""
+    except ValueError:
+        return url
+    if port is None or port < FREE_PORTS_FROM or not (host in ("localhost", "::1") or host.startswith("127.")):
+        return url
+    return urlunsplit(u._replace(netloc=f"{u.netloc.rsplit(':', 1)[0]}:*"))
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What a series is measured on: the profile, the model and the endpoint of a run (the ``runs`` columns
+    ``profile``, ``model``, ``endpoint_url``; the URL as :func:`setup_url` reads it). A series is one cell of one
+    setup: runs of another profile (other max_tokens, requests...), model or server measure something else, and
+    are never mixed into it."""
+
+    profile: str
+    model: str
+    endpoint_url: str
+
+    def to_dict(self) -> dict[str, str]:
+        """The JSON form."""
+        return {"profile": self.profile, "model": self.model, "endpoint_url": self.endpoint_url}
+
+    def label(self) -> str:
+        """One line: ``profile P, model M, URL``."""
+        return f"profile {self.profile or '-'}, model {self.model or '-'}, {self.endpoint_url or 'no endpoint URL'}"
+
+
 @dataclass(frozen=True)
 class RunRow:
     """One stored run (the columns of ``runs``), in the order the runs were made (``started``)."""
@@ -94,12 +138,18 @@ class RunRow:
     hostname: str
     gate_rules: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
+    endpoint_url: str = ""
+
+    @property
+    def setup(self) -> Setup:
+        """The setup the run measured (its series are this setup's)."""
+        return Setup(self.profile, self.model, setup_url(self.endpoint_url))
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form (``gate_rules`` left out)."""
         return {"run_id": self.run_id, "started": self.started, "commit": self.commit_sha, "branch": self.branch,
                 "profile": self.profile, "model": self.model, "backend": self.backend, "hostname": self.hostname,
-                "source": self.source}
+                "source": self.source, "endpoint_url": self.endpoint_url}
 
 
 @dataclass(frozen=True)
@@ -107,7 +157,7 @@ class Point:
     """One run's value of one statistic in one cell, with the median's interval when the run had samples."""
 
     run: RunRow
-    index: int  # position of the run among all stored runs, by start
+    index: int  # position of the run among the store's runs (a view's: its setup's), by start
     value: float
     n: int
     lo: float | None = None
@@ -161,6 +211,7 @@ class HistoryStore:
         self.conn = conn
         self.kind = kind  # "sqlite" | "postgresql"
         self.where = where  # the URL, password hidden, for messages
+        self.only: Setup | None = None  # a view of one setup's runs (:meth:`view`)
         self.errors: tuple[type[Exception], ...] = (sqlite3.Error,)
         if kind == "postgresql":
             import psycopg
@@ -242,12 +293,20 @@ class HistoryStore:
         """Whether a run with this :func:`run_key` is stored."""
         return self._exec("SELECT 1 FROM runs WHERE run_key = ?", (key,)).fetchone() is not None
 
+    def same_start(self, results: Results) -> list[tuple[str, str]]:
+        """``(run_key, source)`` of the stored runs with this run's ``run.id`` and ``run.started`` (the same run,
+        or a copy of its file whose figures were edited: another :func:`run_key`)."""
+        rows = self._exec("SELECT run_key, source FROM runs WHERE run_id = ? AND started = ? ORDER BY pk",
+                          (results.run.id, _started(results))).fetchall()
+        return [(str(r[0]), str(r[1] or "")) for r in rows]
+
     def add(self, results: Results, *, source: str = "", commit: str | None = None,
             branch: str | None = None) -> int:
         """Store one run and its cells' statistics in one transaction; returns the number of statistics rows.
 
         Raises:
-            HistoryError: the run is already stored (same ``run.id`` and ``run.started``), or the database failed.
+            HistoryError: the run is already stored (same :func:`run_key`: ``run.id``, ``run.started`` and
+                figures), or the database failed.
         """
         key = run_key(results)
         try:
@@ -277,12 +336,28 @@ class HistoryStore:
 
     # --- reading ----------------------------------------------------------------------------------------------
 
+    def view(self, setup: Setup) -> HistoryStore:
+        """The same store seen through one setup: :meth:`runs`, :meth:`series`, :meth:`export_rows` hold its runs
+        only (positions count its runs); ``where`` names the setup. Shares the connection: close the store."""
+        v = copy.copy(self)
+        v.only = setup
+        v.where = f"{self.where}: {setup.label()}"
+        return v
+
     def runs(self) -> list[RunRow]:
-        """Every stored run, in the order they were made (``started``, then when added)."""
+        """Every stored run (a view's: its setup's), in the order they were made (``started``, then when added)."""
         rows = self._exec("SELECT pk, run_id, started, commit_sha, branch, profile, model, backend, hostname, "
-                          "gate_rules, source FROM runs ORDER BY started, pk").fetchall()
-        return [RunRow(int(r[0]), r[1], r[2], r[3], r[4], r[5] or "", r[6] or "", r[7] or "", r[8] or "",
-                       _json_list(r[9]), r[10] or "") for r in rows]
+                          "gate_rules, source, endpoint_url FROM runs ORDER BY started, pk").fetchall()
+        out = [RunRow(int(r[0]), r[1], r[2], r[3], r[4], r[5] or "", r[6] or "", r[7] or "", r[8] or "",
+                      _json_list(r[9]), r[10] or "", r[11] or "") for r in rows]
+        return out if self.only is None else [r for r in out if r.setup == self.only]
+
+    def setups(self) -> list[tuple[Setup, int]]:
+        """Every setup with stored runs and its number of runs, in the order of its first run."""
+        count: dict[Setup, int] = {}
+        for r in self.runs():
+            count[r.setup] = count.get(r.setup, 0) + 1
+        return list(count.items())
 
     def cells(self) -> list[str]:
         """Every cell id with a stored statistic, sorted."""
@@ -293,7 +368,9 @@ class HistoryStore:
         return [r[0] for r in self._exec("SELECT DISTINCT metric FROM stats ORDER BY metric").fetchall()]
 
     def series(self, metric: str, stat: str = "median", cells: Iterable[str] | None = None) -> dict[str, list[Point]]:
-        """Each cell's values of ``stat`` of ``metric`` over the runs, oldest first (runs without it skipped)."""
+        """Each cell's values of ``stat`` of ``metric`` over the runs, oldest first (runs without it skipped).
+
+        Every run of the store, whatever its setup: :meth:`setup_series` (or a :meth:`view`) keeps setups apart."""
         if stat not in STAT_COLUMNS:
             raise ConfigError(f"--stat {stat}: one of {', '.join(STAT_COLUMNS)}")
         runs = self.runs()
@@ -313,6 +390,16 @@ class HistoryStore:
             pts.sort(key=lambda p: p.index)
         return dict(sorted(out.items()))
 
+    def setup_series(self, metric: str, stat: str = "median",
+                     cells: Iterable[str] | None = None) -> dict[tuple[Setup, str], list[Point]]:
+        """:meth:`series` split by setup: ``(setup, cell)`` -> its points, oldest first (``index`` still counts
+        every run of the store)."""
+        out: dict[tuple[Setup, str], list[Point]] = {}
+        for cell, pts in self.series(metric, stat, cells).items():
+            for p in pts:
+                out.setdefault((p.run.setup, cell), []).append(p)
+        return out
+
     def export_rows(self) -> list[dict[str, Any]]:
         """One row per run x cell x metric, runs oldest first (``bench history export --csv``)."""
         runs = {r.pk: (i, r) for i, r in enumerate(self.runs())}
@@ -320,6 +407,8 @@ class HistoryStore:
                           "median_hi FROM stats").fetchall()
         out = []
         for pk, cell, metric, n, *vals in rows:
+            if int(pk) not in runs:  # a view: another setup's run
+                continue
             i, run = runs[int(pk)]
             out.append({"run_index": i, **run.to_dict(), "cell": cell, "metric": metric, "n": n,
                         **dict(zip((*STAT_COLUMNS, "median_lo", "median_hi"), vals))})
@@ -358,45 +447,56 @@ def _hide_password(url: str) -> str:
     return url
 
 
-def sqlite_file(url: str | os.PathLike[str] | None) -> str | None:
+def sqlite_file(url: str | os.PathLike[str] | None, option: str = "--db") -> str | None:
     """The SQLite file a ``--db`` value names (a path, ``sqlite:///path``, None: :data:`DEFAULT_DB`); None for a
-    PostgreSQL URL."""
+    PostgreSQL URL.
+
+    Raises:
+        HistoryError: a URL of another scheme (``mysql://...``, ``sqlite://x``), named as ``option``.
+    """
     u = os.fspath(url) if url is not None else DEFAULT_DB
     if u.startswith(("postgresql://", "postgres://")):
         return None
-    return u[len("sqlite:///"):] if u.startswith("sqlite:///") else u
+    if u.startswith("sqlite:///"):
+        return u[len("sqlite:///"):]
+    if re.match(r"[A-Za-z][A-Za-z0-9+.-]*://", u):
+        raise HistoryError(f"{option} {_hide_password(u)}: unsupported: give a file path, sqlite:///path or "
+                           "postgresql://...")
+    return u
 
 
-def open_store(url: str | os.PathLike[str] | None = None) -> HistoryStore:
+def open_store(url: str | os.PathLike[str] | None = None, option: str = "--db") -> HistoryStore:
     """Open (creating and migrating when needed) the store at ``url``: a path or ``sqlite:///path`` for SQLite
-    (default :data:`DEFAULT_DB` in the current folder), ``postgresql://...`` for PostgreSQL.
+    (default :data:`DEFAULT_DB` in the current folder), ``postgresql://...`` for PostgreSQL. Messages name the
+    value as ``option`` (the command-line option that gave it: ``--db``, ``--history``).
 
     Raises:
-        HistoryError: the database cannot be opened or reached, psycopg is missing, or its schema is newer.
+        HistoryError: the database cannot be opened or reached, psycopg is missing, its schema is newer, or the URL
+            has another scheme.
     """
-    path = sqlite_file(url)
+    path = sqlite_file(url, option)
     if path is None:
-        return _open_postgres(os.fspath(url or ""))
+        return _open_postgres(os.fspath(url or ""), option)
     if os.path.isdir(path):
-        raise HistoryError(f"--db {path}: is a folder (give a file, e.g. {os.path.join(path, DEFAULT_DB)})")
+        raise HistoryError(f"{option} {path}: is a folder (give a file, e.g. {os.path.join(path, DEFAULT_DB)})")
     try:
         conn = sqlite3.connect(path, timeout=30)
         conn.execute("PRAGMA foreign_keys = ON")
     except sqlite3.Error as e:
-        raise HistoryError(f"--db {path}: cannot open it as SQLite ({_first_line(e)})") from None
+        raise HistoryError(f"{option} {path}: cannot open it as SQLite ({_first_line(e)})") from None
     return HistoryStore(conn, "sqlite", path)
 
 
-def _open_postgres(url: str) -> HistoryStore:
+def _open_postgres(url: str, option: str) -> HistoryStore:
     where = _hide_password(url)
     try:
         import psycopg
     except ImportError:
-        raise HistoryError(f"--db {where}: PostgreSQL needs psycopg (pip install 'bench[history]')") from None
+        raise HistoryError(f"{option} {where}: PostgreSQL needs psycopg (pip install 'bench[history]')") from None
     try:
         conn = psycopg.connect(url, connect_timeout=10)
     except psycopg.Error as e:
-        raise HistoryError(f"--db {where}: cannot connect ({_first_line(e)})") from None
+        raise HistoryError(f"{option} {where}: cannot connect ({_first_line(e)})") from None
     except (ValueError, TypeError) as e:  # a malformed URL
-        raise HistoryError(f"--db {where}: not a usable PostgreSQL URL ({_first_line(e)})") from None
+        raise HistoryError(f"{option} {where}: not a usable PostgreSQL URL ({_first_line(e)})") from None
     return HistoryStore(conn, "postgresql", where)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sys
+import textwrap
 from typing import Any, TextIO
 
 from rich.console import Console, Group, RenderableType
@@ -17,7 +18,7 @@ from bench.redaction import RedactingStream
 from bench.results import Results
 
 __all__ = ["stdout", "stderr", "request_table", "results_table", "results_note", "results_text", "console_width",
-           "warn", "say"]
+           "warn", "say", "fit"]
 
 
 def console_width(stream: TextIO, environ: dict[str, str] | None = None) -> int | None:
@@ -35,15 +36,31 @@ stdout = Console(file=RedactingStream.stdout(), width=console_width(sys.stdout))
 stderr = Console(file=RedactingStream.stderr(), stderr=True,  # type: ignore[arg-type]
                  width=console_width(sys.stderr))
 
+def fit(text: str, width: int) -> str:
+    """``text`` wrapped at spaces to ``width`` columns with no space left at a line's end (rich leaves one at each
+    break); a word wider than the line (a path) stays whole; a line's indent is kept on its continuation lines."""
+    out = []
+    for line in text.split("\n"):
+        indent = line[: len(line) - len(line.lstrip(" "))]
+        out += textwrap.wrap(line, width=max(20, width), subsequent_indent=indent, break_long_words=False,
+                             break_on_hyphens=False) or [""]
+    return "\n".join(out)
+
+
 def warn(text: str, con: Console | None = None, *, soft_wrap: bool = True) -> None:
     """One warning line on ``con`` (stderr): ``warning`` in yellow, a space, then ``text`` exactly as it is: no
-    markup is read in it, so a ``[[gate]]``, a path or a server's message keeps its brackets."""
-    (con or stderr).print(Text.assemble(("warning", "yellow"), " ", text), highlight=False, soft_wrap=soft_wrap)
+    markup is read in it, so a ``[[gate]]``, a path or a server's message keeps its brackets. ``soft_wrap``
+    False: wrapped at the console's width (:func:`fit`)."""
+    c = con or stderr
+    body = text if soft_wrap else fit("warning " + text, c.width)[len("warning "):]
+    c.print(Text.assemble(("warning", "yellow"), " ", body), highlight=False, soft_wrap=True)
 
 
 def say(text: str, con: Console | None = None, *, soft_wrap: bool = True) -> None:
-    """One line of plain text (a note, a path, a progress line) on ``con`` (stderr), no markup read in it."""
-    (con or stderr).print(text, markup=False, highlight=False, soft_wrap=soft_wrap)
+    """One line of plain text (a note, a path, a progress line) on ``con`` (stderr), no markup read in it;
+    ``soft_wrap`` False: wrapped at the console's width (:func:`fit`)."""
+    c = con or stderr
+    c.print(text if soft_wrap else fit(text, c.width), markup=False, highlight=False, soft_wrap=True)
 
 
 _ROWS: list[tuple[str, str, str]] = [

@@ -34,8 +34,9 @@ def _stat(values: list[float]) -> dict:
 
 
 def make_results(i: int, decode: float, ttft: float = 100.0, *, seed: int = 0, cells: tuple[str, ...] = CELLS,
-                 gate: list | None = None) -> Results:
-    """Run ``i`` (started i hours after midnight) whose cells decode at ``decode`` tok/s (8 samples, 0.1 % spread)."""
+                 gate: list | None = None, profile: str = "t", url: str = "http://h/v1", model: str = "m") -> Results:
+    """Run ``i`` (started i minutes after midnight) whose cells decode at ``decode`` tok/s (8 samples, 0.1 % spread),
+    of ``profile`` against ``model`` at ``url``."""
     rng = np.random.default_rng(seed * 1000 + i)
     out = []
     for c in cells:
@@ -43,16 +44,18 @@ def make_results(i: int, decode: float, ttft: float = 100.0, *, seed: int = 0, c
         tt = list(ttft * np.exp(rng.normal(0, 0.001, 8)))
         out.append(CellResult(id=c, requests_ok=8, waves=8, decode_tok_s=_stat(dec), ttft_ms=_stat(tt),
                               samples={"decode_tok_s": dec, "ttft_ms": tt}))
-    return Results(profile=ProfileInfo("t", settings={"gate": gate or []}), endpoint=EndpointInfo("http://h/v1", "m"),
+    return Results(profile=ProfileInfo(profile, settings={"gate": gate or []}), endpoint=EndpointInfo(url, model),
                    run=RunInfo(id=f"{i:08x}", started=f"2026-12-01T{i // 60:02d}:{i % 60:02d}:00+00:00",
                                complete=True), cells=out, machine={"hostname": "vm"}, server={"backend": "sim"})
 
 
-def write_series(folder: Path, values: list[float], *, ttft: list[float] | None = None, **kw) -> list[Path]:
+def write_series(folder: Path, values: list[float], *, ttft: list[float] | None = None, first: int = 0,
+                 **kw) -> list[Path]:
+    """One results.json per value, runs ``first``, ``first + 1``... (their ids and starts)."""
     paths = []
     for i, v in enumerate(values):
         p = folder / f"run{i:03d}" / "results.json"
-        save_results(make_results(i, v, ttft[i] if ttft else 100.0, **kw), p)
+        save_results(make_results(first + i, v, ttft[i] if ttft else 100.0, **kw), p)
         paths.append(p)
     return paths
 
@@ -91,7 +94,13 @@ def test_add_stores_runs_and_refuses_the_same_run_again(tmp_path, capsys) -> Non
     assert [r["run_id"] for r in runs] == ["00000000", "00000001", "00000002"]
     assert all(r["commit"] == "abc123" and r["branch"] == "main" for r in runs)
     rc, _, err = run_cli(capsys, "history", "add", *map(str, files), "--db", db, "--skip-existing")
-    assert rc == 3 and "nothing to add" in err  # every one skipped
+    assert rc == 0, err  # every one skipped: re-importing a folder with nothing new is success
+    assert "nothing new: 3 runs already stored" in err and "error" not in err
+    assert err.count("already stored") == 4  # a note per run skipped, then the summary
+    rc, _, err = run_cli(capsys, "history", "add", str(files[0]), "--db", db, "--skip-existing")
+    assert rc == 0 and "nothing new: 1 run already stored" in err
+    rc, _, err = run_cli(capsys, "history", "add", *map(str, files), "--db", db)
+    assert rc == 3 and "already stored" in err  # without --skip-existing: still refused
 
 
 def test_a_file_edited_after_the_run_is_another_run(tmp_path, capsys) -> None:
@@ -102,7 +111,17 @@ def test_a_file_edited_after_the_run_is_another_run(tmp_path, capsys) -> None:
     db = str(tmp_path / "h.db")
     rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "a"), str(tmp_path / "b"), "--db", db)
     assert rc == 0 and "added 2 run(s)" in err
+    assert f"{tmp_path / 'b' / 'results.json'}: stored as another run: its figures differ from run 00000000's" in err
     assert run_cli(capsys, "history", "add", str(tmp_path / "b"), "--db", db)[0] == 3
+    # across calls: the store is asked for a run of the same id and start
+    a.cells[0].decode_tok_s["median"] = 30.0
+    save_results(a, tmp_path / "c" / "results.json")
+    rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "c"), "--db", db)
+    assert rc == 0 and "stored as another run: its figures differ from run 00000000's" in err
+    assert str(tmp_path / "a" / "results.json") in err  # the first stored one is named
+    # the help says what the identity is (not "same run id and start")
+    rc, out, _ = run_cli(capsys, "history", "add", "--help")
+    assert rc == 0 and "same run id and start)" not in out and "start and figures" in out
 
 
 def test_folder_import_orders_runs_by_start_and_keeps_statistics(tmp_path, capsys) -> None:
@@ -124,14 +143,24 @@ def test_folder_import_orders_runs_by_start_and_keeps_statistics(tmp_path, capsy
         assert s.series("ttft_ms", "p90")["d2048-s1-prose"][0].lo is None  # an interval is the median's only
 
 
-def test_incomplete_runs_are_skipped_with_a_note(tmp_path, capsys) -> None:
+def test_incomplete_runs_are_skipped_with_a_note_by_cause(tmp_path, capsys) -> None:
     r = make_results(0, 50.0)
     r.run.complete = False
     r.run.interrupted = True
     save_results(r, tmp_path / "a" / "results.json")
+    stopped = make_results(2, 50.0)  # stopped on a server error: incomplete, not interrupted
+    stopped.run.complete = False
+    save_results(stopped, tmp_path / "c" / "results.json")
     save_results(make_results(1, 50.0), tmp_path / "b" / "results.json")
     rc, _, err = run_cli(capsys, "history", "add", str(tmp_path), "--db", str(tmp_path / "h.db"))
-    assert rc == 0 and "incomplete" in err and "added 1 run(s)" in err
+    assert rc == 0 and "added 1 run(s)" in err and "(1 run stored)" in err
+    notes = {ln.split(": ", 1)[0].split()[-1]: ln for ln in err.splitlines() if ln.startswith("skipped")}
+    assert "interrupted" in notes[str(tmp_path / "a" / "results.json")]
+    assert "stopped early" in notes[str(tmp_path / "c" / "results.json")]
+    assert "interrupted" not in notes[str(tmp_path / "c" / "results.json")]
+    assert err.count("skipped") == 2  # each note once
+    rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "c"), "--db", str(tmp_path / "n.db"))
+    assert rc == 3 and "nothing to add (1 incomplete run(s) skipped)" in err and not (tmp_path / "n.db").exists()
 
 
 def test_older_results_files_are_imported(tmp_path, capsys) -> None:
