@@ -361,9 +361,12 @@ def plan_rule(rule: Rule, cell: str, base: Sequence[float], baseline_waves: int,
     out["planned_mde_pct"] = _pct_of_log(mde_log(n_max, None), rule.higher_better)
     out["se_per_wave_pct"] = s * 100.0
     a = _log_change(rule.max_change_pct, rule.higher_better) if 0 < rule.max_change_pct < 100 else 0.0
-    if a > 0:
-        out["waves_needed"] = _least_waves(lambda n: mde_log(n, None) <= a)
-        out["waves_needed_both"] = _least_waves(lambda n: mde_log(n, n) <= a)
+    if a > 0:  # and enough waves for MIN_SAMPLES samples: fewer give no verdict at all
+        def enough(n: int) -> bool:
+            return round(n * nb / m) >= MIN_SAMPLES
+
+        out["waves_needed"] = _least_waves(lambda n: enough(n) and mde_log(n, None) <= a)
+        out["waves_needed_both"] = _least_waves(lambda n: enough(n) and mde_log(n, n) <= a)
     return out
 
 
@@ -483,4 +486,5 @@ def _plan_text(p: Mapping[str, Any], cost: tuple[float, float]) -> str:
         both = p["waves_needed_both"]
         fix = f"record the baseline with about {both} waves" if both else "raise the allowance"
         return f"{head}; the baseline's own noise keeps it above the allowance however long this runs ({fix})"
-    return f"{head}; within the allowance from {need} waves (~{need * cost[0] + cost[1]:.0f} s)"
+    return (f"{head}; within the allowance from {need} wave{'' if need == 1 else 's'} "
+            f"(~{need * cost[0] + cost[1]:.0f} s)")

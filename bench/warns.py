@@ -175,6 +175,8 @@ KINDS: tuple[Kind, ...] = (
          "export {name}=<key> in this shell, or name the variable that holds the key (a server that needs none: "
          "leave --api-key-env out)"),
     # -- comparisons (gate, compare, ab) --
+    Kind("step-summary-unwritable", "cannot append the report to $GITHUB_STEP_SUMMARY ({error})",
+         "the verdicts and the exit code stand; point GITHUB_STEP_SUMMARY at a writable file"),
     Kind("not-comparable", "--force: compared although the runs differ ({difference})",
          "the verdicts compare unlike runs: measure both with the same profile, model and server, to their end"),
     Kind("cell-not-covered", "cell {cell} is only in {which}: no rule can check it",

@@ -294,6 +294,10 @@ def test_junit_is_well_formed():
     types = [(c.find("failure").get("type") if c.find("failure") is not None else None) for c in cases]
     assert types == ["regression", "inconclusive", None, None]
     assert suite.find("properties/property").get("value") == "ci & <friends>"
+    texts = [(c.find("failure") if c.find("failure") is not None else c.find("system-out")).text or ""
+             for c in cases]
+    assert len(texts) == 4 and all("% CI [" in t for t in texts if "ratio -" not in t)
+    assert not any(" -, limit" in t for t in texts)  # no bare "-" where an interval goes
 
 
 def test_markdown_table_and_step_summary(tmp_path):
@@ -309,6 +313,28 @@ def test_markdown_table_and_step_summary(tmp_path):
     target.write_text("earlier step\n")
     assert append_step_summary(md, env={"GITHUB_STEP_SUMMARY": str(target)}) == target
     assert target.read_text().startswith("earlier step\n### ")
+    with pytest.raises(ConfigError, match="Is a directory"):
+        append_step_summary(md, env={"GITHUB_STEP_SUMMARY": str(tmp_path)})
+    import dataclasses
+
+    assert "| 95% CI |" in md  # one level: named once in the header
+    mixed = [dataclasses.replace(v, level=0.96) if i == 0 else v for i, v in enumerate(vs)]  # sequential looks
+    md = to_markdown(mixed, title="bench gate")
+    head = next(ln for ln in md.splitlines() if ln.startswith("| verdict"))
+    assert "| CI |" in head and "% CI" not in head and "| 96%: [" in md and "| 95%: [" in md
+
+
+def test_an_unwritable_step_summary_keeps_the_verdicts_exit_code(tmp_path, bench_main, capsys, monkeypatch):
+    """It raised IsADirectoryError: a traceback and exit 1 ("regression") for a compare that passed."""
+    a = tmp_path / "a"
+    a.mkdir()
+    _write(a / "results.json", results({"d0-s1-prose": {"decode_tok_s": spread(100), "ttft_ms": spread(40)}}))
+    for target in (tmp_path, tmp_path / "missing" / "summary.md"):
+        monkeypatch.setenv("GITHUB_STEP_SUMMARY", str(target))
+        code = bench_main(["compare", str(a), str(a)])
+        err = capsys.readouterr().err
+        assert code == 0 and "Traceback" not in err, err
+        assert "cannot append the report to $GITHUB_STEP_SUMMARY" in err and "exit code stand" in err
 
 
 # --- commands -----------------------------------------------------------------------------------------------------
@@ -818,6 +844,11 @@ def test_sequential_verdict_fields_and_plan():
     assert quiet["planned_mde_pct"] < noisy["planned_mde_pct"]
     assert noisy["waves_needed"] is None and noisy["waves_needed_both"] > 24
     assert quiet["waves_needed"] is not None
+    # one sample a wave (a single stream's TTFT): one wave gives no verdict (MIN_SAMPLES), so the plan never says
+    # "from 1 waves" however quiet the baseline (it did for a 0.2 % spread)
+    flat = [100.0 * (1 + 0.001 * (i % 3)) for i in range(2)]
+    assert plan_rule(Rule("ttft_ms", "c", "p90", 10.0, 0), "c", flat, 2, [2])["waves_needed"] >= 2
+    assert plan_rule(Rule("ttft_ms", "c", "p90", 10.0, 0), "c", flat * 2, 2, [2])["waves_needed"] == 1  # 2 a wave
     # printed within 80 columns, the names whole (a long rule name, two cells, a plan that cannot be met)
     from bench.sequential import plan_lines
 

@@ -165,11 +165,13 @@ def replay(case_file: str, as_json: bool) -> None:
     from rich.text import Text
 
     from bench.report.console import stderr
+    from bench.tools.probe import probe_report
     from bench.tools.replay import load_case, replay_case
 
     case = load_case(case_file)
     rec, m, fails = replay_case(case, fast_io=_settings("OPENAI_API_KEY", 10.0, None).fast_io)
-    _print_record(rec, m, as_json, f"replay {case.id}: {case.about}")
+    d, _ = probe_report(m.to_dict(), same_prompt=False)  # the probe's prefill rule: none from a short prompt's TTFT
+    _print_record(rec, d, as_json, f"replay {case.id}: {case.about}")
     for f in fails:
         stderr.print(Text.assemble(("mismatch", "red"), " ", f), highlight=False)
     if fails:
@@ -429,11 +431,12 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
 
 
 @cli.command()
-@click.argument("results_file", type=click.Path(dir_okay=False))
+@click.argument("results_file", type=click.Path())
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), help="Folder for the PNGs (default: beside "
               "the results file).")
 def plot(results_file: str, out_dir: str | None) -> None:
-    """Plot a results.json: decode vs streams, and TTFT / prompt tok/s / decode vs depth (PNG files).
+    """Plot a results.json (or a run folder): decode vs streams, and TTFT / prompt tok/s / decode vs depth (PNG
+    files).
 
     Needs matplotlib (pip install 'bench[plot]').
     """
@@ -444,7 +447,8 @@ def plot(results_file: str, out_dir: str | None) -> None:
     from bench.results import load_results
 
     results = load_results(results_file)
-    paths = plot_results(results, out_dir or Path(results_file).parent)
+    where = Path(results_file) if Path(results_file).is_dir() else Path(results_file).parent
+    paths = plot_results(results, out_dir or where)
     if not paths:
         stderr.print("nothing to plot: the results have no stream sweep and no depth > 0", highlight=False)
     for p in paths:

@@ -25,7 +25,15 @@ from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
 from bench.config.profile import Profile
-from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, BenchError, GateCouldNotRun, RunInterrupted
+from bench.errors import (
+    EXIT_CHECK_FAILED,
+    EXIT_INCONCLUSIVE,
+    EXIT_OK,
+    BenchError,
+    ConfigError,
+    GateCouldNotRun,
+    RunInterrupted,
+)
 from bench.gate import (
     Rule,
     Verdict,
@@ -66,7 +74,11 @@ def _write_reports(verdicts: Sequence[Verdict], *, title: str, context: dict[str
         written.append(str(write_atomic(junit, to_junit(verdicts, suite=title, properties=context, time_s=elapsed))))
     if markdown:
         written.append(str(write_atomic(markdown, md)))
-    p = append_step_summary(md)
+    try:
+        p = append_step_summary(md)
+    except ConfigError as e:  # a CI variable pointing nowhere must not turn a verdict into exit 1 or 3
+        _warn([warning("step-summary-unwritable", error=str(e))])
+        return written
     if p is not None:
         written.append(f"{p} (GitHub step summary)")
     return written

@@ -577,7 +577,7 @@ def latency_lines(lat: dict[str, Any]) -> list[str]:
     """TTFT and E2E p50 / p90 / p99 of a point's window, from the send and from the schedule (the send lag
     added: what a user who arrived on schedule waited, corrected for coordinated omission), labelled."""
     def f(v: Any) -> str:
-        return "-" if v is None else f"{v:.1f}"
+        return "-" if v is None else f"{v:,.1f}"
 
     out = []
     for key, name in (("ttft_ms", "TTFT"), ("e2e_ms", "E2E")):

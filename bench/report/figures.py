@@ -118,7 +118,7 @@ def depth_figure(sources: Sequence[Source]) -> Any:
         return None  # one depth is one dot, not a curve: the per-cell table has its figures
     k = 0
     for s in sources:
-        one = sorted((c for c in s.results.get("cells", []) if c["streams"] == 1 and c["depth"] > 0),
+        one = sorted((c for c in s.results.get("cells", []) if c["streams"] == 1 and c["depth"] > 0 and not c.get("load")),
                      key=lambda c: (c["prompt"], c["depth"]))
         for prompt in sorted({c["prompt"] for c in one}):
             colour = COLOURS[k % len(COLOURS)]

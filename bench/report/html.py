@@ -209,7 +209,7 @@ def _roofline_table(s: Source) -> str:
     for c in cells:
         rf = c["roofline"]
         dec = (c.get("decode_tok_s") if c["streams"] == 1 else c.get("aggregate_decode_tok_s")) or {}
-        pt = (c.get("prompt_tok_s") or {}).get("median") if c.get("depth") else None
+        pt = (c.get("prompt_tok_s") or {}).get("median") if c.get("depth") and not c.get("load") else None
         rows.append(f"<tr><td>{html.escape(c['id'])}</td><td>{_fmt(dec.get('median'))}</td>"
                     f"<td>{_fmt(rf.get('decode_tok_s_limit'))}</td><td>{_fmt(rf.get('decode_pct_of_limit'))}</td>"
                     f"<td>{_fmt(pt, 0)}</td><td>{_fmt(rf.get('prefill_tok_s_limit'), 0)}</td>"

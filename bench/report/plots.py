@@ -74,7 +74,7 @@ def _streams_figure(plt: Any, cells: list[CellResult], title: str, path: Path) -
 
 
 def _depth_figure(plt: Any, cells: list[CellResult], title: str, path: Path) -> Path | None:
-    one = sorted((c for c in cells if c.streams == 1 and c.depth > 0), key=lambda c: c.depth)
+    one = sorted((c for c in cells if c.streams == 1 and c.depth > 0 and not c.load), key=lambda c: c.depth)
     if not one:
         return None
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))

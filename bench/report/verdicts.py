@@ -20,7 +20,9 @@ from rich.console import Console, ConsoleOptions, RenderableType, RenderResult
 from rich.table import Table
 from rich.text import Text
 
+from bench.errors import ConfigError
 from bench.gate import Verdict, overall_exit, verdict_counts
+from bench.redaction import redact
 from bench.report.layout import pack_fields
 
 __all__ = [
@@ -68,6 +70,11 @@ def fmt_ratio(v: float | None) -> str:
 
 def _ci(v: Verdict) -> str:
     return "-" if v.lo is None or v.hi is None else f"[{v.lo:.3f}, {v.hi:.3f}]"
+
+
+def _junit_ci(v: Verdict) -> str:
+    """`` (95 % CI [lo, hi])`` in a sentence; nothing without an interval (a bare ``-`` read as a typo)."""
+    return "" if v.lo is None or v.hi is None else f" ({v.level:.0%} CI {_ci(v)})"
 
 
 def _limit(v: Verdict) -> str:
@@ -221,7 +228,7 @@ def to_junit(
             "time": "0",
         })
         detail = (f"{v.name}: baseline {fmt_value(v.baseline)}, candidate {fmt_value(v.candidate)}, "
-                  f"ratio {fmt_ratio(v.ratio)} {_ci(v)}, limit {_limit(v)}, MDE {fmt_mde(v)}, "
+                  f"ratio {fmt_ratio(v.ratio)}{_junit_ci(v)}, limit {_limit(v)}, MDE {fmt_mde(v)}, "
                   f"samples {v.n_baseline}/{v.n_candidate}. "
                   f"{v.explain()}")
         if v.failed:
@@ -266,9 +273,14 @@ def to_markdown(
     if context:
         lines.append("")
     if vs:
-        level = vs[0].level
+        levels = {round(v.level, 4) for v in vs}
         head, rows = verdict_rows(vs)
-        head = [f"{level:.0%} CI" if h == "CI" else h for h in head]
+        if len(levels) == 1:  # one level: in the header; else each row's interval names its own
+            head = [f"{vs[0].level:.0%} CI" if h == "CI" else h for h in head]
+        else:
+            ci = head.index("CI")
+            for v, r in zip(vs, rows):
+                r[ci] = f"{v.level:.0%}: {r[ci]}" if v.lo is not None else r[ci]
         rows = [[f"**{r[0]}**" if v.failed else r[0], *r[1:]] for v, r in zip(vs, rows)]
         lines += _md_table(head, rows)
         lines.append("")
@@ -290,12 +302,19 @@ def to_markdown(
 def append_step_summary(markdown: str, env: Mapping[str, str] | None = None) -> Path | None:
     """Append ``markdown`` to the file named by ``$GITHUB_STEP_SUMMARY`` (GitHub Actions' job summary), if set.
 
-    Returns the path written, or None when the variable is unset or empty.
+    Returns the path written, or None when the variable is unset or empty. Every secret bench knows of is
+    redacted first, as in every file bench writes.
+
+    Raises:
+        ConfigError: the file cannot be appended to (a folder, a missing folder, no permission).
     """
     target = (env if env is not None else os.environ).get("GITHUB_STEP_SUMMARY")
     if not target:
         return None
     p = Path(target)
-    with p.open("a", encoding="utf-8") as fh:
-        fh.write(markdown if markdown.endswith("\n") else markdown + "\n")
+    try:
+        with p.open("a", encoding="utf-8") as fh:
+            fh.write(redact(markdown if markdown.endswith("\n") else markdown + "\n"))
+    except OSError as e:
+        raise ConfigError(f"{p}: {e.strerror or e}") from None
     return p

@@ -81,7 +81,8 @@ def probe_report(metrics: dict[str, Any], *, same_prompt: bool,
     more than half of the prompt as cached; then ``prefill_tok_s`` is set to None, ``prefill_not_measured`` says
     why and a warning names the cached tokens. ``cached_tokens`` is always present (0 when the server says none).
     A prefill figure from TTFT (``prefill_source`` "ttft", not the server's own) follows ``bench run``'s rule:
-    withheld for the short default prompt (``default_prompt``: as run's depth 0; no warning, it is the default),
+    withheld for the short default prompt (``default_prompt``: as run's depth 0; no warning, it is the default) or
+    any prompt under :data:`SHORT_PROMPT_TOKENS`,
     else kept with ``prefill_lower_bound`` true (TTFT holds the request's overhead and the first decode step).
     ``prefill_note`` says either in words, printed as the table's "prefill from".
     """
@@ -110,15 +111,23 @@ def probe_report(metrics: dict[str, Any], *, same_prompt: bool,
     return d, warnings
 
 
+SHORT_PROMPT_TOKENS = 256
+"""A TTFT-derived prefill figure of a prompt shorter than this is withheld: its TTFT is mostly the request's
+overhead and the first decode step (15 tokens read 493 tok/s against the sim's 5,000)."""
+
+
 def _ttft_prefill(d: dict[str, Any], prompt: int, default_prompt: bool) -> None:
-    """A prefill figure from TTFT: withheld for the default prompt, else marked a lower bound (:func:`probe_report`)."""
-    if default_prompt:
+    """A prefill figure from TTFT: withheld for the default prompt or any prompt under :data:`SHORT_PROMPT_TOKENS`,
+    else marked a lower bound (:func:`probe_report`)."""
+    if default_prompt or prompt < SHORT_PROMPT_TOKENS:
+        which = "the default prompt" if default_prompt else "the prompt"
         d["prefill_measured"] = False
         d["prefill_tok_s"] = None
-        d["prefill_not_measured"] = (f"the default prompt ({prompt} tokens) is too short: its TTFT is mostly the "
+        d["prefill_not_measured"] = (f"{which} ({prompt} tokens) is too short: its TTFT is mostly the "
                                      "request's overhead and the first decode step, not prefill (bench run shows "
                                      "no prompt tok/s at depth 0 either)")
-        d["prefill_note"] = "ttft: not shown, the default prompt is too short (give --prompt)"
+        d["prefill_note"] = (f"ttft: not shown, {which} is too short"
+                             + (" (give --prompt)" if default_prompt else f" (under {SHORT_PROMPT_TOKENS} tokens)"))
     else:
         d["prefill_lower_bound"] = True
         d["prefill_note"] = "ttft: a lower bound (overhead and first decode step included)"

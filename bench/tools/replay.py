@@ -50,7 +50,11 @@ def load_case(path: str | Path) -> Case:
         raise ConfigError(f"case file {p} is not JSON: {exc}") from None
     try:
         evs: list[tuple[float, bytes | None]] = []
+        if not isinstance(d["events"], list):
+            raise ConfigError(f"case {p} is malformed: 'events' must be a list of objects")
         for i, e in enumerate(d["events"]):
+            if not isinstance(e, dict):
+                raise ConfigError(f"case {p} is malformed: events[{i}] is not an object")
             if e.get("close"):
                 evs.append((float(e["at_ms"]), None))
             elif "data" in e:
@@ -67,9 +71,9 @@ def load_case(path: str | Path) -> Case:
             status=int(d.get("status", 200)),
             headers={str(k): str(v) for k, v in (d.get("headers") or {}).items()},
             events=tuple(evs),
-            expect=dict(d.get("expect") or {}),
+            expect=_expectations(d.get("expect") or {}, p),
         )
-    except (KeyError, TypeError, ValueError) as e:
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise ConfigError(f"case {p} is malformed: missing or bad {e}") from None
 
 
@@ -150,6 +154,23 @@ def serve_case(case: Case, *, late_ms: list[float] | None = None) -> Iterator[st
         loop.call_soon_threadsafe(loop.stop)
         th.join(timeout=5)
         loop.close()
+
+
+def _expectations(expect: Any, p: Path) -> dict[str, Any]:
+    """A case's ``expect`` block: every key a figure of the record (:class:`RequestMetrics`) or ``error``; a typo
+    would be a mismatch at every replay, not the bad input it is."""
+    import dataclasses
+
+    from bench.measure.metrics import RequestMetrics
+
+    if not isinstance(expect, dict):
+        raise ConfigError(f"case {p} is malformed: 'expect' must be an object")
+    known = {f.name for f in dataclasses.fields(RequestMetrics)} | {"error"}
+    unknown = sorted(set(expect) - known)
+    if unknown:
+        raise ConfigError(f"case {p}: unknown key(s) in 'expect': {', '.join(unknown)} (a figure of the record: "
+                          "docs/cases.md)")
+    return dict(expect)
 
 
 def check_expect(metrics: dict[str, Any], expect: dict[str, Any]) -> list[str]:

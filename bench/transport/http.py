@@ -323,6 +323,10 @@ class FastPool:
         self._idle: dict[tuple[str, str, int], list[_Conn]] = {}
         self._closed = False
         self.connects = 0  # connections opened (for tests and diagnostics)
+        if stamps != "user":  # probed now, not inside the first request's queue time (it took 4 ms there)
+            from bench.transport.kernel_stamps import kernel_stamps_supported
+
+            kernel_stamps_supported()
 
     async def stream(self, method: str, url: str, headers: Mapping[str, str] | Iterable[tuple[str, str]],
                      body: bytes, *, connect_timeout: float | None,

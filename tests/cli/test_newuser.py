@@ -219,6 +219,8 @@ def test_probe_prefill_from_ttft_follows_run():
     assert "18 tokens" in d["prefill_not_measured"] and "--prompt" in d["prefill_note"]
     d, w = probe_report({**m, "prompt_tokens": 2000}, same_prompt=False)
     assert d["prefill_tok_s"] == 588.93 and d["prefill_lower_bound"] is True and "lower bound" in d["prefill_note"]
+    d, _ = probe_report({**m, "prompt_tokens": 100}, same_prompt=False)  # a short prompt of the user's (or a
+    assert d["prefill_tok_s"] is None and "under 256 tokens" in d["prefill_note"]  # replayed case): withheld too
     d, _ = probe_report({**m, "prefill_source": "server"}, same_prompt=False, default_prompt=True)
     assert d["prefill_tok_s"] == 588.93 and "prefill_note" not in d and "prefill_lower_bound" not in d
 

@@ -475,7 +475,7 @@ def test_point_lines_show_latencies_from_the_send_and_from_the_schedule() -> Non
            "e2e_ms": {"from_send": {"median": 100.0, "p90": None, "p99": 300.0}, "from_schedule": {}}}
     lines = latency_lines(lat)
     assert lines[0] == "  TTFT ms p50 / p90 / p99, from send:     10.0 / 20.0 / 30.0"
-    assert lines[1] == "  TTFT ms p50 / p90 / p99, from schedule: 12.5 / 25.0 / 1234.6"
+    assert lines[1] == "  TTFT ms p50 / p90 / p99, from schedule: 12.5 / 25.0 / 1,234.6"  # as other figures
     assert lines[2] == "  E2E  ms p50 / p90 / p99, from send:     100.0 / - / 300.0"
     assert "coordinated omission" in lines[-1] and all(len(x) <= 80 for x in lines)
     assert latency_lines({}) == []

@@ -64,6 +64,8 @@ def test_achieved_rate_within_1pct(fast_sim: SimProcess, tmp_path: Path, rate: f
 
     head, rows = table_rows(results_from_dict(res))
     assert c["depth"] > 0 and rows[0][head.index("prompt tok/s (corrected)")] == "- (-)"
+    capped = results_from_dict({**res, "cells": [{**c, "streams": 64}]})  # --max-concurrency 64 names streams
+    assert table_rows(capped)[1][0][head.index("prompt tok/s (corrected)")] == "- (-)"
     # aggregate decode: the window's decode tokens over its length (no wave: one E2E more would dilute it)
     w = c["window"]
     decode_per_request = PROFILE.max_tokens - 1  # the sim sends one token an event

@@ -76,6 +76,9 @@ def test_plot_command(tmp_path) -> None:
     assert main(["plot", str(tmp_path / "results.json")]) == 0
     assert (tmp_path / "decode_vs_streams.png").stat().st_size > 1000
     assert (tmp_path / "depth.png").stat().st_size > 1000
+    (tmp_path / "depth.png").unlink()
+    assert main(["plot", str(tmp_path)]) == 0  # a run folder, as gate, compare and report take it
+    assert (tmp_path / "depth.png").stat().st_size > 1000
 
 
 def test_plot_rejects_other_json(tmp_path, capsys) -> None:

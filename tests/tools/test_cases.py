@@ -59,6 +59,14 @@ def test_replay_bad_file(tmp_path, capsys) -> None:
     assert main(["replay", str(p)]) == 3
     err = capsys.readouterr().err
     assert "not JSON" in err and len(err.strip().splitlines()) == 1
+    good = {"events": [{"at_ms": 0, "data": "[DONE]"}], "expect": {"ok": True}}
+    for doc, words in (({**good, "events": "x"}, "'events' must be a list"),  # a traceback, exit 1
+                       ({**good, "events": [1, 2]}, "events[0] is not an object"),
+                       ({**good, "expect": {"okk": True}}, "unknown key(s) in 'expect': okk")):  # a mismatch, exit 1
+        p.write_text(json.dumps(doc))
+        assert main(["replay", str(p)]) == 3
+        err = capsys.readouterr().err
+        assert words in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
 
 
 def test_check_expect_rules() -> None:

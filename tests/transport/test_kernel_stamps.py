@@ -447,3 +447,14 @@ def test_tls_bytes_before_close_notify_reach_the_pump() -> None:
         return pump.seen
 
     assert asyncio.run(main()) == ["data 123 b'0\\r\\n\\r\\n'", "lost"]
+
+
+def test_the_pool_probes_kernel_stamps_when_made_not_in_the_first_requests_queue_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The probe (a socket, a few ms) ran inside the first request's ``queue_ms``: a lone ``bench probe`` showed
+    4-6 ms of "client queueing" where docs/metrics.md says ~0."""
+    monkeypatch.setattr(kstamp, "_supported", None)
+    FastPool(stamps="user")
+    assert kstamp._supported is None  # user stamps asked: nothing probed
+    FastPool()
+    assert kstamp._supported is not None
