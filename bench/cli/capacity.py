@@ -178,7 +178,9 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
               "final bracket.")
 @click.option("--max-points", type=click.IntRange(1), default=40, show_default=True, help="Budget of points.")
 @click.option("--time-budget", type=float, help="Seconds the search may take; when the next point would end later, "
-              "the answer is the interval earned so far (default 170 for --by rate, none for concurrency).")
+              "the answer is the interval earned so far (default 170 for --by rate, none for concurrency). A first "
+              "probe longer than it is refused (a low --start stretches it); a concurrency point is cut where it "
+              "ends.")
 @click.option("--confidence", "level", type=float, default=0.95, show_default=True,
               help="Level of the interval (--by rate).")
 @click.option("--target-width", type=float, default=0.05, show_default=True,
@@ -236,12 +238,28 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     with discard_when_failed(out_dir):  # a search that fails before writing anything leaves no empty folder
         _prepare_capacity_folder(Path(out_dir), overwrite)
         doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
-    _print_capacity(doc, Path(out_dir), as_json)
+    _refuse_cut_first_point(doc, Path(out_dir))
+    _print_capacity(doc, as_json)
+    click.echo(f"results: {out_dir}/capacity.json, {out_dir}/points/", err=True)
 
+
+# what the shared open-loop options do in a search (load_options' help says what they do in bench run); the numbers
+# are bench.load.capacity's REFINE_WARMUP_SHARE, REFINE_COOLDOWN_S and probe_s (tests/load/test_capacity.py checks)
+CAPACITY_HELP = {
+    "duration": "--by rate: seconds of a refine point's schedule (default 50; probes last 6 s, or longer for 5 "
+                "requests in their judged second half). --by concurrency: each point is 8 x N requests instead.",
+    "warmup": "--by rate: seconds at the start of a refine point left out of its statistics (default 25 % of it). "
+              "Probes are judged on the second half of their schedule; --by concurrency leaves out the first and "
+              "last N requests of a point.",
+    "cooldown": "--by rate: seconds at the end of a refine point left out (default 0: its window runs to the end "
+                "of its schedule). Probes: 0.",
+}
 
 for _param in capacity.params:  # accepted (to refuse them in one line) but not listed in capacity's --help
     if isinstance(_param, click.Option) and _param.name in _NOT_FOR_CAPACITY:
         _param.hidden = True
+    if isinstance(_param, click.Option) and _param.name in CAPACITY_HELP:
+        _param.help = CAPACITY_HELP[_param.name]
 
 
 def _prepare_capacity_folder(out: Path, overwrite: bool) -> None:
@@ -271,7 +289,32 @@ def _capacity_run(url: str | None, prof: Profile, ls: LoadSettings, ss: SearchSe
         try:
             return asyncio.run(run_capacity(base, prof, settings, ls, ss, out_dir=out, model=model, progress=prog))
         except (RunInterrupted, KeyboardInterrupt) as e:
+            _print_interrupted(out / "capacity.json", quiet)
             _interrupted(e, f"the points finished so far are in {out}/capacity.json and {out}/points/")
+
+
+def _print_interrupted(path: Path, as_json: bool) -> None:
+    """After an interrupt: what the finished points show (capacity.json as written), as a whole search prints it."""
+    import json
+
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(doc, dict):
+        _print_capacity(doc, as_json)
+
+
+def _refuse_cut_first_point(doc: dict[str, Any], out: Path) -> None:
+    """``--by concurrency``: the time budget cut the first point (no point finished): one line, exit 3."""
+    from bench.load.capacity_run import PER_SLOT_REQUESTS
+
+    cut = doc.get("cut_point")
+    if doc.get("points") or not cut or doc.get("interrupted"):
+        return
+    raise ConfigError(f"--time-budget {doc.get('time_budget_s'):g} s ended before the first point ({cut['load']:g} in "
+                      f"flight, {int(cut['load']) * PER_SLOT_REQUESTS} requests) finished: raise --time-budget or "
+                      f"lower --start (what it recorded: {out}/capacity.json)")
 
 
 def _interrupted(e: BaseException, kept: str) -> NoReturn:
@@ -283,22 +326,24 @@ def _interrupted(e: BaseException, kept: str) -> NoReturn:
     raise SystemExit(EXIT_INTERRUPTED) from None
 
 
-def _print_capacity(doc: dict[str, Any], out: Path, as_json: bool) -> None:
+def _print_capacity(doc: dict[str, Any], as_json: bool) -> None:
+    """The curve (what its req/s columns count below it), the answer, the note; or ``--json``: the document."""
     import json
 
     from bench.report.console import stdout
-    from bench.report.tables import capacity_answer, curve_text
+    from bench.report.tables import capacity_answer, curve_note, curve_text
 
     if as_json:
         click.echo(json.dumps(doc, indent=1))
         return
     import textwrap
 
-    for line in curve_text(doc, stdout.width):
-        click.echo(line)
     width = max(60, stdout.width)  # the answer and the note wrap at spaces: every number stays whole
+    if doc.get("points"):
+        for line in curve_text(doc, stdout.width):
+            click.echo(line)
+        click.echo(textwrap.fill(f"({curve_note(doc)})", width, break_long_words=False))
     click.echo(textwrap.fill(capacity_answer(doc), width, subsequent_indent="  ", break_long_words=False))
     if doc.get("note"):
         click.echo(textwrap.fill(f"note: {doc['note']}", width, subsequent_indent="  ", break_long_words=False),
                    err=True)
-    click.echo(f"results: {out}/capacity.json, {out}/points/", err=True)

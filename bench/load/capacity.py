@@ -29,18 +29,20 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    time budget runs out (then the answer is the interval earned so far, marked in ``note``; a level is stated
    from ``MIN_ADJUSTED`` control-variate refine points, else ``MIN_CALIBRATED``; a fit that does not bound the
    boundary answers the range of refine loads tried). With a time budget, refine points after the first
-   stretch to fill it.
+   stretch to fill it; a first probe longer than the budget is refused up front (:meth:`SearchSettings.check`).
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
 highest tested load at and below which every trial met the SLO and ``hi`` the lowest at and above which every
 trial missed, always computed from the points that ran; ``confidence = 1 - 2^-k_lo - 2^-k_hi`` with ``k`` the
 trials run at each end (a sign test that the pass chance crosses 1/2 inside, ignoring that the ends were
-chosen by the search: an upper bound on what it claims, stated as such).
+chosen by the search: an upper bound on what it claims, stated as such). A time budget cuts a concurrency point
+where it ends (its length is not known before it runs).
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -48,11 +50,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
+from bench.load.capacity_points import FLAT_SHARE, Point, point_entry, resaturate, saturated
 from bench.load.control import PointRequests, adjusted_shares
 from bench.load.estimate import Fit, crossing, fit_boundary, fit_shares
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
-__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS"]
+__all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS",
+           "saturated", "FLAT_SHARE", "probe_length"]
 
 DEFINITIONS = {
     "rate": "steady-state boundary: the highest offered rate (req/s) of the arrival process and sizes asked at "
@@ -103,37 +107,30 @@ class SearchSettings:
             raise ConfigError(f"--target-width must be > 0, got {self.target_width}")
         if self.time_budget_s is not None and not self.time_budget_s > 0:
             raise ConfigError(f"--time-budget must be > 0 s, got {self.time_budget_s}")
+        self._check_first_probe()
+
+    def _check_first_probe(self) -> None:
+        """``--by rate``: the first probe (:func:`probe_length` at ``--start``) must fit ``--time-budget``: it cannot
+        be shortened (its judged half needs ``PROBE_REQUESTS`` requests), so a search that could not finish it is
+        refused before it starts (``--start 0.01`` planned a 1,000-s probe under ``--time-budget 30``)."""
+        budget = self.time_budget_s
+        first = probe_length(self, self.start)
+        if self.by != "rate" or budget is None or first <= budget:
+            return
+        if self.probe_s > budget:
+            raise ConfigError(f"--time-budget {budget:g} is shorter than the first probe ({first:.0f} s at --start "
+                              f"{self.start:g}; a probe lasts at least {self.probe_s:g} s): raise --time-budget to at "
+                              f"least {math.ceil(first):d}")
+        low = math.ceil(2 * PROBE_REQUESTS / budget * 1000) / 1000
+        raise ConfigError(f"--start {self.start:g} needs a first probe of {first:,.0f} s ({PROBE_REQUESTS} requests "
+                          f"in its judged second half), more than --time-budget {budget:g}: raise --start to at "
+                          f"least {low:g} or --time-budget to at least {math.ceil(first):d}")
 
 
-@dataclass(slots=True)
-class Point:
-    """One measured point of the search (its summary is the cell dict of :mod:`bench.load.point`)."""
-
-    load: float
-    trial: int
-    summary: dict[str, Any]
-    phase: str = "point"
-
-    @property
-    def slo_met(self) -> bool:
-        return bool(self.summary.get("slo_met"))
-
-    @property
-    def completed_rps(self) -> float:
-        """Throughput over the window: requests that ended in it per s (the window's requests per s when the
-        summary has no ``finished_in_window_rps``)."""
-        t = self.summary["throughput"]
-        v = t.get("finished_in_window_rps")
-        return float((v if v is not None else t["completed_rps"]) or 0.0)
-
-    @property
-    def steady(self) -> bool:
-        return bool(self.summary.get("steady", True))
-
-    @property
-    def rate(self) -> float:
-        """The realized arrival rate of the point's window (the load asked when the summary has none)."""
-        return float((self.summary.get("window") or {}).get("rate") or self.load)
+def probe_length(ss: SearchSettings, load: float) -> float:
+    """A probe's schedule at ``load``: ``probe_s``, or long enough for ``PROBE_REQUESTS`` requests in the second
+    half of it (the half that is judged)."""
+    return max(ss.probe_s, 2 * PROBE_REQUESTS / load)
 
 
 RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
@@ -191,6 +188,7 @@ class _Search:
         self.points: list[Point] = []
         self.t0 = clock()
         self.overhead_s = 0.0  # the most a point took beyond its schedule (drain, prompts), to plan the budget
+        self.cut: tuple[float, int] | None = None  # (load, trial) of a point the time budget cut (concurrency)
 
     def _norm(self, load: float) -> float:
         return float(max(1, round(load))) if self.ss.by == "concurrency" else float(load)
@@ -215,7 +213,7 @@ class _Search:
         self._check_budget(duration_s if duration_s is not None else refine_s)
         began = self.clock()
         kw = {"duration_s": duration_s} if duration_s is not None else {"refine_s": refine_s} if refine_s else {}
-        s = await self.run_point(load, trial, **kw)
+        s = await self._measure(load, trial, kw)
         span = float((s.get("schedule") or {}).get("span_s") or 0.0)
         self.overhead_s = max(self.overhead_s, self.clock() - began - span)
         p = Point(load, trial, s, phase)
@@ -223,7 +221,25 @@ class _Search:
         self.points.append(p)
         return p
 
+    async def _measure(self, load: float, trial: int, kw: dict[str, Any]) -> dict[str, Any]:
+        """``run_point``; ``--by concurrency`` with a time budget: cut where the budget ends (a closed-loop point's
+        length is not known before it runs; cut, it has no statistics): :class:`TimeBudgetSpent`, ``self.cut`` set."""
+        if self.ss.by != "concurrency" or self.ss.time_budget_s is None:
+            return await self.run_point(load, trial, **kw)
+        left = self.ss.time_budget_s - (self.clock() - self.t0)
+        try:
+            return await asyncio.wait_for(self.run_point(load, trial, **kw), max(left, 0.0))
+        except TimeoutError:
+            self.cut = (load, trial)
+            raise TimeBudgetSpent() from None
+
     def _stop_note(self, e: Exception) -> str:
+        if isinstance(e, TimeBudgetSpent) and self.cut is not None:
+            return (f"--time-budget {self.ss.time_budget_s:g} s ran out during the point at {self.cut[0]:g} in flight, "
+                    f"after {len(self.points)} finished points: it was cut there (cut_point: its records only; a "
+                    "closed-loop point's length is not known before it runs)"
+                    + ("; raise --time-budget" if not self.points else
+                       ": the interval is what the finished points earned"))
         if isinstance(e, TimeBudgetSpent):
             return (f"stopped by --time-budget {self.ss.time_budget_s:g} s after {len(self.points)} points "
                     f"({self.clock() - self.t0:.0f} s): the interval is what those points earned")
@@ -318,10 +334,34 @@ class _Bracketing(_Search):
             boundary = round(crossing([(p.load, p.slo_met) for p in self.points], lo, hi), 6)
         conf = None if lo is None or hi is None else round(confidence(self.count(lo), self.count(hi)), 4)
         return {"boundary": boundary, "interval": [lo, hi], "safe": lo, "confidence": conf, "note": note or None,
-                "method": {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated "
-                           "trials", "factor": self.ss.factor, "resolution": self.ss.resolution,
-                           "trials": self.ss.trials, "trials_at_ends": [self.count(lo), self.count(hi)],
-                           "confidence": conf}}
+                "method": {**self.method(), "confidence": conf}}
+
+    def method(self, fitted: bool = True) -> dict[str, Any]:
+        """capacity.json's ``method``: the name and settings of the search, the trials at the bracket's ends."""
+        lo, hi = self.bracket()
+        return {"name": "escalate x factor, bisect to resolution, confirm both ends with repeated trials",
+                "factor": self.ss.factor, "resolution": self.ss.resolution, "trials": self.ss.trials,
+                "trials_at_ends": [self.count(lo), self.count(hi)], "confidence": None}
+
+    def interrupted(self) -> dict[str, Any]:
+        """The answer of a search an interrupt stopped: no boundary, interval or level (a bracket of the points
+        that happened to finish states none), and ``method.finished_bracket``: ``[lo, hi]`` of :meth:`bracket` over
+        the finished points (``slo_met`` of each), either end null when those points do not close it."""
+        lo, hi = self.bracket() if self.points else (None, None)
+        unit = "req/s" if self.ss.by == "rate" else "in flight"
+        n = len(self.points)
+        if lo is not None and hi is not None:
+            said = f"the finished points put the capacity between {lo:g} and {hi:g} {unit}"
+        elif lo is not None:
+            said = f"the SLO held at every finished point (up to {max(p.load for p in self.points):g} {unit})"
+        elif hi is not None:
+            said = f"the SLO was missed at every finished point (from {hi:g} {unit})"
+        else:
+            said = "no point finished"
+        note = (f"interrupted after {n} finished point{'s' if n != 1 else ''}: no boundary and no stated level; "
+                f"{said} (method.finished_bracket; run the search again for an answer)")
+        return {"method": {**self.method(fitted=False), "finished_bracket": [lo, hi]}, "confidence": None,
+                "boundary": None, "interval": None, "safe": None, "note": note}
 
 
 class _RateSearch(_Bracketing):
@@ -332,8 +372,8 @@ class _RateSearch(_Bracketing):
         self._cache: dict[tuple[str, tuple[int, ...]], Fit | None] = {}
 
     def probe_duration(self, load: float) -> float:
-        """``probe_s``, or long enough for ``PROBE_REQUESTS`` requests in the judged second half."""
-        return max(self.ss.probe_s, 2 * PROBE_REQUESTS / load)
+        """:func:`probe_length`."""
+        return probe_length(self.ss, load)
 
     def fits(self) -> dict[str, Fit | str | None]:
         """Per objective: its :class:`Fit` over the steady refine points, ``"never over"`` when no request of them
@@ -568,14 +608,19 @@ class _RateSearch(_Bracketing):
                                              default=phi if phi is not None else max(loads))
         return min(lo, hi), max(lo, hi)
 
+    def method(self, fitted: bool = True) -> dict[str, Any]:
+        """capacity.json's ``method``: the name and settings of the search, and (``fitted``) the fits per objective
+        (None when not fitted: an interrupted search does not fit its finished points)."""
+        fits = {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()} if fitted else None
+        return {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
+                "limit) vs log(rate) across points", "factor": self.ss.factor,
+                "probe_resolution": self.ss.probe_resolution, "target_width": self.ss.target_width,
+                "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
+                "fits": fits}
+
     def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
         b, ilo, ihi = self.estimate()
-        method = {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
-                  "limit) vs log(rate) across points", "factor": self.ss.factor,
-                  "probe_resolution": self.ss.probe_resolution, "target_width": self.ss.target_width,
-                  "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
-                  "fits": {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()}}
-        doc: dict[str, Any] = {"method": method, "confidence": self.ss.confidence}
+        doc: dict[str, Any] = {"method": self.method(), "confidence": self.ss.confidence}
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
         if b is not None and ilo is not None and ihi is not None and not self.deterministic():
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
@@ -620,67 +665,28 @@ class _RateSearch(_Bracketing):
         return doc
 
 
-async def search(ss: SearchSettings, run_point: RunPoint,
-                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+async def search(ss: SearchSettings, run_point: RunPoint, clock: Callable[[], float] = time.monotonic, *,
+                 on_interrupt: Callable[[dict[str, Any]], object] | None = None) -> dict[str, Any]:
     """Run the search; ``run_point(load, trial[, duration_s=...])`` measures one point and returns its summary
     (``duration_s``: a probe's schedule length; without it the point's own). ``clock``: seconds, for
     ``time_budget_s`` (a virtual clock in simulations). Returns the capacity document (``by``, ``boundary``,
-    ``interval``, ``confidence``, ``definition``, ``saturated_at``, ``points``, ``method``, ``note``...)."""
+    ``interval``, ``confidence``, ``definition``, ``saturated_at``, ``points``, ``method``, ``note``...).
+    Cancelled (an interrupt), it hands ``on_interrupt`` the document of the points finished so far (phases and
+    saturation as in a whole search, :meth:`_Bracketing.interrupted`'s answer), then lets the cancellation go on."""
     ss.check()
     s: _Bracketing = _RateSearch(ss, run_point, clock) if ss.by == "rate" else _Bracketing(ss, run_point, clock)
-    doc = await s.run()
-    return {"by": ss.by, "definition": DEFINITIONS[ss.by], **doc, "saturated_at": _resaturate(s.points, ss.by),
-            "time_budget_s": ss.time_budget_s, "elapsed_s": round(clock() - s.t0, 3),
-            "points": [point_entry(p) for p in s.points]}
+    try:
+        doc = await s.run()
+    except asyncio.CancelledError:
+        if on_interrupt is not None:
+            on_interrupt(_document(s, s.interrupted()))
+        raise
+    return _document(s, doc)
 
 
-def _resaturate(points: list[Point], by: str) -> float | None:
-    """The saturation flags again (:func:`saturated`), once every point ran (during the search only the points
-    before it were known).
-    Returns the lowest saturated load."""
-    for p in points:
-        p.summary["saturated"] = saturated(p, points, by)
-    return min((p.load for p in points if p.summary["saturated"]), default=None)
-
-
-FLAT_SHARE = 0.25  # --by concurrency: at most this share of the added streams turned into throughput
-
-
-def _e2e_median(p: Point) -> float | None:
-    v = ((p.summary.get("latency") or {}).get("e2e_ms") or {}).get("from_send") or {}
-    return v.get("median")
-
-
-def saturated(p: Point, points: list[Point], by: str) -> bool:
-    """``--by rate``: not steady, and completed no more than 2 % above the best completed throughput of any lower
-    load. ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire):
-    against the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
-    ``FLAT_SHARE * g`` more throughput (it flattened) and each stream's median E2E grew by at least ``g / 2`` (the
-    added streams queue: Little's law; skipped where the summaries carry no latency)."""
-    below = [q for q in points if q.load < p.load]
-    if not below:
-        return False
-    q = max(below, key=lambda x: x.completed_rps)
-    if by == "rate":
-        return not p.steady and p.completed_rps <= 1.02 * q.completed_rps
-    g = p.load / q.load - 1
-    flat = p.completed_rps <= q.completed_rps * (1 + FLAT_SHARE * g)
-    rp, rq = _e2e_median(p), _e2e_median(q)
-    return flat and (rp is None or rq is None or rp >= rq * (1 + g / 2))
-
-
-def point_entry(p: Point) -> dict[str, Any]:
-    s = p.summary
-    lat = s.get("latency", {})
-    ttft = lat.get("ttft_ms", {}).get("from_schedule", {})
-    return {
-        "load": p.load, "trial": p.trial, "phase": p.phase, "id": s.get("id"), "slo_met": p.slo_met,
-        "steady": p.steady, "rate": (s.get("window") or {}).get("rate"), "slo_model": s.get("slo_model"),
-        "saturated": bool(s.get("saturated")), "goodput": s.get("goodput"), "slo": s.get("slo"),
-        "achieved_rps": s.get("schedule", {}).get("achieved_rps"), "completed_rps": p.completed_rps,
-        "ttft_p90_ms": ttft.get("p90"), "tpot_p50_ms": (s.get("tpot_ms") or {}).get("median"),
-        "per_user_tok_s": (s.get("decode_tok_s") or {}).get("median"),
-        "aggregate_tok_s": s.get("throughput", {}).get("output_tok_s"),
-        "send_lag_p99_ms": s.get("schedule", {}).get("send_lag_ms", {}).get("p99"),
-        "dir": s.get("dir"),
-    }
+def _document(s: _Bracketing, answer: dict[str, Any]) -> dict[str, Any]:
+    """The capacity document of the search ``s`` with its ``answer`` (the saturation flags judged again over every
+    point that ran)."""
+    return {"by": s.ss.by, "definition": DEFINITIONS[s.ss.by], **answer,
+            "saturated_at": resaturate(s.points, s.ss.by), "time_budget_s": s.ss.time_budget_s,
+            "elapsed_s": round(s.clock() - s.t0, 3), "points": [point_entry(p) for p in s.points]}

@@ -13,7 +13,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.load.capacity import Point, SearchSettings, point_entry, point_settings, search
+from bench.load.capacity import DEFINITIONS, SearchSettings, point_settings, search
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, point_requests, run_point
 from bench.records import RecordWriter
@@ -45,13 +45,14 @@ async def _ticker(progress: Progress) -> None:
 async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings, *, out_dir: Path,
                           progress: Progress | None = None) -> dict[str, Any]:
     """Search the capacity over ``session``; writes ``out_dir/capacity.json`` and each point's folder. Cancelled
-    (an interrupt), it writes capacity.json with ``"interrupted": true``, the points finished so far and no
-    boundary, then lets the cancellation go on."""
+    (an interrupt), it writes capacity.json with ``"interrupted": true``, the points finished so far (phases and
+    saturation as in a whole search), the bracket they show (``method.finished_bracket``) and no boundary, interval
+    or level, then lets the cancellation go on. ``cut_point``: the point an interrupt (or, ``--by concurrency``,
+    the time budget) cut, else null."""
     assert ls.slo, "bench capacity needs an SLO"
     slo = ls.slo_spec
     assert slo is not None
     first = [0]
-    finished: list[Point] = []
     current: list[dict[str, Any]] = []  # the point being measured (its folder has records.jsonl, no point.json yet)
 
     async def one(load: float, trial: int, duration_s: float | None = None,
@@ -80,7 +81,6 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
         first.append(0)
         s["dir"] = str(folder)
         current.clear()
-        finished.append(Point(load, trial, s))
         write_atomic(folder / "point.json", json.dumps(s, indent=1) + "\n")
         if ss.by == "rate":
             s["requests"] = point_requests(run, plan, pls, slo)  # for the search only: not in point.json
@@ -88,16 +88,14 @@ async def search_capacity(session: Session, ls: LoadSettings, ss: SearchSettings
             progress.end(s)
         return s
 
-    try:
-        doc = await search(ss, one)
-    except asyncio.CancelledError:
-        doc = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [point_entry(p) for p in finished],
-               "interrupted": True, "cut_point": _cut_point(current),
-               "note": f"interrupted after {len(finished)} point(s): no boundary (run the search again)"
-                       + ("; the point in progress is cut_point (its records only)" if current else "")}
+    def interrupted(doc: dict[str, Any]) -> None:
+        doc.update({"interrupted": True, "cut_point": _cut_point(current)})
+        if current:
+            doc["note"] += "; the point in progress is cut_point (its records only)"
         _write_doc(doc, slo, ls, session, out_dir)
-        raise
-    doc["interrupted"] = False
+
+    doc = await search(ss, one, on_interrupt=interrupted)
+    doc.update({"interrupted": False, "cut_point": _cut_point(current)})  # a point the time budget cut
     _write_doc(doc, slo, ls, session, out_dir)
     return doc
 
@@ -121,9 +119,11 @@ def search_load(ls: LoadSettings, by: str) -> dict[str, Any]:
 
 def not_searched(ls: LoadSettings, ss: SearchSettings, out_dir: Path) -> None:
     """capacity.json of a search interrupted before its first point (while the endpoint was being set up)."""
-    doc: dict[str, Any] = {"by": ss.by, "boundary": None, "interval": None, "saturated_at": None, "points": [], "interrupted": True,
-           "note": "interrupted before the first point (while the endpoint was being set up)",
-           "slo": ls.slo, "load": search_load(ls, ss.by)}
+    doc: dict[str, Any] = {"by": ss.by, "definition": DEFINITIONS[ss.by], "boundary": None, "interval": None,
+                           "safe": None, "confidence": None, "saturated_at": None, "method": None,
+                           "note": "interrupted before the first point (while the endpoint was being set up)",
+                           "time_budget_s": ss.time_budget_s, "elapsed_s": None, "points": [], "interrupted": True,
+                           "cut_point": None, "slo": ls.slo, "load": search_load(ls, ss.by)}
     save_capacity(doc, out_dir / "capacity.json")
 
 

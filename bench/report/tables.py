@@ -13,7 +13,8 @@ from typing import Any
 from bench.report.export import markers_note, table_rows
 from bench.results import Results
 
-__all__ = ["curve_rows", "curve_text", "html_table", "cells_html", "points_html", "num", "capacity_answer"]
+__all__ = ["curve_rows", "curve_text", "curve_note", "html_table", "cells_html", "points_html", "num",
+           "capacity_answer"]
 
 def _f(v: Any, digits: int = 1) -> str:
     return "-" if not isinstance(v, int | float) or isinstance(v, bool) else f"{v:,.{digits}f}"
@@ -39,6 +40,8 @@ def capacity_answer(doc: dict[str, Any]) -> str:
     def load(v: Any) -> str:
         return "open" if v is None else num(v, 2 if rate else 0)
 
+    if doc.get("interrupted"):
+        return _interrupted_answer(doc, load, unit)
     b, iv = doc.get("boundary"), doc.get("interval")
     text = f"capacity ({doc.get('slo')}): " + (f"{load(b)} {unit}" if b is not None else "none found")
     if isinstance(iv, list | tuple) and len(iv) == 2:
@@ -49,22 +52,52 @@ def capacity_answer(doc: dict[str, Any]) -> str:
     return text + (f"; saturated at {load(sat)} {unit}" if sat is not None else "")
 
 
+def _interrupted_answer(doc: dict[str, Any], load: Any, unit: str) -> str:
+    """An interrupted search's line: the bracket of its finished points (``method.finished_bracket``), no level."""
+    lo, hi = ((doc.get("method") or {}).get("finished_bracket") or [None, None])[:2]
+    if lo is not None and hi is not None:
+        said = f"between {load(lo)} and {load(hi)} {unit}"
+    elif lo is not None:
+        said = f"at least {load(lo)} {unit}"
+    elif hi is not None:
+        said = f"below {load(hi)} {unit}"
+    else:
+        said = "none found"
+    sat = doc.get("saturated_at")
+    return (f"capacity ({doc.get('slo')}): {said} (interrupted: finished points only, no stated level)"
+            + (f"; saturated at {load(sat)} {unit}" if sat is not None else ""))
+
+
 def curve_rows(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """A capacity search's points as a table, sorted by load then trial: the kind of point (probe, refine, or a
     bracketing point; ``t1``, ``t2``: its second, third trial), throughput against latency, per-user against
-    aggregate tok/s, goodput and whether the SLO held."""
-    head = ["load", "point", "achieved req/s", "done req/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s",
+    aggregate tok/s, goodput and whether the SLO held. The req/s columns are all over the point's window
+    (:func:`curve_note`): ``sent`` is the window's realized arrival rate (``rate``; a concurrency point's is its
+    Little's-law rate, ``achieved_rps``), not ``achieved_rps`` over the whole point."""
+    head = ["load", "point", "sent req/s", "done req/s", "TTFT p90 ms", "TPOT p50 ms", "user tok/s",
             "total tok/s", "goodput req/s", "SLO", "steady"]
+    closed = doc.get("by") == "concurrency"
     rows = []
     pts = [p for p in doc.get("points") or [] if isinstance(p, dict) and isinstance(p.get("load"), int | float)]
     for p in sorted(pts, key=lambda x: (x["load"], x.get("trial") or 0)):
         g = p.get("goodput") or {}
         kind = f"{p.get('phase') or 'point'}" + (f" t{p['trial']}" if p.get("trial") else "")  # t1: a second trial
-        rows.append([f"{p['load']:.4g}", kind, _f(p.get("achieved_rps"), 2),
+        rows.append([f"{p['load']:.4g}", kind, _f(p.get("achieved_rps" if closed else "rate"), 2),
                      _f(p.get("completed_rps"), 2), _f(p.get("ttft_p90_ms")), _f(p.get("tpot_p50_ms"), 2),
                      _f(p.get("per_user_tok_s")), _f(p.get("aggregate_tok_s")), _f(g.get("rps"), 2),
                      "met" if p.get("slo_met") else "missed", "yes" if p.get("steady") else "no"])
     return head, rows
+
+
+def curve_note(doc: dict[str, Any]) -> str:
+    """What the curve's req/s columns count, all over each point's window (:func:`curve_rows`)."""
+    if doc.get("by") == "concurrency":
+        return ("req/s over each point's window (its first and last N requests left out): sent = done = the "
+                "closed loop's rate by Little's law; goodput = the window's requests that met every objective, per s")
+    return ("req/s over each point's window (a probe: the second half of its schedule; a refine point: after its "
+            "warm-up): sent = requests scheduled in it, done = requests that ended in it, goodput = its requests "
+            "that met every objective (above done when the server falls behind); the whole point's send rate is "
+            "achieved_rps in capacity.json")
 
 
 def _two_lines(h: str) -> tuple[str, str]:
@@ -132,4 +165,5 @@ def points_html(name: str, doc: dict[str, Any]) -> str:
         return ""
     answer = capacity_answer(doc)
     return (f"<h3>{html.escape(name)}</h3><p>{html.escape(answer)}</p>" + html_table(head, rows)
+            + f"<p class='muted'>{html.escape(curve_note(doc))}</p>"
             + (f"<p class='muted'>{html.escape(str(doc['note']))}</p>" if doc.get("note") else ""))

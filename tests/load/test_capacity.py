@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -391,3 +392,185 @@ def test_a_first_refine_point_far_under_the_boundary_is_followed_by_one_near_it(
     refine = [p["load"] for p in doc["points"] if p["phase"] == "refine"]
     assert refine[0] == 16.0 and refine[1] > 16.0 * 1.06 ** 2 * 1.05
     assert abs(doc["boundary"] / 22.055 - 1) < 0.06
+
+
+# ---- a new user's trial: interrupts, the time budget's first point, the help, the curve's columns ---------------------
+def _summary(load: float, done: float, met: bool, steady: bool = True) -> dict[str, Any]:
+    """A point's summary with the keys the search reads (the figures of the trial's sim: A, 32/8 tokens)."""
+    return {"id": f"rate-{load:g}", "slo_met": met and steady, "steady": steady, "window": {"rate": load},
+            "slo": {"ttft_p90": {"value": 100.0 if met else 900.0, "limit_ms": 300.0, "held": met}},
+            "throughput": {"completed_rps": load, "finished_in_window_rps": done}, "schedule": {"span_s": 6.0},
+            "goodput": {"rps": load if met else 0.0}}
+
+
+class _Stopped:
+    """``run_point`` replaying ``table`` (load -> summary) that is interrupted (cancelled) at call ``stop``."""
+
+    def __init__(self, table: dict[float, dict[str, Any]], stop: int, inner: Any = None) -> None:
+        self.table, self.stop, self.inner, self.calls = table, stop, inner, 0
+
+    async def __call__(self, load: float, trial: int, **kw: Any) -> dict[str, Any]:
+        self.calls += 1
+        if self.calls == self.stop:
+            raise asyncio.CancelledError()
+        if self.inner is not None:
+            return dict(await self.inner(load, trial, **kw))
+        return dict(self.table[round(load, 2)])
+
+
+def _interrupted(ss: SearchSettings, run_point: Any, clock: Any = None) -> dict[str, Any]:
+    got: list[dict[str, Any]] = []
+
+    async def go() -> None:
+        kw = {"clock": clock} if clock is not None else {}
+        with pytest.raises(asyncio.CancelledError):
+            await search(ss, run_point, on_interrupt=got.append, **kw)
+
+    asyncio.run(go())
+    [doc] = got
+    return doc
+
+
+def test_an_interrupted_search_keeps_phases_saturation_and_the_finished_bracket() -> None:
+    """Interrupted at ~50 s during the bisection's next point, capacity.json stored every point as ``phase:
+    "point"``, none saturated (the uninterrupted search: 32 req/s saturated, judged again once 22.6 had run), left
+    out ``confidence``, ``safe``, ``method``... and had no bracket although 16 met and 22.6 missed."""
+    table = {1.0: _summary(1, 1.03, True), 2.0: _summary(2, 1.67, True), 4.0: _summary(4, 4.11, True),
+             8.0: _summary(8, 10.47, True), 16.0: _summary(16, 13.75, True),
+             32.0: _summary(32, 21.04, False, steady=False), 22.63: _summary(22.63, 20.69, False, steady=False)}
+    doc = _interrupted(SearchSettings(time_budget_s=90), _Stopped(table, stop=8))
+    assert [(p["load"], p["phase"]) for p in doc["points"]][-2:] == [(32.0, "probe"), (pytest.approx(22.63, abs=0.01),
+                                                                                         "probe")]
+    assert all(p["phase"] == "probe" for p in doc["points"]) and len(doc["points"]) == 7
+    assert {p["load"]: p["saturated"] for p in doc["points"]}[32.0] is True  # 21.04 <= 1.02 x 20.69
+    assert doc["saturated_at"] == 32.0
+    assert {"by", "definition", "boundary", "interval", "safe", "confidence", "method", "note", "time_budget_s",
+            "elapsed_s", "saturated_at", "points"} <= set(doc)
+    assert doc["boundary"] is None and doc["interval"] is None and doc["safe"] is None and doc["confidence"] is None
+    assert doc["time_budget_s"] == 90 and doc["elapsed_s"] is not None
+    lo, hi = doc["method"]["finished_bracket"]
+    assert lo == 16.0 and hi == pytest.approx(22.63, abs=0.01) and doc["method"]["fits"] is None
+    assert "no stated level" in doc["note"] and "between 16 and 22.6" in doc["note"]
+
+
+def test_an_interrupted_search_stores_the_phases_a_whole_search_stores() -> None:
+    # the engine model (shape B, the trial's sim A): interrupted during its third refine point, the finished points
+    # are the whole search's first ones, with the same phases and saturation flags
+    ls = LoadSettings(duration_s=50.0, input_tokens="32", slo="ttft_p90=300ms", seed=0)
+    whole = _search(SHAPE_B, 32, 8, "ttft_p90=300ms", 0, time_budget_s=300)
+    n = [p["phase"] for p in whole["points"]].index("refine") + 2  # two refine points finish
+    assert len(whole["points"]) > n
+    mp = ModelPoints(SHAPE_B, ls, parse_slo("ttft_p90=300ms"), max_tokens=8)
+    doc = _interrupted(SearchSettings(time_budget_s=300), _Stopped({}, stop=n + 1, inner=mp), mp.clock)
+    assert [(p["load"], p["phase"], p["saturated"]) for p in doc["points"]] == [
+        (p["load"], p["phase"], p["saturated"]) for p in whole["points"][:n]]
+    assert [p["phase"] for p in doc["points"]].count("refine") == 2
+    assert doc["interval"] is None and doc["confidence"] is None and doc["method"]["finished_bracket"][0] is not None
+
+
+def test_the_first_probe_must_fit_the_time_budget() -> None:
+    """``--start 0.01 --time-budget 30`` planned a first probe of 1,000 s (a low start stretches a probe until its
+    judged half has PROBE_REQUESTS requests) and ran ~17 minutes: now refused up front, naming what fits."""
+    from bench.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--start 0.01 needs a first probe of 1,000 s .* raise --start to at "
+                                          r"least 0.334 or --time-budget to at least 1000"):
+        SearchSettings(start=0.01, time_budget_s=30).check()
+    with pytest.raises(ConfigError, match="raise --time-budget to at least 10$"):
+        SearchSettings(start=1, time_budget_s=5).check()  # no probe is shorter than probe_s: --start cannot help
+    SearchSettings(start=0.334, time_budget_s=30).check()  # its probe: 29.9 s
+    SearchSettings(start=0.01).check()  # no budget
+    SearchSettings(by="concurrency", start=1, time_budget_s=1).check()  # no probe
+
+
+def test_bench_capacity_refuses_a_first_probe_past_the_budget(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.cli.app import main
+
+    out = tmp_path / "cap"
+    rc = main(["capacity", "http://127.0.0.1:9/v1", "--slo", "ttft_p90=300ms", "--out", str(out), "--time-budget",
+               "30", "--start", "0.01", "--max-tokens", "8", "--input-tokens", "32"])
+    err = capsys.readouterr().err
+    assert rc == 3 and "raise --start to at least 0.334" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def _closed(load: float) -> dict[str, Any]:
+    return {"id": f"concurrency-c{load:g}", "slo_met": True, "steady": True, "schedule": {"span_s": 0.0},
+            "throughput": {"completed_rps": 4 * load, "finished_in_window_rps": 4 * load}}
+
+
+def test_the_time_budget_cuts_a_concurrency_point() -> None:
+    """``--by concurrency --start 2.5 --time-budget 1`` ran its first point for 21 s (a closed-loop point's length
+    is not known before it runs). Now a point runs at most until the budget ends: cut there, it has no statistics
+    and the search stops with the points that finished."""
+    def points(finish: int) -> Any:
+        calls = [0]
+
+        async def run_point(load: float, trial: int, **kw: Any) -> dict[str, Any]:
+            calls[0] += 1
+            if calls[0] > finish:
+                await asyncio.Event().wait()  # never set: the point outlasts any budget
+            return _closed(load)
+
+        return run_point
+
+    for finish, loads in ((2, [2.0, 4.0]), (0, [])):
+        s = C._Bracketing(SearchSettings(by="concurrency", start=2, time_budget_s=0.2), points(finish), time.monotonic)
+        doc = asyncio.run(asyncio.wait_for(s.run(), 60))  # (the bound: a point never cut would hang the test)
+        assert [p.load for p in s.points] == loads and s.cut == (2.0 * 2 ** len(loads), 0)
+        assert f"ran out during the point at {2 * 2 ** len(loads):g} in flight" in doc["note"]
+        assert ("raise --time-budget" in doc["note"]) == (not loads)
+        assert doc["interval"] == ([4.0, None] if loads else [None, None])
+
+
+def test_bench_capacity_says_when_the_budget_cut_the_first_point(tmp_path: Path) -> None:
+    from bench.cli.capacity import _refuse_cut_first_point
+    from bench.errors import ConfigError
+
+    doc = {"points": [], "interrupted": False, "time_budget_s": 1.0, "cut_point": {"load": 2.0, "trial": 0}}
+    with pytest.raises(ConfigError, match=r"--time-budget 1 s ended before the first point \(2 in flight, 16 "
+                                          r"requests\) finished: raise --time-budget"):
+        _refuse_cut_first_point(doc, tmp_path)
+    _refuse_cut_first_point({**doc, "points": [{"load": 1.0}]}, tmp_path)  # a point finished: the answer is printed
+
+
+def test_capacity_help_says_what_the_search_does_with_warmup_and_cooldown() -> None:
+    """``bench capacity --help`` showed bench run's defaults ("20 % of the span, at most 30", "10 %, at most 10")."""
+    from click.testing import CliRunner
+
+    from bench.cli.capacity import capacity
+
+    text = " ".join(CliRunner().invoke(capacity, ["--help"]).output.split())
+    ss = SearchSettings()
+    assert f"(default {C.REFINE_WARMUP_SHARE * 100:g} % of it)" in text
+    assert f"(default {C.REFINE_COOLDOWN_S:g}: its window runs to the end of its schedule)" in text
+    assert "Probes are judged on the second half of their schedule" in text
+    assert f"probes last {ss.probe_s:g} s, or longer for {C.PROBE_REQUESTS} requests" in text
+    assert "20 % of the span" not in text and "10 %, at most 10" not in text
+
+
+def test_the_curves_req_s_columns_are_over_one_window() -> None:
+    """At 8 req/s a probe showed ``achieved req/s 8.03`` (the whole point) beside ``done`` and ``goodput 10.47``
+    (its second half, whose realized rate was 10.47)."""
+    from bench.report.tables import capacity_answer, curve_note, curve_rows
+
+    p = {"load": 8.0, "phase": "probe", "achieved_rps": 8.03, "rate": 10.47, "completed_rps": 10.47,
+         "goodput": {"rps": 10.47}, "slo_met": True, "steady": True}
+    head, [row] = curve_rows({"by": "rate", "points": [p]})
+    assert "achieved req/s" not in head
+    assert [row[head.index(h)] for h in ("sent req/s", "done req/s", "goodput req/s")] == ["10.47"] * 3
+    assert "second half of its schedule" in curve_note({"by": "rate"}) and "achieved_rps" in curve_note({"by": "rate"})
+    c = {**p, "achieved_rps": 18.8, "completed_rps": 18.8, "rate": 20.1}  # closed loop: Little's law, sent = done
+    head, [row] = curve_rows({"by": "concurrency", "points": [c]})
+    assert row[head.index("sent req/s")] == row[head.index("done req/s")] == "18.80"
+    assert "Little's law" in curve_note({"by": "concurrency"})
+    # the answer of an interrupted search: the finished points' bracket, no level
+    doc = {"by": "rate", "slo": "ttft_p90=300ms", "interrupted": True, "boundary": None, "interval": None,
+           "confidence": None, "saturated_at": 32.0, "method": {"finished_bracket": [16.97, 24.0]}}
+    assert capacity_answer(doc) == ("capacity (ttft_p90=300ms): between 16.97 and 24.00 req/s (interrupted: finished "
+                                    "points only, no stated level); saturated at 32.00 req/s")
+    doc["method"] = {"finished_bracket": [16.0, None]}
+    assert "at least 16.00 req/s (interrupted" in capacity_answer(doc)
+    doc["method"] = None
+    assert "none found (interrupted" in capacity_answer(doc)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -323,3 +324,47 @@ def test_concurrency_points_do_not_read_above_what_the_server_serves(tmp_path: P
     [p] = [p for p in doc["points"] if p["load"] == 4]
     assert truth * 0.9 <= p["achieved_rps"] <= truth * 1.01, (p, truth)
     assert truth * 0.9 <= p["completed_rps"] <= truth * 1.01, (p, truth)
+
+
+def test_an_interrupted_capacity_search_prints_and_keeps_what_its_finished_points_show(tmp_path: Path) -> None:
+    """SIGINT during a search (the trial's sim A): capacity.json stored every finished point as ``phase: "point"``
+    with no bracket, and the terminal showed only the interrupt line. Now the points keep their phases, the bracket
+    they show is ``method.finished_bracket`` (no level), and the terminal shows their curve and that bracket."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "cap"
+    with SimProcess(decode_step_ms=20, decode_step_ms_per_seq=1, max_running=4, prefill_tok_s=1e12) as sim:
+        proc = subprocess.Popen([sys.executable, "-m", "bench", "capacity", sim.base, "--slo", "ttft_p90=300ms",
+                                 "--input-tokens", "32", "--max-tokens", "8", "--out", str(out), "--time-budget", "90",
+                                 "--start", "16"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "COLUMNS": "200"})
+        try:
+            for _ in range(1200):  # until two points finished (16 req/s, then 32), at most 120 s
+                if len(list(out.glob("points/*/point.json"))) >= 2 or proc.poll() is not None:
+                    break
+                time.sleep(0.1)
+            proc.send_signal(signal.SIGINT)
+            stdout, stderr = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 130, stderr
+    doc = json.loads((out / "capacity.json").read_text())
+    pts = doc["points"]
+    assert len(pts) >= 2 and all(p["phase"] == "probe" for p in pts), pts
+    assert doc["interrupted"] is True and doc["interval"] is None and doc["confidence"] is None
+    assert {"definition", "safe", "method", "time_budget_s", "elapsed_s", "confidence"} <= set(doc)
+    lo, hi = doc["method"]["finished_bracket"]
+    met = [p["load"] for p in pts if p["slo_met"]]
+    missed = [p["load"] for p in pts if not p["slo_met"]]
+    assert lo == (max(met) if met else None) and hi == (min(missed) if missed else None), pts
+    assert load_capacity(out).method["finished_bracket"] == [lo, hi]  # type: ignore[index]
+    lines = stdout.splitlines()
+    assert lines[0].split()[:3] == ["load", "point", "sent"] and sum(" probe " in ln for ln in lines) == len(pts)
+    assert "(interrupted: finished points only, no stated level)" in stdout
+    if lo is not None and hi is not None:
+        assert f"between {lo:,.2f} and {hi:,.2f} req/s" in stdout
+    assert "interrupted (SIGINT)" in stderr and "Traceback" not in stderr

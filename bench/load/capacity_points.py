@@ -1,0 +1,93 @@
+"""The points of ``bench capacity``'s search (:mod:`bench.load.capacity`): one measured point (:class:`Point`),
+the saturation judgement (:func:`saturated`, :func:`resaturate`) and a point's entry in capacity.json
+(:func:`point_entry`; docs/results.md, "capacity.json")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE"]
+
+
+@dataclass(slots=True)
+class Point:
+    """One measured point of the search (its summary is the cell dict of :mod:`bench.load.point`)."""
+
+    load: float
+    trial: int
+    summary: dict[str, Any]
+    phase: str = "point"
+
+    @property
+    def slo_met(self) -> bool:
+        return bool(self.summary.get("slo_met"))
+
+    @property
+    def completed_rps(self) -> float:
+        """Throughput over the window: requests that ended in it per s (the window's requests per s when the
+        summary has no ``finished_in_window_rps``)."""
+        t = self.summary["throughput"]
+        v = t.get("finished_in_window_rps")
+        return float((v if v is not None else t["completed_rps"]) or 0.0)
+
+    @property
+    def steady(self) -> bool:
+        return bool(self.summary.get("steady", True))
+
+    @property
+    def rate(self) -> float:
+        """The realized arrival rate of the point's window (the load asked when the summary has none)."""
+        return float((self.summary.get("window") or {}).get("rate") or self.load)
+
+
+def resaturate(points: list[Point], by: str) -> float | None:
+    """The saturation flags again (:func:`saturated`), once every point ran (during the search only the points
+    before it were known).
+    Returns the lowest saturated load."""
+    for p in points:
+        p.summary["saturated"] = saturated(p, points, by)
+    return min((p.load for p in points if p.summary["saturated"]), default=None)
+
+
+FLAT_SHARE = 0.25  # --by concurrency: at most this share of the added streams turned into throughput
+
+
+def _e2e_median(p: Point) -> float | None:
+    v = ((p.summary.get("latency") or {}).get("e2e_ms") or {}).get("from_send") or {}
+    return v.get("median")
+
+
+def saturated(p: Point, points: list[Point], by: str) -> bool:
+    """``--by rate``: not steady, and completed no more than 2 % above the best completed throughput of any lower
+    load. ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire):
+    against the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
+    ``FLAT_SHARE * g`` more throughput (it flattened) and each stream's median E2E grew by at least ``g / 2`` (the
+    added streams queue: Little's law; skipped where the summaries carry no latency)."""
+    below = [q for q in points if q.load < p.load]
+    if not below:
+        return False
+    q = max(below, key=lambda x: x.completed_rps)
+    if by == "rate":
+        return not p.steady and p.completed_rps <= 1.02 * q.completed_rps
+    g = p.load / q.load - 1
+    flat = p.completed_rps <= q.completed_rps * (1 + FLAT_SHARE * g)
+    rp, rq = _e2e_median(p), _e2e_median(q)
+    return flat and (rp is None or rq is None or rp >= rq * (1 + g / 2))
+
+
+def point_entry(p: Point) -> dict[str, Any]:
+    s = p.summary
+    lat = s.get("latency", {})
+    ttft = lat.get("ttft_ms", {}).get("from_schedule", {})
+    return {
+        "load": p.load, "trial": p.trial, "phase": p.phase, "id": s.get("id"), "slo_met": p.slo_met,
+        "steady": p.steady, "rate": (s.get("window") or {}).get("rate"), "slo_model": s.get("slo_model"),
+        "saturated": bool(s.get("saturated")), "goodput": s.get("goodput"), "slo": s.get("slo"),
+        "achieved_rps": s.get("schedule", {}).get("achieved_rps"), "completed_rps": p.completed_rps,
+        "ttft_p90_ms": ttft.get("p90"), "tpot_p50_ms": (s.get("tpot_ms") or {}).get("median"),
+        "per_user_tok_s": (s.get("decode_tok_s") or {}).get("median"),
+        "aggregate_tok_s": s.get("throughput", {}).get("output_tok_s"),
+        "send_lag_p99_ms": s.get("schedule", {}).get("send_lag_ms", {}).get("p99"),
+        "dir": s.get("dir"),
+    }
