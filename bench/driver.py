@@ -213,7 +213,8 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
     plan = make_plan(ls, profile.max_tokens) if ls.mode != "sessions" else None  # made once, sent as made
     planned = len(plan) if plan is not None else ls.users * ls.turns
     need = (f"the {ls.mode} schedule", max(p.input_tokens + p.output_tokens for p in plan)) if plan else None
-    sizing = _open_loop_sizing(plan) if workers == "auto" else None
+    auto = workers == "auto"
+    sizing = _open_loop_sizing(plan, ls, workers, ray_address)
     if sizing is not None:
         workers = int(sizing["workers"])
     from bench.report.export import VIEWS
@@ -224,7 +225,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
                               settings, profile, model=model, out_dir=out_dir, observer=observer, workers=workers,
                               ray_address=ray_address, need=need)
         if sizing is not None:
-            session.workers_auto, session.sizing = True, {"open-loop": sizing}
+            session.workers_auto, session.sizing = auto, {"open-loop": sizing}
         try:
             summary = await measure_load(session, ls, plan)
             results = session.results([cell_from_dict(summary, f"point {summary.get('id')}")], complete=True)
@@ -242,12 +243,23 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
             await session.close()
 
 
-def _open_loop_sizing(plan: list[Any] | None) -> dict[str, Any]:
-    """``--workers auto`` for an open loop: from the plan's CPU need (sessions, with no plan: one process)."""
+def _open_loop_sizing(plan: list[Any] | None, ls: LoadSettings, workers: int | str,
+                      ray_address: str | None) -> dict[str, Any] | None:
+    """The open loop's processes when bench chooses them: ``--workers auto`` from the plan's CPU need; one, with a
+    note, for sessions (they run in this process) or a --max-concurrency cap (one process counts what is in
+    flight); None: ``workers`` as given. ConfigError, before anything is sent, for a cap with N > 1 or --ray."""
     from bench.session.autosize import WorkerChoice, open_loop_workers
 
     if not plan:
-        return WorkerChoice(workers=1, note="sessions run in this process")
+        return WorkerChoice(workers=1, note="sessions run in this process") if workers != 1 else None
+    capped = ls.max_concurrency is not None and not all(p.at_s == 0 for p in plan)
+    if capped and (ray_address is not None or (workers != "auto" and int(workers) > 1)):
+        raise ConfigError("--max-concurrency is not available with --workers > 1 or --ray in open-loop runs "
+                          "(one process counts what is in flight): leave --workers out, or the cap")
+    if workers != "auto":
+        return None
+    if capped:
+        return WorkerChoice(workers=1, note="--max-concurrency: one process sends the schedule")
     return open_loop_workers([p.at_s for p in plan], [p.output_tokens for p in plan])
 
 

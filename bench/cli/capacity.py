@@ -100,6 +100,11 @@ def load_settings(profile: Profile, kw: dict[str, Any]) -> LoadSettings | None:
     given = {_FLAG_TO_FIELD.get(k, k): v for k, v in kw.items() if v is not None}
     base = dict(profile.load)
     mode = profile.mode
+    chosen = [k for k in ("trace", "users", "rate") if k in given]
+    if len(chosen) > 1:
+        a, b = kw_names({k: 0 for k in chosen[:2]})
+        raise ConfigError(f"--{a} and --{b} ask for two open-loop modes: give one (--rate R for Poisson arrivals, "
+                          "--trace FILE to replay a trace, --sessions N for multi-turn conversations)")
     if "trace" in given:
         mode = "trace"
     elif "users" in given:

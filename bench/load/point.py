@@ -416,6 +416,8 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
         await scraper.begin()
     try:
         if getattr(session, "pool", None) is not None and not closed:
+            if (counted_later := getattr(observer, "counts_at_end", None)) is not None:
+                counted_later(cell)  # the workers' records come back when the point ends
             run = await run_plan_pool(session, plan, texts, tag=tag)
         else:
             run = await run_plan(session, plan, texts, tag=tag, max_concurrency=ls.max_concurrency,
@@ -429,22 +431,23 @@ async def run_point(session: Session, ls: LoadSettings, plan: list[Planned], *, 
     summary = point_summary(run, plan, ls, slo, cell=cell, load=load)
     if sm is not None:
         header = getattr(session, "shared_prefix_tokens", PREFIX_SHARED_TOKENS_MAX)  # a stand-in session: no probes
-        point_server_metrics(sm, run, summary, header_tokens=header)
+        point_server_metrics(sm, run, summary, header_tokens=header, prefix_cache_expected=ls.mode == "trace")
     if observer is not None:
         observer.cell_done(cell, cell_from_dict(summary, f"point {load['id']}"))
     return run, summary
 
 
-def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any], header_tokens: int = 0) -> None:
+def point_server_metrics(sm: dict[str, Any], run: PointRun, s: dict[str, Any], header_tokens: int = 0,
+                         prefix_cache_expected: bool = False) -> None:
     """The server's own counters over a whole point (every request it sent, the warm-up and cool-down too, not
     the window only): stored as ``s["server_metrics"]``, its tokens cross-checked against the point's successful
     records (a warning past :data:`bench.server.metrics.TOKEN_MISMATCH_WARN_PCT`), its TTFT beside the window's
     (a note); its prefix-cache hits beyond ``header_tokens`` (the chat template's shared header) per request
-    warn."""
+    warn, unless ``prefix_cache_expected`` (a trace replay: its prompts share the trace's prefixes on purpose)."""
     ok = [m for m in run.metrics_of(run.records) if m.ok]
     view = {**s, "output_tokens_total": sum(m.output_tokens for m in ok),
             "requests_failed": len(run.records) - len(ok)}
-    s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=False,
+    s["server_metrics"], warns = counters_beside(sm, view, prefix_cache_expected=prefix_cache_expected,
                                                  expected_hits=header_tokens * len(run.records))
     s["warnings"] += warns
 

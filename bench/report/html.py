@@ -148,7 +148,8 @@ def _run_info(s: Source) -> str:
     rows = [("model", ep.get("model")), ("endpoint", where),
             ("server", f"{srv.get('backend') or 'unknown backend'} {srv.get('version') or ''}".strip()),
             ("context size", srv.get("context_size")), ("profile", prof.get("name")),
-            ("state", _state(r)), ("settings", _settings_line(st, r.get("cells") or [])),
+            ("state", _state(r)), ("load", _load_line(r.get("load"))),
+            ("settings", _settings_line(st, r.get("cells") or [], bool(r.get("load")))),
             ("created", r.get("created")), ("duration s", _fmt(run.get("duration_s"), 0, "")),
             ("fixed overhead ms", _fmt(run.get("overhead_ms"), 1, "")), ("bench", r.get("bench_version")),
             ("machine", (r.get("machine") or {}).get("hostname")),
@@ -173,11 +174,20 @@ def _state(r: dict[str, Any]) -> str | None:
     return f"{what} ({n} cell{'' if n == 1 else 's'} measured)"
 
 
-def _settings_line(st: dict[str, Any], cells: Sequence[dict[str, Any]]) -> str:
+def _load_line(load: dict[str, Any] | None) -> str | None:
+    """An open-loop run's offered load (results.json ``load``: rate, arrivals, duration, trace, sessions...)."""
+    if not load:
+        return None
+    return ", ".join(f"{k}={v}" for k, v in load.items() if k != "id" and v not in (None, "", [], {}))
+
+
+def _settings_line(st: dict[str, Any], cells: Sequence[dict[str, Any]], open_loop: bool = False) -> str:
     """The profile's settings; ``images`` and ``image_size`` only when every cell ran them (a sweep's cells each
-    name their own)."""
+    name their own); an open-loop run's without the waves' ``requests`` and ``warmup`` (its load says what ran)."""
     keys = ["max_tokens", "requests", "warmup", "endpoint", "thinking", "prefix_cache", "images", "image_size",
             "tools", "tool_choice"]
+    if open_loop:
+        keys = [k for k in keys if k not in ("requests", "warmup")]
     if len({(c.get("images"), c.get("image_size")) for c in cells}) > 1:
         keys = [k for k in keys if k not in ("images", "image_size")]
     return ", ".join(f"{k}={st[k]}" for k in keys if st.get(k) not in (None, ""))

@@ -69,6 +69,10 @@ class QuietObserver:
     def cell_done(self, cell: Cell, summary: CellResult) -> None:
         """Nothing to show."""
 
+    def counts_at_end(self, cell: Cell) -> None:
+        """The cell's requests are read by worker processes and counted when they end (an open loop spread over
+        workers): progress shows the time, not a count stuck at 0."""
+
     def note(self, text: str) -> None:
         """Warnings go to stderr (once: :func:`shown_notes`)."""
         if self.console is not None:
@@ -103,6 +107,7 @@ class RichObserver(QuietObserver):
         self.wave_t0 = 0.0
         self._last = (0.0, 0)
         self._rate = 0.0
+        self._past = 0  # events of the cell's earlier waves: the live rate spans waves (a short wave had none)
 
     def __enter__(self) -> RichObserver:
         self.progress.start()
@@ -115,7 +120,7 @@ class RichObserver(QuietObserver):
         if not self.taps:
             return ""
         waiting = sum(1 for t in self.taps if t.started and not t.finished and t.events == 0)
-        events = sum(t.events for t in self.taps)
+        events = self._past + sum(t.events for t in self.taps)
         now = time.monotonic()
         t0, e0 = self._last
         if now - t0 >= 1.0:
@@ -152,15 +157,22 @@ class RichObserver(QuietObserver):
         return next((t for t in self.progress.tasks if t.id == self.task), None)
 
     def wave_started(self, cell: Cell, taps: list[StreamTap]) -> None:
-        """Track this wave's in-flight requests."""
+        """Track this wave's in-flight requests (the live rate goes on from the cell's earlier waves)."""
+        self._past += sum(t.events for t in self.taps)
+        if not self.taps:  # the cell's first wave: a new rate
+            self._past, self._last, self._rate = 0, (0.0, 0), 0.0
         self.taps = taps
         self.wave_t0 = time.monotonic()
-        self._last = (0.0, 0)
 
     def request_done(self, cell: Cell, ok: bool) -> None:
         """Advance the bar."""
         if self.task is not None:
             self.progress.update(self.task, advance=1, live=self._live())
+
+    def counts_at_end(self, cell: Cell) -> None:
+        """The bar says why it does not move."""
+        if self.task is not None:
+            self.progress.update(self.task, live="read by worker processes: counted when the point ends")
 
     def cell_done(self, cell: Cell, summary: CellResult) -> None:
         """The cell's headline figures as a line of its own above the live bar (which goes): every finished cell
@@ -260,6 +272,7 @@ class PlainObserver(QuietObserver):
         self.done = 0
         self.total = 0
         self.taps: list[StreamTap] = []
+        self.blind = ""  # the cell whose requests are counted only when it ends (:meth:`counts_at_end`)
         self.t0 = self.last = time.monotonic()
 
     def __enter__(self) -> PlainObserver:
@@ -320,7 +333,15 @@ class PlainObserver(QuietObserver):
             return
         waiting = sum(1 for t in self.taps if t.started and not t.finished and t.events == 0)
         live = f", {waiting} stream(s) waiting for the first token" if waiting else ""
+        if self.blind == self.cell_id:
+            self._line(f"{self.cell_id}: {_clock(now - self.t0)} of its schedule (its {self.total} requests are "
+                       "read by the worker processes and counted when the point ends)")
+            return
         self._line(f"{self.cell_id}: {self.done}/{self.total} requests, {_clock(now - self.t0)}{live}")
+
+    def counts_at_end(self, cell: Cell) -> None:
+        """Ticks say the time and why there is no count."""
+        self.blind = cell.id
 
 
 def make_observer(total_cells: int, console: Console, *, quiet: bool = False, every_s: float = PROGRESS_EVERY_S,

@@ -481,6 +481,17 @@ def test_point_lines_show_latencies_from_the_send_and_from_the_schedule() -> Non
     assert latency_lines({}) == []
 
 
+def test_a_concurrency_cap_with_several_senders_is_refused_before_anything_is_sent(tmp_path: Path, capsys) -> None:
+    """It was refused after "started" and the overhead probes, leaving records.jsonl to block the rerun."""
+    from bench.cli.app import main
+
+    rc = main(["run", "http://127.0.0.1:9/v1", "--rate", "5", "--requests", "3", "--max-concurrency", "2",
+               "--workers", "2", "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert rc == 3 and "--max-concurrency is not available with --workers > 1" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("flags, named", [(["--streams", "2"], "--streams shapes"),
                                           (["--depths", "4k", "--streams", "2"], "--streams and --depths shape")])
 def test_open_loop_refuses_closed_loop_cell_flags(flags: list[str], named: str, tmp_path: Path, capsys) -> None:

@@ -179,6 +179,8 @@ def test_mooncake_trace_replays_timing_sizes_and_shared_blocks(tmp_path: Path) -
         assert r.usage["completion_tokens"] == line["output_length"]
         assert r.usage["prompt_tokens_details"]["cached_tokens"] == want_cached[k], k
     assert sum(want_cached) > 0
+    # the trace shares prefixes on purpose: the server's cache hits are no warning ("a run meant to defeat it")
+    assert c["server_metrics"] and not any("meant to defeat it" in w for w in c["warnings"]), c["warnings"]
     assert T.expected_cached_tokens(cfg, 100, 64) == 64
     assert c["schedule"]["send_lag_ms"]["p50"] < 20
 
@@ -288,6 +290,15 @@ def test_sessions_report_cached_tokens_per_turn(tmp_path: Path) -> None:
     line = describe_point(c)[2]  # figures as printed: no raw floats, the share in per cent
     assert line.startswith(f"{c['id']}: turn 2: 3 requests; p50: prompt ") and line.endswith(
         f"cached share {100 * c['turns'][2]['cached_share']:.0f} %")
+
+
+def test_sessions_with_workers_say_they_ran_in_one_process(fast_sim: SimProcess, tmp_path: Path) -> None:
+    """``--workers 2 --sessions`` stored ``run.workers: 2`` with no word; the conversations run in this process."""
+    ls = LoadSettings(mode="sessions", users=2, turns=1, think_s=0.0, stagger_s=0.0, input_tokens="8")
+    res = asyncio.run(run_load(fast_sim.base, Profile(name="t", max_tokens=4, warmup=0, overhead_probes=1),
+                               ClientSettings(), ls, out_dir=tmp_path, workers=2)).to_dict()
+    assert res["run"]["workers"] == 1 and res["run"]["workers_auto"] is False
+    assert res["run"]["sizing"]["open-loop"]["note"] == "sessions run in this process"
 
 
 def test_an_open_loop_run_with_no_request_in_its_window_says_so(fast_sim: SimProcess, tmp_path: Path,

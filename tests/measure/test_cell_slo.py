@@ -153,6 +153,9 @@ def test_a_profile_slo_scores_concurrency_cells_and_the_flag_wins() -> None:
     with pytest.raises(ConfigError, match="--think applies to multi-turn runs"):
         load_settings(p, {**flags, "think": 2.0})
     assert load_settings(p, {**flags, "users": 2, "turns": 2}).turns == 2  # type: ignore[union-attr]
+    for a, b in (("users", "rate"), ("trace", "users"), ("trace", "rate")):  # one silently won
+        with pytest.raises(ConfigError, match="ask for two open-loop modes"):
+            load_settings(p, {**flags, a: 2 if a == "users" else "t.csv", b: 5.0 if b == "rate" else 2})
 
 
 def test_the_session_scores_cells_from_the_profile_slo(tmp_path: Path) -> None:

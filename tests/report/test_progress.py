@@ -277,3 +277,53 @@ def test_a_run_level_warning_is_printed_once(sim, tmp_path, capsys):
     assert rc == 0 and err.count("the server reports no model size") == 1, err
     doc = json.loads((tmp_path / "r" / "results.json").read_text())
     assert sum("the server reports no model size" in w for w in doc["warnings"]) == 1
+
+
+def test_the_live_rate_spans_the_waves_of_a_cell(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each wave restarted the rate's baseline, so a cell of waves shorter than ~1 s showed "~0 tok/s live"
+    all along (a 1-stream cell at 50 tok/s)."""
+    import io
+
+    from rich.console import Console
+
+    import bench.report.progress as prog
+    from bench.client import StreamTap
+    from bench.config.plan import Cell
+    from bench.report.progress import RichObserver
+
+    now = [100.0]
+    monkeypatch.setattr(prog.time, "monotonic", lambda: now[0])
+    obs = RichObserver(Console(file=io.StringIO(), color_system=None), 1)
+    cell = Cell("s", 0, 1, "prose", 4, 4)
+    obs.cell_started(cell, 4)
+    for _ in range(4):  # waves of 0.6 s, 30 events each: 50 tok/s
+        tap = StreamTap()
+        tap.started = True
+        obs.wave_started(cell, [tap])
+        live = obs._live()
+        tap.events, now[0] = 30, now[0] + 0.6
+        tap.finished = True
+        live = obs._live()
+    assert live == "~50 tok/s live"
+
+
+def test_an_open_loop_read_by_workers_says_its_counts_come_at_the_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With --workers 2 --rate, a CI log read "rate-4: 0/267 requests, 30.0s" and "... 1m00s": the records come
+    back from the workers when the point ends."""
+    import io
+
+    import bench.report.progress as prog
+    from bench.config.plan import Cell
+    from bench.report.progress import PlainObserver
+
+    now = [10.0]
+    monkeypatch.setattr(prog.time, "monotonic", lambda: now[0])
+    out = io.StringIO()
+    obs = PlainObserver(out, 1, 30.0)
+    cell = Cell("s", 0, 0, "prose", 4, 267, label="rate-4")
+    obs.cell_started(cell, 267)
+    obs.counts_at_end(cell)
+    now[0] += 31
+    obs.tick()
+    last = out.getvalue().strip().splitlines()[-1]
+    assert "0/267" not in last and "31.0s of its schedule" in last and "counted when the point ends" in last

@@ -253,6 +253,18 @@ def test_report_of_a_partial_run_says_so(run_dir: Path, tmp_path: Path) -> None:
     assert "partial results" not in page and "did not finish" not in page
 
 
+def test_report_of_an_open_loop_run_names_its_load(run_dir: Path, tmp_path: Path) -> None:
+    """The Runs block showed the profile's waves (requests=4, warmup=1) and nothing of the rate that ran."""
+    res = json.loads((run_dir / "results.json").read_text())
+    res["load"] = {"id": "rate-10", "mode": "rate", "rate": 10.0, "arrival": "poisson", "duration_s": 20.0,
+                   "requests": None, "input_tokens": "100"}
+    (tmp_path / "results.json").write_text(json.dumps(res))
+    assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 0
+    text = " ".join(_text((tmp_path / "r.html").read_text(encoding="utf-8")).split())
+    assert "load mode=rate, rate=10.0, arrival=poisson, duration_s=20.0, input_tokens=100" in text
+    assert "requests=4" not in text and "warmup=" not in text
+
+
 def test_capacity_curve_in_load_order_and_one_colour_per_depth() -> None:
     from bench.report.figures import Source, capacity_figure, decode_vs_streams, depth_figure
 
