@@ -164,9 +164,12 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
                                            progress_every))
         except (RunInterrupted, KeyboardInterrupt) as e:
             _interrupted(e, f"finished records kept in {out}/records.jsonl (partial results in {out}/results.json)")
-    for cell in results.cells:
-        for line in describe_point(cell.to_dict()):  # wrapped at the console's width ($COLUMNS)
-            stderr.print(line, highlight=False, markup=False, soft_wrap=False)
+    if not quiet:  # --json: the document on stdout, nothing else
+        from bench.report.console import say
+
+        for cell in results.cells:
+            for line in describe_point(cell.to_dict()):  # wrapped at the console's width ($COLUMNS), indent kept
+                say(line, stderr, soft_wrap=False)
     return results
 
 

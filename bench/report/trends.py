@@ -85,7 +85,8 @@ def trend_figure(cell: str, metric: str, series: dict[str, Any], pts: Sequence[P
                       line_width=0, annotation_text=f"allowance {series['allowance_pct']:g} % ({series['rule']})",
                       annotation_position="bottom left", annotation_font_size=10)
     note = f"noise {series['noise_pct']:.2f} %" if series.get("noise_pct") is not None else series["status"]
-    return _layout(fig, f"{cell}: {metric} {series['stat']} over {len(pts)} runs ({note}, {len(changes)} "
+    runs = f"{len(pts)} run" + ("" if len(pts) == 1 else "s")
+    return _layout(fig, f"{cell}: {metric} {series['stat']} over {runs} ({note}, {len(changes)} "
                    "change point(s))", "run (in the order made)", f"{metric} {series['stat']}", height=380)
 
 
@@ -112,7 +113,7 @@ def trend_section(store: HistoryStore, metrics: Sequence[str] = TREND_METRICS, c
 
     figs = trend_figures(store, metrics, cells)
     n = len(store.runs())
-    parts = [f"<h2>Trends over {n} runs ({html.escape(store.where)})</h2>",
+    parts = [f"<h2>Trends over {n} run{'' if n == 1 else 's'} ({html.escape(store.where)})</h2>",
              "<p class='muted'>each point a run (hover: run id, start, commit); bars: the 95 % interval of its "
              "median; dotted: the level between change points; dashed lines: change points (red a regression, "
              "green an improvement); shaded: the gate rule's allowance from the level the newest runs are judged "

@@ -244,7 +244,7 @@ def _probe_json(url: str, *extra: str) -> dict[str, Any]:
 def test_probe_twice_against_a_prefix_cache():
     from bench.sim import SimConfig, running_sim
 
-    long = "Tell me about lighthouses and the people who kept them, in some detail please. " * 3
+    long = "Tell me about lighthouses and the people who kept them, in some detail please. " * 20  # > 256 tokens
     with running_sim(SimConfig(prefix_cache=True, prefix_block_tokens=4, decode_step_ms=1.0)) as url:
         first, second = _probe_json(url, "--prompt", long), _probe_json(url, "--prompt", long)
         assert first["cached_tokens"] == 0 and second["cached_tokens"] == 0  # unique prefix: nothing reused
