@@ -26,6 +26,7 @@ from typing import Any
 import click
 
 from bench.errors import ConfigError, HistoryError
+from bench.history import runs_text
 
 __all__ = ["history", "add_finished", "found_commit", "require_store", "open_existing", "trend_views", "trends_page"]
 
@@ -72,10 +73,6 @@ def _note(msg: str) -> None:
     from bench.report.console import stderr
 
     stderr.print(msg, highlight=False, markup=False, soft_wrap=True)
-
-
-def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"
 
 
 def _width() -> int:
@@ -143,18 +140,19 @@ def add(inputs: tuple[str, ...], db: str, commit: str | None, branch: str | None
     new_file = sqlite_file(db)
     loaded = [(f, load_results(f)) for f in _result_files(inputs)]
     commit, branch = found_commit(commit, branch, use_git=use_git)
+    plan = None
     if new_file is not None and not os.path.exists(new_file):  # refuse before the file exists: none is left behind
-        _to_add(loaded, None, new_file, skip_existing)
+        plan = _to_add(loaded, None, new_file, skip_existing)  # the new store is empty: the plan holds for it
     with open_store(db) as store:
-        plan = _to_add(loaded, store, store.where, skip_existing)
+        plan = plan or _to_add(loaded, store, store.where, skip_existing)
         for n in plan.notes:
             _note(n)
         rows = sum(store.add(r, source=str(f), commit=commit, branch=branch) for f, r in plan.todo)
         total = len(store.runs())
     if not plan.todo:
-        _note(f"nothing new: {_runs(plan.stored)} already stored in {store.where} ({_runs(total)} stored)")
+        _note(f"nothing new: {runs_text(plan.stored)} already stored in {store.where} ({runs_text(total)} stored)")
         return
-    _note(f"added {len(plan.todo)} run(s), {rows} statistics, to {store.where} ({_runs(total)} stored)")
+    _note(f"added {len(plan.todo)} run(s), {rows} statistics, to {store.where} ({runs_text(total)} stored)")
 
 
 @dataclass
@@ -225,7 +223,7 @@ def add_finished(results: Any, out: Path, db: str) -> None:
     commit, branch = found_commit(None, None, use_git=True)
     with open_store(db, "--history") as store:
         store.add(results, source=str(out / "results.json"), commit=commit, branch=branch)
-        _note(f"history: run {results.run.id} added to {store.where} ({_runs(len(store.runs()))} stored)")
+        _note(f"history: run {results.run.id} added to {store.where} ({runs_text(len(store.runs()))} stored)")
 
 
 @history.command()
@@ -274,8 +272,8 @@ def _series_lines(s: dict[str, Any], ind: str) -> list[str]:
     if s["status"] == "too short":
         return [f"{head}: too short ({s['note']})"]
     if s["status"] != "ok":
-        return [f"{head}: {_runs(s['runs'])}, {s['status']} ({s['note']})"]
-    return [f"{head}: {_runs(s['runs'])}, noise {s['noise_pct']:.2f} %, {s['changes']} change(s)",
+        return [f"{head}: {runs_text(s['runs'])}, {s['status']} ({s['note']})"]
+    return [f"{head}: {runs_text(s['runs'])}, noise {s['noise_pct']:.2f} %, {s['changes']} change(s)",
             f"{ind}    allowance {s['allowance_pct']:g} % ({s['rule']})"]
 
 
@@ -302,17 +300,17 @@ def _check_lines(doc: dict[str, Any], width: int) -> list[str]:
     for su in doc["setups"]:
         if multi:
             label = Setup(su["profile"], su["model"], su["endpoint_url"]).label()
-            out.append(f"setup {su['setup']}, {_runs(su['runs'])}: {label}")
+            out.append(f"setup {su['setup']}, {runs_text(su['runs'])}: {label}")
         for s in doc["series"]:
             out += _series_lines(s, ind) if s["setup"] == su["setup"] else []
         for c in doc["changes"]:
             out += _change_lines(c, ind + "  ") if c["setup"] == su["setup"] else []
-    last = f"the last {_runs(doc['recent'])}{' of each setup' if multi else ''}"
+    last = f"the last {runs_text(doc['recent'])}{' of each setup' if multi else ''}"
     verdict = (f"{doc['failing']} regression(s) beyond the allowance within {last}" if doc["failing"]
                else f"no regression beyond the allowance within {last}")
     runs = sum(su["runs"] for su in doc["setups"])
     where = f" in {len(doc['setups'])} setups" if multi else ""
-    total = f"{_runs(runs)}{where}; {len(doc['changes'])} change point(s)"
+    total = f"{runs_text(runs)}{where}; {len(doc['changes'])} change point(s)"
     return out + ([f"{total}; {verdict}"] if len(total) + len(verdict) + 2 <= width else [total, verdict])
 
 
@@ -356,9 +354,9 @@ def _runs_lines(runs: list[Any], setups: list[tuple[Any, int]], width: int) -> l
     rows = [[str(i), r.run_id, _when(r.started), (r.commit_sha or "-")[:10], _fit(r.branch or "-", 16),
              *([str(number[r.setup])] if multi else []), r.source or "-"] for i, r in enumerate(runs)]
     if multi:
-        legend = [f"setup {number[su]}, {_runs(n)}: {su.label()}" for su, n in setups]
+        legend = [f"setup {number[su]}, {runs_text(n)}: {su.label()}" for su, n in setups]
     else:
-        legend = [f"{_runs(n)} of {su.label()}" for su, n in setups]
+        legend = [f"{runs_text(n)} of {su.label()}" for su, n in setups]
     return _table(head, rows, width) + [_wrap(line, width) for line in legend]
 
 

@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.history import runs_text
+
 __all__ = ["Change", "SeriesResult", "detect", "METHODS", "BETA", "MIN_SIZE", "ALPHA", "MAX_NOISE_PCT"]
 
 METHODS = ("pelt", "binseg", "threshold")
@@ -151,7 +153,7 @@ def detect(values: Sequence[float] | np.ndarray, *, method: str = "pelt", min_si
         return SeriesResult(n, "bad values", None, note="a value is zero, negative or not finite")
     need = window + 1 if method == "threshold" else 2 * min_size
     if n < need:
-        return SeriesResult(n, "too short", None, note=f"{n} run{'' if n == 1 else 's'}; at least {need} are needed")
+        return SeriesResult(n, "too short", None, note=f"{runs_text(n)}; at least {need} are needed")
     logx = np.log(xs)
     sigma = noise_sigma(logx)
     noise_pct = _pct(sigma)

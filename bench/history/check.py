@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
+from bench.history import runs_text
 from bench.history.changepoints import METHODS, Change, detect
 from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow, Setup, setup_url
 
@@ -178,12 +179,8 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
             checked.append({**sr.fields(), "runs": len(sr.runs)})
     if not notes:
         what = f" in cell(s) {', '.join(s.cells)}" if s.cells else ""
-        raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({_runs(len(runs))} stored)")
+        raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({runs_text(len(runs))} stored)")
     failing = [c for c in changes if c["direction"] == "regression" and c["recent"] and c["beyond_allowance"]]
     return {"db": store.where, "metric": s.metric, "method": s.method, "recent": s.recent, "runs": len(runs),
             "changes": changes, "series": notes, "setups": checked, "failing": len(failing),
             "exit": EXIT_CHECK_FAILED if failing else EXIT_OK}
-
-
-def _runs(n: int) -> str:
-    return f"{n} run" if n == 1 else f"{n} runs"

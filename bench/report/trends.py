@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from bench.errors import ConfigError
+from bench.history import runs_text
 from bench.history.check import CheckSettings, check_history, higher_better
 from bench.history.store import HistoryStore, Point
 
@@ -85,8 +86,7 @@ def trend_figure(cell: str, metric: str, series: dict[str, Any], pts: Sequence[P
                       line_width=0, annotation_text=f"allowance {series['allowance_pct']:g} % ({series['rule']})",
                       annotation_position="bottom left", annotation_font_size=10)
     note = f"noise {series['noise_pct']:.2f} %" if series.get("noise_pct") is not None else series["status"]
-    runs = f"{len(pts)} run" + ("" if len(pts) == 1 else "s")
-    return _layout(fig, f"{cell}: {metric} {series['stat']} over {runs} ({note}, {len(changes)} "
+    return _layout(fig, f"{cell}: {metric} {series['stat']} over {runs_text(len(pts))} ({note}, {len(changes)} "
                    "change point(s))", "run (in the order made)", f"{metric} {series['stat']}", height=380)
 
 
@@ -113,7 +113,7 @@ def trend_section(store: HistoryStore, metrics: Sequence[str] = TREND_METRICS, c
 
     figs = trend_figures(store, metrics, cells)
     n = len(store.runs())
-    parts = [f"<h2>Trends over {n} run{'' if n == 1 else 's'} ({html.escape(store.where)})</h2>",
+    parts = [f"<h2>Trends over {runs_text(n)} ({html.escape(store.where)})</h2>",
              "<p class='muted'>each point a run (hover: run id, start, commit); bars: the 95 % interval of its "
              "median; dotted: the level between change points; dashed lines: change points (red a regression, "
              "green an improvement); shaded: the gate rule's allowance from the level the newest runs are judged "
