@@ -26,6 +26,12 @@ CLOCK_MONOTONIC: one clock with bench's on one host), so from records.jsonl, per
   stamps) against the same definition on the sims' write times (goal: within 0.5 %); *decode err %*: the median
   per-stream decode against the sims' nominal 1000 / step ms.
 
+Placement (``--sim-cpus``, ``--client-cpus``, Linux): the sims and bench share the host's cores, so a reader
+preempted by a sim reads its event a whole gap late, and the kernel hands it over merged with the next (one
+50-ms step in *max*). Pinning the two to disjoint CPU sets (``os.sched_setaffinity``, inherited by bench's
+worker processes) measures the client as it runs beside a server on another host; both sets are printed with the
+table.
+
 Prints a table; ``--out FILE.md`` also writes it with the date, machine and command (``benchmarks/results/``).
 """
 
@@ -85,16 +91,16 @@ class Sims:
 
 
 @contextlib.contextmanager
-def sims(k: int, streams: int, step_ms: float, logdir: Path) -> Iterator[Sims]:
+def sims(k: int, streams: int, step_ms: float, logdir: Path, cpus: set[int] | None = None) -> Iterator[Sims]:
     """``k`` sims sharing one port of 127.0.0.1, each reporting writes late by ``LATE_WRITE_MS`` into a log under
-    ``logdir``."""
+    ``logdir``, on the CPUs ``cpus`` (None: any)."""
     port = _free_port()
     argv = [sys.executable, "-m", "bench.sim", "--host", "127.0.0.1", "--port", str(port), "--reuse-port",
             "--decode-step-ms", str(step_ms), "--prefill-tok-s", "1e8", "--max-running", str(max(64, streams)),
             "--late-write-ms", str(LATE_WRITE_MS)]
     logs = [logdir / f"sim{i}.err" for i in range(k)]
-    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True)
-             for log in logs]
+    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=log.open("w"), text=True,
+                              preexec_fn=_pin(cpus)) for log in logs]
     try:
         for p in procs:
             line = p.stdout.readline() if p.stdout else ""
@@ -110,6 +116,31 @@ def sims(k: int, streams: int, step_ms: float, logdir: Path) -> Iterator[Sims]:
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+
+
+def cpu_list(text: str | None) -> set[int] | None:
+    """``"0-11,14"`` -> {0, ..., 11, 14}; None or "" -> None (no pinning). Raises ValueError on a bad list or a
+    CPU this process may not run on."""
+    if not text:
+        return None
+    out: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        first, last = int(lo), int(hi or lo)
+        if first > last:
+            raise ValueError(f"bad CPU range {part!r}")
+        out.update(range(first, last + 1))
+    allowed = os.sched_getaffinity(0)
+    if not out <= allowed:
+        raise ValueError(f"CPUs {sorted(out - allowed)} are not available here (allowed: {sorted(allowed)})")
+    return out
+
+
+def _pin(cpus: set[int] | None) -> Any:
+    """A ``preexec_fn`` that pins the child to ``cpus`` (None: no function)."""
+    if cpus is None:
+        return None
+    return lambda: os.sched_setaffinity(0, cpus)
 
 
 def _aggregate_on_writes(recs: list[RequestRecord]) -> float | None:
@@ -166,6 +197,10 @@ def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int
     return rows
 
 
+def _fmt_cpus(cpus: set[int] | None) -> str:
+    return "any" if cpus is None else ",".join(str(c) for c in sorted(cpus))
+
+
 def _procs(res: dict[str, Any], recs: list[RequestRecord]) -> dict[str, int]:
     nodes = (res.get("run") or {}).get("nodes")
     if nodes:
@@ -202,7 +237,7 @@ def run(a: argparse.Namespace, url: str, out: Path) -> tuple[int, dict[str, Any]
     if a.ray:
         cmd += ["--ray", a.ray]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, preexec_fn=_pin(a.client_cpus))
     shown = "python -m bench " + shlex.join(cmd[3:])
     if p.returncode != 0:
         print(p.stderr[-3000:], file=sys.stderr)
@@ -222,12 +257,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="auto", help="bench run --workers [auto]")
     ap.add_argument("--ray", default=None, metavar="ADDRESS", help="bench run --ray ADDRESS (per node figures)")
     ap.add_argument("--url", default=None, help="a server already running (no sims started here)")
+    ap.add_argument("--sim-cpus", default=None, metavar="LIST", help="pin the sims to these CPUs, e.g. 12-15")
+    ap.add_argument("--client-cpus", default=None, metavar="LIST", help="pin bench (and its workers) to these CPUs")
     ap.add_argument("--out", default="", help="also write the table to this Markdown file")
     a = ap.parse_args(argv)
+    try:
+        a.sim_cpus, a.client_cpus = cpu_list(a.sim_cpus), cpu_list(a.client_cpus)
+    except ValueError as e:
+        ap.error(str(e))
+    placement = (f"sims on CPUs {_fmt_cpus(a.sim_cpus)}, bench on CPUs {_fmt_cpus(a.client_cpus)}")
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="scale-") as d, \
-            (contextlib.nullcontext(Sims(a.url, [])) if a.url else sims(a.sims, a.streams, a.step_ms, Path(d))) as sv:
+            (contextlib.nullcontext(Sims(a.url, [])) if a.url else
+             sims(a.sims, a.streams, a.step_ms, Path(d), a.sim_cpus)) as sv:
         rc, res, recs, shown = run(a, sv.url, Path(d) / "run")
         late = sv.late_writes()
     if rc:
@@ -237,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     sizing = (res["run"].get("sizing") or {})
     print(text)
-    print(f"workers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); "
+    print(f"workers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); {placement}; "
           f"{time.time() - t0:.0f} s")
     if a.out:
         me = " ".join(shlex.quote(x) for x in sys.argv)
@@ -247,7 +290,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{'the server at ' + a.url if a.url else f'{a.sims} sim process(es) on one port (SO_REUSEPORT)'}. "
             f"Machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python "
             f"{platform.python_version()}, {platform.platform()}; load average at start {load} (a shared box: "
-            "other processes ran meanwhile). Columns: benchmarks/scale_streams.py's docstring.\n\n" + text +
+            f"other processes ran meanwhile); {placement}. Columns: benchmarks/scale_streams.py's docstring.\n\n"
+            + text +
             f"\nworkers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); sizing: "
             f"{json.dumps(sizing)[:600]}\n")
     return 0
