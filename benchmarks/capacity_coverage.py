@@ -93,7 +93,8 @@ def one_search(args: tuple[str, str, str, int, float, float | None, float]) -> d
     kind, burst = ARRIVALS[arrival]
     ls = LoadSettings(duration_s=duration, input_tokens=str(pt), slo=slo, seed=seed, arrival=kind, burstiness=burst)
     mp = ModelPoints(cfg, ls, parse_slo(slo), max_tokens=ot)
-    doc = asyncio.run(search(SearchSettings(time_budget_s=budget, target_width=width), mp, clock=mp.clock))
+    ss = SearchSettings(time_budget_s=budget, target_width=width, refine_s=duration)  # as bench capacity sets it
+    doc = asyncio.run(search(ss, mp, clock=mp.clock))
     return {"boundary": doc["boundary"], "interval": doc["interval"], "confidence": doc["confidence"],
             "elapsed_s": doc["elapsed_s"], "points": len(doc["points"]), "note": doc["note"]}
 

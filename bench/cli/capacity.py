@@ -254,7 +254,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
 # what the shared open-loop options do in a search (load_options' help says what they do in bench run); the numbers
 # are bench.load.capacity's REFINE_WARMUP_SHARE, REFINE_COOLDOWN_S and probe_s (tests/load/test_capacity.py checks)
 CAPACITY_HELP = {
-    "duration": "--by rate: seconds of a refine point's schedule (default 50; probes last 6 s, or longer for 5 "
+    "duration": "--by rate: seconds of a refine point's schedule (default 50; probes last 4 s, or longer for 5 "
                 "requests in their judged second half). --by concurrency: each point is 8 x N requests instead.",
     "warmup": "--by rate: seconds at the start of a refine point left out of its statistics (default 25 % of it). "
               "Probes are judged on the second half of their schedule; --by concurrency leaves out the first and "

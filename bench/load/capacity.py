@@ -17,19 +17,15 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    Constant arrivals (a deterministic response):
    shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket at the share's
    interpolated crossing, and that crossing is the answer.
-3. Fit, per objective over every refine point not saturated: each point's share over the limit corrected by a
-   control variate from its schedule (:mod:`bench.load.control`: a proxy fitted on the other points, minus its
-   expectation over drawn schedules of the same process), then logit(share) linear in log(rate) with each
-   point's own variance (:func:`bench.load.estimate.fit_shares`); constant arrivals and ITL objectives keep
-   :func:`bench.load.estimate.fit_boundary` (binomial weights, the points' Pearson scatter, Student-t). The
-   boundary is where the fitted share is ``alpha``; ``interval`` is its Fieller interval (with ``SHIFT_SD``, a
-   bias common to all points, in :func:`bench.load.estimate.fit_shares`) at ``confidence``
-   (Bonferroni over objectives; the boundary is the lowest objective's). Refining stops when the interval's
-   width ``hi / lo - 1`` is at most ``target_width`` after ``min_refine`` refine points, or when the point or
-   time budget runs out (then the answer is the interval earned so far, marked in ``note``; a level is stated
-   from ``MIN_ADJUSTED`` control-variate refine points, else ``MIN_CALIBRATED``; a fit that does not bound the
-   boundary answers the range of refine loads tried). With a time budget, refine points after the first
-   stretch to fill it; a first probe longer than the budget is refused up front (:meth:`SearchSettings.check`).
+3. Fit, per objective over every refine point not saturated (docs/load.md, "How", steps 3-4): each point's share
+   over the limit corrected by a control variate from its schedule (:mod:`bench.load.control`), then
+   probit(share) linear in log(rate) (:func:`bench.load.estimate.fit_shares`: each point's own variance, floored
+   at the fitted share; a prior on the slope); constant arrivals bisect instead, and ITL objectives keep
+   :func:`bench.load.estimate.fit_boundary`. The boundary is where the fitted share is ``alpha``; ``interval`` is
+   its Fieller interval at ``confidence`` (Bonferroni over objectives; the lowest objective's boundary).
+   Refining stops at ``target_width`` after ``min_refine`` refine points, or when the point or time budget runs
+   out (the interval earned so far, marked in ``note``; :meth:`_RateSearch._no_level` says when no level is
+   stated). A first probe longer than the budget is refused up front (:meth:`SearchSettings.check`).
 
 ``--by concurrency``: escalate, bisect and confirm both ends of the bracket with ``trials`` trials (the closed
 loop has no schedule: the statistic is per point, pass or fail); ``interval = [lo, hi]`` with ``lo`` the
@@ -50,9 +46,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
-from bench.load.capacity_points import FLAT_SHARE, Point, point_entry, resaturate, saturated
+from bench.load.capacity_points import FLAT_SHARE, Point, confidence, point_entry, resaturate, saturated
 from bench.load.control import PointRequests, adjusted_shares
-from bench.load.estimate import Fit, crossing, fit_boundary, fit_shares
+from bench.load.estimate import SLOPE_PRIOR, SLOPE_PRIOR_SD, Fit, crossing, fit_boundary, fit_shares
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
 __all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS",
@@ -81,7 +77,7 @@ class SearchSettings:
     confidence: float = 0.95
     target_width: float = 0.05
     time_budget_s: float | None = None
-    probe_s: float = 6.0
+    probe_s: float = 4.0
     probe_resolution: float = 0.5
     min_refine: int = 4
     spread: float = 0.06
@@ -173,13 +169,6 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
 
 def _logit(p: float) -> float:
     return math.log(p / (1.0 - p))
-
-
-def confidence(trials: int, trials_hi: int | None = None) -> float:
-    """Sign-test level of a bracket with ``trials`` agreeing trials at its low end and ``trials_hi`` (default the
-    same) at its high end: 1 - 2^-k_lo - 2^-k_hi, >= 0."""
-    k_hi = trials if trials_hi is None else trials_hi
-    return max(0.0, 1.0 - 2.0 ** -trials - 2.0 ** -k_hi)
 
 
 class _Search:
@@ -477,8 +466,7 @@ class _RateSearch(_Bracketing):
         return min(nxt, max(min(crosses), max(probes) * step))
 
     def _prior_crossings(self, x: float) -> list[float]:
-        """Per objective, where the share of the refine point at ``x`` (its control-variate share, else its plain
-        one) puts the crossing of alpha with the slope ``PRIOR_SLOPE`` in logit(share) per log(load)."""
+        """Per objective, where the refine point at ``x``'s share puts alpha's crossing with ``PRIOR_SLOPE``."""
         p = next(q for q in self.points if q.phase == "refine" and q.load == x)
         crosses = []
         for m in (p.summary.get("slo_model") or {}).values():
@@ -489,10 +477,8 @@ class _RateSearch(_Bracketing):
         return crosses
 
     def _toward_refine(self, est: float | None, blo: float | None, bhi: float | None) -> float | None:
-        """An answer from the probes' bracket kept on the side of the boundary its refine points found: no higher
-        than the lowest refine load over the limit, no lower than the highest under it (within ``[blo, bhi]``).
-        Both refine points of a 170-s search just over the limit had sent the answer to the middle of a probe
-        bracket 23 % above the truth."""
+        """An answer from the probes' bracket kept on the side of the boundary its refine points found (within
+        ``[blo, bhi]``): no higher than the lowest refine load over the limit, no lower than the highest under it."""
         low, top = self.refine_bracket()
         if est is None or blo is None or bhi is None:
             return est
@@ -523,14 +509,14 @@ class _RateSearch(_Bracketing):
         return math.exp(math.log(low) + t * (math.log(top) - math.log(low)))
 
     def _refine_length(self) -> float | None:
-        """The next refine point's schedule length: under constant arrivals ``CONSTANT_REFINE_SHARE`` of the first,
-        at least ``CONSTANT_REFINE_MIN_S`` (short points bisect a deterministic response); else, with a time budget, the budget left (less
-        ``BUDGET_SLACK_S``: the clock moves on before the budget check) split evenly over as many points of
-        ``--duration`` as fit in it (so the last one does not leave a gap); else
-        ``--duration``."""
+        """The next refine point's schedule length (docs/load.md, "How", steps 2 and 5): under constant arrivals
+        ``CONSTANT_REFINE_SHARE`` of the first, at least ``CONSTANT_REFINE_MIN_S``; else, with a time budget, the
+        budget left less ``BUDGET_SLACK_S`` split evenly over the points of ``--duration`` that fit in it."""
         typical = self._typical_span()
-        if self.constant() and typical > 0:
-            first = next(p for p in self.points if p.phase == "refine")
+        first = next((p for p in self.points if p.phase == "refine"), None)
+        if self.constant():  # bisection: the first refine point runs its --duration, never stretched
+            if first is None:
+                return None
             span = float(first.summary["schedule"]["span_s"])
             return max(CONSTANT_REFINE_SHARE * span, min(span, CONSTANT_REFINE_MIN_S))
         if self.ss.time_budget_s is None or typical <= 0:
@@ -543,7 +529,7 @@ class _RateSearch(_Bracketing):
         return short if short >= REFINE_MIN_S else None
 
     def _done(self, n: int) -> bool:
-        if not any(isinstance(f, Fit) for f in self.fits().values()) or self.deterministic():
+        if not any(isinstance(f, Fit) for f in self.fits().values()) or self.bisecting():
             # no fit at all (every share 0 or 1, as under constant arrivals): the refine bracket narrowed instead
             low, top = self.refine_bracket()
             return low is not None and top is not None and top / low - 1 <= self.ss.target_width
@@ -585,6 +571,10 @@ class _RateSearch(_Bracketing):
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
         return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER for f in fits)
 
+    def bisecting(self) -> bool:
+        """The refine points bisect and their bracket is the answer: constant arrivals or :meth:`deterministic`."""
+        return self.constant() or self.deterministic()
+
     def monotone(self) -> bool:
         """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share
         is all but a function of its load): then the refine bracket is the answer when no fit bounds it."""
@@ -618,19 +608,37 @@ class _RateSearch(_Bracketing):
                 "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
                 "fits": fits}
 
+    def _no_level(self, fits: list[Fit]) -> str | None:
+        """Why a bounded fit states no level (None: it states one): fewer refine points than it needs (two with
+        the control variate and the slope's prior, else ``MIN_CALIBRATED``), or every refine point on one side of
+        the limit (the boundary then lies beyond them, along the prior's slope: B-tpot on the sim, both points
+        under, stated [6.36, 7.71] req/s at 95 % for a truth of 9.15)."""
+        fitted = min(f.points for f in fits)
+        if fitted < (MIN_ADJUSTED if all(f.adjusted and f.prior for f in fits) else MIN_CALIBRATED):
+            flat = [f for f in fits if f.adjusted and not f.prior]
+            why = (f"their shares hardly move with the load (slope {flat[0].b:.1f} in probit per log rate, against "
+                   f"the prior's {SLOPE_PRIOR:g} +- {SLOPE_PRIOR_SD:g})" if flat else
+                   "their scatter cannot check its spread")
+            return (f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: {why}, so no "
+                    "level is stated (raise --time-budget)")
+        low, top = self.refine_bracket()
+        if fitted < MIN_CALIBRATED and (low is None or top is None):
+            side = "under" if top is None else "over"
+            return (f"every refine point was {side} the limit: the boundary is extrapolated beyond them along the "
+                    "fitted slope, so no level is stated (raise --time-budget)")
+        return None
+
     def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
         b, ilo, ihi = self.estimate()
         doc: dict[str, Any] = {"method": self.method(), "confidence": self.ss.confidence}
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
-        if b is not None and ilo is not None and ihi is not None and not self.deterministic():
+        if b is not None and ilo is not None and ihi is not None and not self.bisecting():
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
-            fitted = min(f.points for f in fits)
-            if fitted < (MIN_ADJUSTED if all(f.adjusted for f in fits) else MIN_CALIBRATED):
+            why = self._no_level(fits)
+            if why:
                 doc["confidence"] = None
-                note = (note + "; " if note else "") + (
-                    f"the interval comes from {fitted} refine points, fewer than {MIN_CALIBRATED}: their scatter "
-                    "cannot check its spread, so no level is stated (raise --time-budget)")
-        elif fits and b is not None and not self.monotone() and not self.deterministic():
+                note = (note + "; " if note else "") + why
+        elif fits and b is not None and not self.monotone() and not self.bisecting():
             olo, ohi = self.outer_range(ilo, ihi)
             doc.update({"boundary": round(min(max(b, olo), ohi), 6), "interval": [round(olo, 6), round(ohi, 6)],
                         "safe": round(olo, 6), "confidence": None})

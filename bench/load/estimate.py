@@ -158,12 +158,15 @@ class Fit:
     df: float
     scatter: float | None = None  # the points' Pearson chi-square / (points - 2): their variance over binomial
     adjusted: bool = False  # fitted to control-variate shares with their own variances (fit_shares)
+    link: str = "logit"  # the model: link(share) = a + b log(rate), logit (fit_boundary) or probit (fit_shares)
+    prior: bool = False  # the slope's prior was used (fit_shares, unless the points alone contradict it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
                 "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
                 "scatter": None if self.scatter is None else round(self.scatter, 3),
-                "df": round(self.df, 1) if math.isfinite(self.df) else None, "adjusted": self.adjusted}
+                "df": round(self.df, 1) if math.isfinite(self.df) else None, "adjusted": self.adjusted,
+                "link": self.link, "slope_prior": self.prior}
 
 
 def _r6(v: float | None) -> float | None:
@@ -272,12 +275,16 @@ def slo_model(values: dict[str, tuple[Sequence[float], float, float]]) -> dict[s
 
 def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Sequence[float], ns: Sequence[int],
                alpha: float, level: float) -> Fit | None:
-    """The crossing of ``share = alpha`` by logit(share) = a + b log(rate) fitted to estimated shares with known
-    variances (the control-variate shares of :mod:`bench.load.control`): quasi-binomial, each point weighted by
-    its effective requests ``share (1 - share) / variance``; the dispersion is the points' Pearson chi-square
-    around the model over points - 2 when that exceeds 1 (Student-t with points - 2 degrees of freedom then,
-    the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`, the intercept's variance plus
-    ``SHIFT_SD ** 2`` (a bias common to all points, which their scatter cannot show)."""
+    """The crossing of ``share = alpha`` by the model probit(share) = a + b log(rate) fitted to estimated shares
+    with known variances (the control-variate shares of :mod:`bench.load.control`; docs/load.md, "Fit").
+
+    Quasi-likelihood by iteratively reweighted least squares: each point weighs by the inverse of its variance,
+    at least ``VAR_FLOOR`` times the binomial variance at the *fitted* share (a window that held no queue episode
+    reads near 0 with a tiny variance of its own, while the long-run share there is several percent); the slope
+    has the prior ``SLOPE_PRIOR`` +- ``SLOPE_PRIOR_SD`` (two points alone fix a line through their noise). The
+    dispersion is the points' Pearson chi-square over points - 2 when that exceeds 1 (Student-t with points - 2
+    degrees of freedom then, the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`, the
+    intercept's variance plus ``SHIFT_SD ** 2`` (a bias common to all points, which their scatter cannot show)."""
     x = np.log(np.asarray(rates, dtype=float))
     n = np.asarray(ns, dtype=float)
     s = np.clip(np.asarray(shares, dtype=float), 0.0, 1.0)
@@ -286,31 +293,87 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     x, n, s, v = x[ok], n[ok], s[ok], v[ok]
     if x.size < 2 or np.ptp(x) <= 0:
         return None
-    st = np.clip(s, 0.5 / n, 1 - 0.5 / n)
-    w_eff = st * (1 - st) / (n * v)
-    beta, cov = _irls(x, s * n, n, w_eff)
+    prior = not _prior_conflict(x, s, v, n)
+    beta, info, var = _probit_fit(x, s, v, n, prior=prior)
     a, b = float(beta[0]), float(beta[1])
-    p = np.clip(1.0 / (1.0 + np.exp(-np.clip(a + b * x, -50, 50))), 1e-9, 1 - 1e-9)
+    mu = _phi_cdf(a + b * x)
     df_pts = x.size - 2
-    pearson = float(np.sum(w_eff * n * (s - p) ** 2 / (p * (1 - p))))
-    scatter = pearson / df_pts if df_pts > 0 else None
+    scatter = float(np.sum((s - mu) ** 2 / var)) / df_pts if df_pts > 0 else None
     phi = max(1.0, scatter) if scatter is not None else 1.0
     df = float(df_pts) if phi > 1.0 else math.inf
     tq = t_quantile(0.5 + level / 2, df)
-    L = math.log(alpha / (1 - alpha))
-    cov = cov * phi
-    cov[0, 0] += SHIFT_SD ** 2  # a shift common to every point's logit: no scatter between points shows it
+    cov = np.linalg.inv(info) * phi
+    cov[0, 0] += SHIFT_SD ** 2  # a shift common to every point's probit: no scatter between points shows it
+    L = NormalDist().inv_cdf(alpha)
     lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
     theta = (L - a) / b if b > 0 else None
     est = math.exp(theta) if theta is not None and abs(theta) < 50 else None
-    return Fit(est, lo, hi, a, b, int(x.size), phi, df, scatter, True)
+    return Fit(est, lo, hi, a, b, int(x.size), phi, df, scatter, True, "probit", prior)
 
 
-# The sd (logit) of a bias shared by every refine point's share, which :func:`fit_shares` adds to the intercept's
+def _phi_cdf(z: np.ndarray) -> np.ndarray:
+    return np.asarray([0.5 * math.erfc(-float(t) / math.sqrt(2.0)) for t in np.atleast_1d(z)])
+
+
+def _phi_pdf(z: np.ndarray) -> np.ndarray:
+    out: np.ndarray = np.exp(-0.5 * np.asarray(z, dtype=float) ** 2) / math.sqrt(2.0 * math.pi)
+    return out
+
+
+def _prior_conflict(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray) -> bool:
+    """The points alone put the slope more than ``PRIOR_CONFLICT`` standard deviations (the prior's and their own
+    estimate's together) from ``SLOPE_PRIOR``: a share that hardly moves with the load (B-tpot on the sim: 9.5,
+    10.1, 10.7 % at -2 %, 0 and +2 % of the boundary, a probit slope near 2), where the prior would state a
+    level the data do not support (its intervals covered the truth in 85 % of searches at 95 %)."""
+    try:
+        beta, info, _ = _probit_fit(x, s, v, n, prior=False)
+        se = math.sqrt(max(float(np.linalg.inv(info)[1, 1]), 0.0))
+    except (np.linalg.LinAlgError, ValueError):
+        return False
+    return abs(float(beta[1]) - SLOPE_PRIOR) > PRIOR_CONFLICT * math.hypot(SLOPE_PRIOR_SD, se)
+
+
+def _probit_fit(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray, *, prior: bool) -> tuple[
+        np.ndarray, np.ndarray, np.ndarray]:
+    """IRLS for probit(s) = a + b x with each point's variance ``max(v, VAR_FLOOR mu (1 - mu) / n)`` at the
+    current fit ``mu`` and (``prior``) the slope's normal prior: (coefficients, the information matrix X'WX + prior, the
+    variances used)."""
+    X = np.column_stack([np.ones_like(x), x])
+    pen = np.diag([0.0, 1.0 / SLOPE_PRIOR_SD ** 2 if prior else 0.0])
+    nd = NormalDist()
+    z0 = np.array([nd.inv_cdf(float(q)) for q in np.clip(s, 0.5 / n, 1 - 0.5 / n)])  # start: least squares
+    beta = np.linalg.lstsq(X.T @ X + pen, X.T @ z0 + pen @ np.array([0.0, SLOPE_PRIOR]), rcond=None)[0]
+    var, info = v, pen
+    for i in range(100):
+        eta = X @ beta
+        mu = np.clip(_phi_cdf(eta), 1e-9, 1 - 1e-9)
+        d = np.maximum(_phi_pdf(eta), 1e-12)
+        var = np.maximum(v, VAR_FLOOR * mu * (1 - mu) / n)
+        w = d * d / var
+        z = eta + (s - mu) / d
+        info = (X * w[:, None]).T @ X + pen
+        new = np.linalg.lstsq(info, (X * w[:, None]).T @ z + pen @ np.array([0.0, SLOPE_PRIOR]), rcond=None)[0]
+        done = float(np.max(np.abs(new - beta))) < 1e-9
+        beta = 0.5 * (beta + new) if not done and i > 20 else new  # damped if it oscillates
+        if done:
+            break
+    return beta, info, var
+
+
+# The sd (probit) of a bias shared by every refine point's share, which :func:`fit_shares` adds to the intercept's
 # variance: each point starts from an empty engine (its window's share sits a little under the long-run share),
-# and logit(share) bends across the loads tried (the fitted line is a chord). Measured on the sim's engine model:
-# 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson); benchmarks/results/capacity_coverage-2026-12-04c-vm.md.
-SHIFT_SD = 0.15
+# and probit(share) bends across the loads tried (the fitted line is a chord). On the sim's engine model the logit
+# form measured 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson) (benchmarks/results/
+# capacity_coverage-2026-12-04c-vm.md); a probit is about 1/1.7 of a logit near a share of 0.1.
+SHIFT_SD = 0.07
+# The slope's prior, probit(share) per log(rate) near the boundary: on the sim 10.4 (A-ttft-poisson), 12.9
+# (A-tpot-poisson), 6-9 (B-ttft-poisson) (docs/load.md, "Fit").
+SLOPE_PRIOR = 11.0
+SLOPE_PRIOR_SD = 3.5
+PRIOR_CONFLICT = 2.0  # the points alone this many sds from the prior: fit without it (:func:`_prior_conflict`)
+# A point's variance is at least this many times the binomial variance at the fitted share (its requests come in
+# queue episodes: a 37-s window near the boundary varies 23-65 times more than independent requests would).
+VAR_FLOOR = 5.0
 
 
 def crossing(results: Sequence[tuple[float, bool]], lo: float, hi: float) -> float:
