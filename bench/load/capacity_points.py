@@ -61,8 +61,9 @@ def _e2e_median(p: Point) -> float | None:
 def saturated(p: Point, points: list[Point], by: str) -> bool:
     """``--by rate``: not steady, and completed no more than 2 % above the best completed throughput of any lower
     load, each counted at most at its own load (a 4-s probe at 8 req/s finished 9.6 req/s in its 1.5-s window
-    and, so counted, made the probe at 16 "saturated": the search stayed under 16 with a boundary of 22). ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire):
-    against the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
+    and, so counted, made the probe at 16 "saturated": the search stayed under 16 with a boundary of 22).
+    ``--by concurrency`` (the closed loop caps what is in flight, so the steadiness test cannot fire): against
+    the lower load ``q`` of the best completed throughput, ``N / N_q - 1 = g`` more streams gave at most
     ``FLAT_SHARE * g`` more throughput (it flattened) and each stream's median E2E grew by at least ``g / 2`` (the
     added streams queue: Little's law; skipped where the summaries carry no latency)."""
     below = [q for q in points if q.load < p.load]

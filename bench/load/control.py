@@ -212,7 +212,7 @@ def adjusted_share(proxy: Proxy | Folded, pr: PointRequests, key: str, u: float,
                     float(y.mean()), int(y.size))
 
 
-VAR_INFLATE = 3.0  # docs/load.md: 5 before the fit floored each point's variance at its fitted share (coverage at 170 s)
+VAR_INFLATE = 3.0  # docs/load.md: 5 before the fit floored a point's variance at its fitted share (coverage at 170 s)
 FOLDS = 4  # blocks of a point's window, each with its own cross-fitted proxy
 
 

@@ -336,8 +336,8 @@ def _prior_conflict(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray) 
 def _probit_fit(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray, *, prior: bool) -> tuple[
         np.ndarray, np.ndarray, np.ndarray]:
     """IRLS for probit(s) = a + b x with each point's variance ``max(v, VAR_FLOOR mu (1 - mu) / n)`` at the
-    current fit ``mu`` and (``prior``) the slope's normal prior: (coefficients, the information matrix X'WX + prior, the
-    variances used)."""
+    current fit ``mu`` and (``prior``) the slope's normal prior: (coefficients, the information matrix X'WX plus
+    the prior's, the variances used)."""
     X = np.column_stack([np.ones_like(x), x])
     pen = np.diag([0.0, 1.0 / SLOPE_PRIOR_SD ** 2 if prior else 0.0])
     nd = NormalDist()
