@@ -7,16 +7,12 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
 1. Probe: short points (``probe_s`` at most, about ``probe_requests`` requests) from ``start`` up by ``factor``
    until one misses the SLO or saturates, then geometric bisection while ``hi / lo > 1 + probe_resolution``.
    Probes only bracket; they start from an empty engine and are too short to enter the estimate.
-2. Refine: points of the full duration, each measured after its start-up transient (``--warmup``, default
-   ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held (probes pass too often: they start
-   empty and are short); while no fit bounds the boundary, the middle of the refine points' bracket (an open
-   side steps by ``(1 + spread)^2``, or further when the last refine point's share is far from alpha:
-   ``PRIOR_SLOPE``); then the fitted boundary times ``1 -+ spread`` in turn. A refine point's side is read from
-   its control-variate share once a fit gave it one. A refine window runs to the schedule's end
-   (``REFINE_COOLDOWN_S``). Refine loads stay below ``(1 + spread)^2`` times the lowest probe that missed.
-   Constant arrivals (a deterministic response):
-   shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket at the share's
-   interpolated crossing, and that crossing is the answer.
+2. Refine (docs/load.md, "How", step 2): points of the full duration, each measured after its start-up
+   transient (``--warmup``, default ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held;
+   while no fit bounds the boundary, the middle of the refine points' bracket (an open side steps out:
+   :meth:`_RateSearch._open_step`); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
+   below ``(1 + spread)^2`` times the lowest probe that missed. Constant arrivals: shorter refine points
+   (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket, whose interpolated crossing is the answer.
 3. Fit, per objective over every refine point not saturated (docs/load.md, "How", steps 3-4): each point's share
    over the limit corrected by a control variate from its schedule (:mod:`bench.load.control`), then
    probit(share) linear in log(rate) (:func:`bench.load.estimate.fit_shares`: each point's own variance, floored
@@ -449,11 +445,10 @@ class _RateSearch(_Bracketing):
         return math.sqrt(low * top)
 
     def _open_step(self, x: float, side: int) -> float:
-        """From the refine load ``x`` (every refine point on one side: ``side`` 1 when they are all under the
-        limit, -1 when all over) the next load: ``(1 + spread)^2`` further, or further still where the share
-        at ``x`` (its control-variate share, else its plain one) puts the crossing with the slope
-        ``PRIOR_SLOPE`` in logit(share) per log(load), but no further than ``1 + spread`` short of the nearest
-        probe beyond ``x`` that missed (``side`` 1) or held (-1)."""
+        """From the refine load ``x`` (every refine point under the limit: ``side`` 1; over: -1) the next load
+        (docs/load.md, "How", step 2): ``(1 + spread)^2`` further, or where ``x``'s share puts the crossing along
+        ``PRIOR_SLOPE``, but no further than ``1 + spread`` short of the nearest probe beyond ``x`` that missed
+        (held); upwards from a point with no request over any limit, that probe's load itself."""
         step = 1.0 + self.ss.spread
         nxt = x * step ** (2 * side)
         crosses = self._prior_crossings(x)
@@ -461,9 +456,15 @@ class _RateSearch(_Bracketing):
                   and (q.load - x) * side > 0]
         if not crosses or not probes:
             return nxt
+        if side > 0 and self._none_over(x):  # no request over any limit: past the probe that missed (noise?)
+            return max(nxt, min(probes))
         if side > 0:
             return max(nxt, min(min(crosses), min(probes) / step))
         return min(nxt, max(min(crosses), max(probes) * step))
+
+    def _none_over(self, x: float) -> bool:  # no request of the refine point at x went over any limit
+        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
+        return all(m.get("over") == 0 for m in (p.summary.get("slo_model") or {}).values())
 
     def _prior_crossings(self, x: float) -> list[float]:
         """Per objective, where the refine point at ``x``'s share puts alpha's crossing with ``PRIOR_SLOPE``."""
@@ -609,10 +610,8 @@ class _RateSearch(_Bracketing):
                 "fits": fits}
 
     def _no_level(self, fits: list[Fit]) -> str | None:
-        """Why a bounded fit states no level (None: it states one): fewer refine points than it needs (two with
-        the control variate and the slope's prior, else ``MIN_CALIBRATED``), or every refine point on one side of
-        the limit (the boundary then lies beyond them, along the prior's slope: B-tpot on the sim, both points
-        under, stated [6.36, 7.71] req/s at 95 % for a truth of 9.15)."""
+        """Why a bounded fit states no level (None: it states one): too few refine points, or all of them on one
+        side of the limit (docs/load.md, "How": the paragraph on ``confidence``)."""
         fitted = min(f.points for f in fits)
         if fitted < (MIN_ADJUSTED if all(f.adjusted and f.prior for f in fits) else MIN_CALIBRATED):
             flat = [f for f in fits if f.adjusted and not f.prior]

@@ -370,11 +370,15 @@ def test_an_open_side_steps_further_when_the_share_is_far_from_alpha() -> None:
     probes = [_probe(8.0, True), _probe(16.0, True), _probe(32.0, False), _probe(22.6, False)]
     s.points = [*probes, _refine_point(16.0, 0.08)]  # near alpha: (1 + spread)^2, as before
     assert s._open_step(16.0, 1) == pytest.approx(16.0 * step ** 2)
-    s.points = [*probes, _refine_point(16.0, 0.0)]  # no request over: where PRIOR_SLOPE puts 0.5 / n's crossing
-    cross = 16.0 * math.exp((math.log(0.1 / 0.9) - math.log(0.0005 / 0.9995)) / C.PRIOR_SLOPE)
+    s.points = [*probes, _refine_point(16.0, 0.002)]  # far under: where PRIOR_SLOPE puts its share's crossing
+    cross = 16.0 * math.exp((math.log(0.1 / 0.9) - math.log(0.002 / 0.998)) / C.PRIOR_SLOPE)
     assert s._open_step(16.0, 1) == pytest.approx(cross)
-    s.points = [*probes, _refine_point(16.0, 0.0, n=100_000)]  # ... at most a step short of the probe that missed
+    s.points = [*probes, _refine_point(16.0, 1e-5, n=10**6)]  # ... at most a step short of the probe that missed
     assert s._open_step(16.0, 1) == pytest.approx(22.6 / step)
+    # no request over the limit at all: straight to the probe that missed (B-ttft on the sim: a 4-s probe at 0.92
+    # times the boundary missed by chance, and refine points at 0.65 and 0.79 times it said nothing more)
+    s.points = [*probes, _refine_point(16.0, 0.0)]
+    assert s._open_step(16.0, 1) == pytest.approx(22.6)
     s.points = [*probes[:3], _refine_point(30.0, 1.0, n=100_000)]  # all over: down, to a step over the probe held
     assert s._open_step(30.0, -1) == pytest.approx(16.0 * step)
     s.points = [_refine_point(30.0, 1.0, n=100_000)]  # no probe beyond: (1 + spread)^2
