@@ -456,7 +456,7 @@ class _RateSearch(_Bracketing):
                   and (q.load - x) * side > 0]
         if not crosses or not probes:
             return nxt
-        if side > 0 and self._none_over(x):  # no request over any limit: past the probe that missed (noise?)
+        if side > 0 and self._none_over(x):  # no request over any limit: at the probe that missed (chance?)
             return max(nxt, min(probes))
         if side > 0:
             return max(nxt, min(min(crosses), min(probes) / step))
