@@ -329,9 +329,8 @@ class _Bracketing(_Search):
                 "trials_at_ends": [self.count(lo), self.count(hi)], "confidence": None}
 
     def interrupted(self) -> dict[str, Any]:
-        """The answer of a search an interrupt stopped: no boundary, interval or level (a bracket of the points
-        that happened to finish states none), and ``method.finished_bracket``: ``[lo, hi]`` of :meth:`bracket` over
-        the finished points (``slo_met`` of each), either end null when those points do not close it."""
+        """The answer of a search an interrupt stopped: no boundary, interval or level, and
+        ``method.finished_bracket``: :meth:`bracket` over the finished points (an end null where they leave it open)."""
         lo, hi = self.bracket() if self.points else (None, None)
         unit = "req/s" if self.ss.by == "rate" else "in flight"
         n = len(self.points)
@@ -462,13 +461,15 @@ class _RateSearch(_Bracketing):
             return max(nxt, min(min(crosses), min(probes) / step))
         return min(nxt, max(min(crosses), max(probes) * step))
 
+    def _refine_at(self, x: float) -> Point:
+        return next(q for q in self.points if q.phase == "refine" and q.load == x)
+
     def _none_over(self, x: float) -> bool:  # no request of the refine point at x went over any limit
-        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
-        return all(m.get("over") == 0 for m in (p.summary.get("slo_model") or {}).values())
+        return all(m.get("over") == 0 for m in (self._refine_at(x).summary.get("slo_model") or {}).values())
 
     def _prior_crossings(self, x: float) -> list[float]:
         """Per objective, where the refine point at ``x``'s share puts alpha's crossing with ``PRIOR_SLOPE``."""
-        p = next(q for q in self.points if q.phase == "refine" and q.load == x)
+        p = self._refine_at(x)
         crosses = []
         for m in (p.summary.get("slo_model") or {}).values():
             share = (m.get("adjusted") or {}).get("share", m["share"])

@@ -69,10 +69,10 @@ def saturated(p: Point, points: list[Point], by: str) -> bool:
     below = [q for q in points if q.load < p.load]
     if not below:
         return False
-    q = max(below, key=lambda x: x.completed_rps)
     if by == "rate":  # a lower load's throughput counts no higher than its own load (a probe's short window can)
         best = max(min(x.completed_rps, x.load) for x in below)
         return not p.steady and p.completed_rps <= 1.02 * best
+    q = max(below, key=lambda x: x.completed_rps)
     g = p.load / q.load - 1
     flat = p.completed_rps <= q.completed_rps * (1 + FLAT_SHARE * g)
     rp, rq = _e2e_median(p), _e2e_median(q)

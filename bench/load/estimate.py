@@ -293,8 +293,9 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     x, n, s, v = x[ok], n[ok], s[ok], v[ok]
     if x.size < 2 or np.ptp(x) <= 0:
         return None
-    prior = not _prior_conflict(x, s, v, n)
-    beta, info, var = _probit_fit(x, s, v, n, prior=prior)
+    alone = _probit_fit(x, s, v, n, prior=False)
+    prior = not _prior_conflict(*alone)
+    beta, info, var = _probit_fit(x, s, v, n, prior=True) if prior else alone
     a, b = float(beta[0]), float(beta[1])
     mu = _phi_cdf(a + b * x)
     df_pts = x.size - 2
@@ -320,13 +321,13 @@ def _phi_pdf(z: np.ndarray) -> np.ndarray:
     return out
 
 
-def _prior_conflict(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray) -> bool:
-    """The points alone put the slope more than ``PRIOR_CONFLICT`` standard deviations (the prior's and their own
-    estimate's together) from ``SLOPE_PRIOR``: a share that hardly moves with the load (B-tpot on the sim: 9.5,
-    10.1, 10.7 % at -2 %, 0 and +2 % of the boundary, a probit slope near 2), where the prior would state a
-    level the data do not support (its intervals covered the truth in 85 % of searches at 95 %)."""
+def _prior_conflict(beta: np.ndarray, info: np.ndarray, var: np.ndarray) -> bool:
+    """The points alone (their fit without the prior: :func:`_probit_fit`'s result) put the slope more than
+    ``PRIOR_CONFLICT`` standard deviations (the prior's and their own estimate's together) from ``SLOPE_PRIOR``: a
+    share that hardly moves with the load (B-tpot on the sim: 9.5, 10.1, 10.7 % at -2 %, 0 and +2 % of the
+    boundary, a probit slope near 2), where the prior would state a level the data do not support (its intervals
+    covered the truth in 85 % of searches at 95 %)."""
     try:
-        beta, info, _ = _probit_fit(x, s, v, n, prior=False)
         se = math.sqrt(max(float(np.linalg.inv(info)[1, 1]), 0.0))
     except (np.linalg.LinAlgError, ValueError):
         return False

@@ -532,14 +532,9 @@ def test_profiles_doc_lists_every_profile_and_key():
 
 
 def _gen_model_module() -> Any:
-    import importlib.util
+    from tests.paths import script
 
-    spec = importlib.util.spec_from_file_location("gen_model", ROOT / "benchmarks" / "gpu" / "gen_model.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["gen_model"] = mod
-    spec.loader.exec_module(mod)
-    return mod
+    return script("benchmarks/gpu/gen_model.py")
 
 
 def test_gen_model_8b_plan_has_llama3_8b_shapes():
@@ -685,12 +680,9 @@ def test_end_of_run_output_fits_80_columns_with_long_warnings(piped_run, monkeyp
 
 
 def test_readme_sample_is_what_bench_run_prints():
-    import importlib.util
+    from tests.paths import script
 
-    spec = importlib.util.spec_from_file_location("readme_sample", ROOT / "benchmarks" / "readme_sample.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = script("benchmarks/readme_sample.py")
     found = mod.sample_block((ROOT / "README.md").read_text())
     assert found is not None, "README has no '<!-- sample: PATH -->' block"
     path, block = found

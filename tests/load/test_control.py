@@ -103,7 +103,6 @@ def test_a_share_that_hardly_moves_drops_the_slope_prior() -> None:
     steep = _probit_shares(rates, slope=12.0)
     kept = fit_shares(rates[1:3], steep[1:3], [0.02 ** 2] * 2, [800] * 2, 0.1, 0.95)
     alone = E._probit_fit(np.log(np.array(rates[1:3])), np.array(steep[1:3]), np.array([0.02 ** 2] * 2),
-                          np.array([800.0] * 2), prior=False)[0]
-    assert kept is not None and not E._prior_conflict(np.log(np.array(rates[1:3])), np.array(steep[1:3]),
-                                                      np.array([0.02 ** 2] * 2), np.array([800.0] * 2))
-    assert abs(kept.b - E.SLOPE_PRIOR) < abs(float(alone[1]) - E.SLOPE_PRIOR)  # pulled towards the prior
+                          np.array([800.0] * 2), prior=False)
+    assert kept is not None and not E._prior_conflict(*alone)
+    assert abs(kept.b - E.SLOPE_PRIOR) < abs(float(alone[0][1]) - E.SLOPE_PRIOR)  # pulled towards the prior

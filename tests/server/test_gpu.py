@@ -439,14 +439,10 @@ def test_run_with_gpu_metrics(tmp_path, capsys) -> None:
     from bench.report.console import results_text
 
     assert "tok/J" in results_text(load_results(tmp_path / "results.json"), width=250)
-    import importlib.util
-
     from bench.report.html import write_report
+    from tests.paths import script
 
-    spec = importlib.util.spec_from_file_location("energy_table", "benchmarks/gpu/energy_table.py")
-    assert spec is not None and spec.loader is not None
-    et = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(et)
+    et = script("benchmarks/gpu/energy_table.py")
     md = et.table([tmp_path])
     # the fake exporter's counter rises per scrape, its power is per second: they agree only as far as the scrapes
     # are 1/50 s apart, so each row says yes or no against the 2 % bound (the H200 check reads this column)

@@ -3,22 +3,17 @@ preempted by a sim on a shared core read its event a whole 50-ms gap late)."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.paths import script
 
 
 def _module() -> Any:
-    spec = importlib.util.spec_from_file_location("scale_streams", ROOT / "benchmarks" / "scale_streams.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return script("benchmarks/scale_streams.py")
 
 
 def test_cpu_lists_parse_and_refuse_what_is_not_here() -> None:
