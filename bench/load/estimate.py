@@ -367,8 +367,8 @@ def _probit_fit(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray, *, p
 # form measured 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson) (benchmarks/results/
 # capacity_coverage-2026-12-04c-vm.md); a probit is about 1/1.7 of a logit near a share of 0.1.
 SHIFT_SD = 0.07
-# The slope's prior, probit(share) per log(rate) near the boundary: on the sim 10.4 (A-ttft-poisson), 12.9
-# (A-tpot-poisson), 6-9 (B-ttft-poisson) (docs/load.md, "Fit").
+# The slope's prior, probit(share) per log(rate) near the boundary: on the sim 10-12 (A-ttft-poisson), 12-14
+# (A-tpot-poisson), 5-10 (B-ttft-poisson) (benchmarks/capacity_share_curve.py; docs/load.md, "How", step 4).
 SLOPE_PRIOR = 11.0
 SLOPE_PRIOR_SD = 3.5
 PRIOR_CONFLICT = 2.0  # the points alone this many sds from the prior: fit without it (:func:`_prior_conflict`)
