@@ -52,8 +52,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.config.slo import parse_slo  # noqa: E402
-from bench.load.capacity import REFINE_WARMUP_SHARE, point_settings  # noqa: E402
 from bench.load.capacity_model import ModelPoints  # noqa: E402
+from bench.load.capacity_points import REFINE_WARMUP_SHARE, point_settings  # noqa: E402
 from bench.load.control import PointRequests, Proxy, expected_proxy, features, fit_proxy  # noqa: E402
 from bench.load.point import LoadSettings  # noqa: E402
 from benchmarks.capacity_coverage import ARRIVALS, SHAPES, TRUTH_SEEDS  # noqa: E402

@@ -252,7 +252,8 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
 
 
 # what the shared open-loop options do in a search (load_options' help says what they do in bench run); the numbers
-# are bench.load.capacity's REFINE_WARMUP_SHARE, REFINE_COOLDOWN_S and probe_s (tests/load/test_capacity.py checks)
+# are bench.load.capacity_points' REFINE_WARMUP_SHARE, REFINE_COOLDOWN_S and bench.load.capacity's probe_s
+# (tests/load/test_capacity.py checks)
 CAPACITY_HELP = {
     "duration": "--by rate: seconds of a refine point's schedule (default 50; probes last 4 s, or longer for 5 "
                 "requests in their judged second half). --by concurrency: each point is 8 x N requests instead.",

@@ -90,18 +90,18 @@ def arrival_times(kind: str, rate: float, *, duration_s: float | None = None, re
     """Send offsets in seconds (sorted, first 0.0) for ``requests`` arrivals or every arrival before
     ``duration_s``. Same arguments -> the same schedule. Raises ConfigError naming the flag on a bad value.
 
-    ``exact_count`` (with ``duration_s``): exactly ``round(rate x duration)`` arrivals (at least 1), the process's
-    gaps scaled to fill the duration: for Poisson arrivals the schedule is a Poisson process conditioned on its
-    count (the arrivals after the first are uniform over the span), so a short point offers its nominal rate
-    and only the burstiness within it is random (a capacity probe: a 6-s Poisson probe at 4 req/s drew 36
-    arrivals, 6.1 req/s, and missed the SLO at a load it never offered)."""
+    ``exact_count`` (with ``duration_s``): exactly ``round(rate x duration)`` arrivals (at least 1), half of them
+    (rounded down) in each half of the duration (the first half holds the rest), the process's gaps scaled to
+    fill each half: for Poisson arrivals each half is a Poisson process conditioned on its count, so a short
+    point offers its nominal rate in each half and only the burstiness within them is random (a capacity probe,
+    judged on its second half: a 6-s Poisson probe at 4 req/s drew 36 arrivals, 6.1 req/s, and missed the SLO at
+    a load it never offered; a 10-s gamma probe with burstiness 0.5 at 1 req/s drew its 10 arrivals all in its
+    first half, and its judged half was empty)."""
     _check(kind, rate, duration_s, requests, burstiness, ramp_s)
     rng = rng_for(seed, "arrivals")
     if exact_count and duration_s is not None:
         u_end = rate * (duration_s - ramp_s / 2.0) if duration_s >= ramp_s else rate * duration_s ** 2 / (2 * ramp_s)
-        gaps = _unit_gaps(kind, max(1, round(u_end)), burstiness, rng)
-        gaps *= u_end / float(gaps.sum())
-        return _from_operational(np.concatenate(([0.0], np.cumsum(gaps[:-1]))), rate, ramp_s)
+        return _from_operational(_exact_halves(kind, max(1, round(u_end)), u_end, burstiness, rng), rate, ramp_s)
     if requests is not None:
         gaps = _unit_gaps(kind, requests, burstiness, rng)
         u = np.concatenate(([0.0], np.cumsum(gaps[:-1])))
@@ -120,6 +120,22 @@ def arrival_times(kind: str, rate: float, *, duration_s: float | None = None, re
     u = np.concatenate(([0.0], np.cumsum(np.concatenate(chunks))))
     u = u[u < u_end]
     return _from_operational(u, rate, ramp_s)
+
+
+def _exact_halves(kind: str, n: int, u_end: float, burstiness: float, rng: np.random.Generator) -> np.ndarray:
+    """``n`` unit-rate times in ``[0, u_end)``, the first at 0: ``n // 2`` in the second half (after a gap of the
+    process from its start) and the rest in the first, each half's gaps scaled to fill it. Constant arrivals:
+    evenly spaced over ``[0, u_end)`` (which puts ``n // 2`` in the second half too)."""
+    if kind == "constant":
+        return np.arange(n) * (u_end / n)
+    n2 = n // 2
+    half = u_end / 2.0
+    g1 = _unit_gaps(kind, n - n2, burstiness, rng)
+    u1 = np.concatenate(([0.0], np.cumsum(g1[:-1] * (half / float(g1.sum())))))
+    if n2 == 0:
+        return u1
+    g2 = _unit_gaps(kind, n2 + 1, burstiness, rng)
+    return np.concatenate((u1, half + np.cumsum(g2[:-1] * (half / float(g2.sum())))))
 
 
 def exp_cdf(rate: float) -> Callable[[float], float]:

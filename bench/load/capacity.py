@@ -11,8 +11,9 @@ run, i.e. the long-run share of requests over ``LIMIT`` is at most ``alpha = 1 -
    transient (``--warmup``, default ``REFINE_WARMUP_SHARE`` of it): the first at the highest probe that held;
    while no fit bounds the boundary, the middle of the refine points' bracket (an open side steps out:
    :meth:`_RateSearch._open_step`); then the fitted boundary times ``1 -+ spread`` in turn. Refine loads stay
-   below ``(1 + spread)^2`` times the lowest probe that missed. Constant arrivals: shorter refine points
-   (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket, whose interpolated crossing is the answer.
+   below ``(1 + spread)^2`` times the lowest probe that missed (:meth:`_RateSearch._cap`). Constant arrivals:
+   shorter refine points (``CONSTANT_REFINE_SHARE`` of the first) bisect the refine bracket, whose interpolated
+   crossing is the answer.
 3. Fit, per objective over every refine point not saturated (docs/load.md, "How", steps 3-4): each point's share
    over the limit corrected by a control variate from its schedule (:mod:`bench.load.control`), then
    probit(share) linear in log(rate) (:func:`bench.load.estimate.fit_shares`: each point's own variance, floored
@@ -127,40 +128,16 @@ def probe_length(ss: SearchSettings, load: float) -> float:
 
 RunPoint = Callable[..., Awaitable[dict[str, Any]]]  # run_point(load, trial, duration_s=None) -> summary
 
-REFINE_WARMUP_SHARE = 0.25
 PRIOR_SLOPE = 25.0  # logit(share) per log(load), for the next refine load while every refine point is on one side
-REFINE_COOLDOWN_S = 0.0  # a refine point's window runs to its schedule's end (the drain finishes its requests)
 PROBE_REQUESTS = 5
 BUDGET_SLACK_S = 1.0  # a stretched refine point leaves this much of the budget: the clock moves before the check
+DRAIN_MARGIN = 1.5  # the budget plans a point's drain as this times the longest seen (a later one can be longer)
 REFINE_MIN_S = 15.0  # the shortest refine point a time budget shortens one to (less: the search stops there)
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
 CONSTANT_REFINE_SHARE = 0.4  # constant arrivals: refine points after the first last this share of it (bisection)
 CONSTANT_REFINE_MIN_S = 20.0  # ... but no less than this (a queue growing slowly above capacity must show)
-
-
-def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
-                   refine_s: float | None = None) -> Any:
-    """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) offers
-    exactly its load (``exact_count``: as many arrivals as load x duration) and is judged on the second half of
-    its schedule; a refine point keeps ``--warmup`` or leaves out its first
-    ``REFINE_WARMUP_SHARE``, and keeps ``--cooldown`` or leaves out its last ``REFINE_COOLDOWN_S``."""
-    from dataclasses import replace
-
-    pls = ls.at(load, by=by, seed=seed)
-    if duration_s is not None:
-        return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0,
-                       exact_count=True)
-    if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
-        pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
-    if pls.cooldown_s is None and by == "rate":
-        pls = replace(pls, cooldown_s=REFINE_COOLDOWN_S)
-    if refine_s is not None and pls.duration_s is not None:
-        if refine_s < pls.duration_s and pls.warmup_s is not None:  # a shortened point keeps its window's share
-            pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
-        pls = replace(pls, duration_s=refine_s)
-    return pls
 
 
 def _logit(p: float) -> float:
@@ -172,7 +149,7 @@ class _Search:
         self.ss, self.run_point, self.clock = ss, run_point, clock
         self.points: list[Point] = []
         self.t0 = clock()
-        self.overhead_s = 0.0  # the most a point took beyond its schedule (drain, prompts), to plan the budget
+        self.overhead_s = 0.0  # DRAIN_MARGIN x the most a point took beyond its schedule (drain, prompts)
         self.cut: tuple[float, int] | None = None  # (load, trial) of a point the time budget cut (concurrency)
 
     def _norm(self, load: float) -> float:
@@ -200,7 +177,7 @@ class _Search:
         kw = {"duration_s": duration_s} if duration_s is not None else {"refine_s": refine_s} if refine_s else {}
         s = await self._measure(load, trial, kw)
         span = float((s.get("schedule") or {}).get("span_s") or 0.0)
-        self.overhead_s = max(self.overhead_s, self.clock() - began - span)
+        self.overhead_s = max(self.overhead_s, DRAIN_MARGIN * (self.clock() - began - span))
         p = Point(load, trial, s, phase)
         s["saturated"] = saturated(p, self.points, self.ss.by)
         self.points.append(p)
@@ -542,17 +519,22 @@ class _RateSearch(_Bracketing):
     async def refine(self, lo: float, hi: float) -> None:
         # the first refine point at the highest probe that held: a probe starts from an empty engine and is short,
         # so it passes above the steady-state boundary more often than below it
-        # refine loads stay below (1 + spread)^2 times the lowest probe that missed (a far-off fit would otherwise
-        # send a point to a load whose drain outlasts any budget)
         x, side, n = lo, 1, 0
-        cap = min(self.ss.max_load, hi * (1.0 + self.ss.spread) ** 2)
         while True:
             await self.trial(x, phase="refine", refine_s=self._refine_length())
             n += 1
             if self._done(n):
                 return
-            x = min(cap, max(self.ss.start / 4, self._next_load(side)))
+            x = min(self._cap(hi), max(self.ss.start / 4, self._next_load(side)))
             side = -side
+
+    def _cap(self, hi: float) -> float:
+        """Refine loads stay below ``(1 + spread)^2`` times the lowest probe that missed (``hi``: a far-off fit would
+        otherwise send a point to a load whose drain outlasts any budget), or ``factor`` times the highest refine
+        load under the limit where that is at or above ``hi`` (a longer point contradicted the probe's miss)."""
+        low, _ = self.refine_bracket()
+        base = low * self.ss.factor / (1.0 + self.ss.spread) ** 2 if low is not None and low >= hi else hi
+        return min(self.ss.max_load, base * (1.0 + self.ss.spread) ** 2)
 
     async def run(self) -> dict[str, Any]:
         note = ""
@@ -588,17 +570,18 @@ class _RateSearch(_Bracketing):
                 return False
         return True
 
-    def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float, float]:
+    def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float | None, float | None]:
         """The fit's bounded ends, an open one replaced by the lowest refine load under the limit (the highest
-        over it); with no such refine load, the probes' bracket end or the extreme load tried."""
+        over it); with no such refine load, the probes' bracket end where the refine points do not contradict it
+        (None where they do: every refine point under the limit, one at or above the probe that missed)."""
         ref = [p for p in self.points if p.phase == "refine"]
         plo, phi = self.bracket()
-        loads = [p.load for p in self.points]
+        low, top = self.refine_bracket()
         lo = ilo if ilo is not None else min((p.load for p in ref if not self._over(p)),
-                                             default=plo if plo is not None else min(loads))
+                                             default=plo if plo is not None and (top is None or plo < top) else None)
         hi = ihi if ihi is not None else max((p.load for p in ref if self._over(p)),
-                                             default=phi if phi is not None else max(loads))
-        return min(lo, hi), max(lo, hi)
+                                             default=phi if phi is not None and (low is None or phi > low) else None)
+        return (min(lo, hi), max(lo, hi)) if lo is not None and hi is not None else (lo, hi)
 
     def method(self, fitted: bool = True) -> dict[str, Any]:
         """capacity.json's ``method``: the name and settings of the search, and (``fitted``) the fits per objective
@@ -628,6 +611,24 @@ class _RateSearch(_Bracketing):
                     "fitted slope, so no level is stated (raise --time-budget)")
         return None
 
+    def _answer_bracket(self, fitted: bool) -> tuple[float | None, float | None, str]:
+        """The bracket an answer without a bounding fit states, and what it is: the refine bracket; an open side
+        closed by the nearest probe beyond it that missed (held), else left open; no refine point: the probes'."""
+        low, top = self.refine_bracket()
+        if low is not None and top is not None:
+            return low, top, ("refine points (their shares rise with the load or scatter less than independent "
+                              "requests would: a deterministic response, as under constant arrivals)" if fitted
+                              else "refine points (no fit)")
+        if low is None and top is None:
+            return (*self.bracket(), "single probe points")
+        probes = [p for p in self.points if p.phase == "probe"]
+        if top is None:
+            top = min((p.load for p in probes if not self.passes(p) and low is not None and p.load > low), default=None)
+        else:
+            low = max((p.load for p in probes if self.passes(p) and p.load < top), default=None)
+        return low, top, "refine points, closed by the probe points beyond them" + (
+            "" if low is not None and top is not None else " (open: no probe beyond them)")
+
     def answer(self, lo: float | None, hi: float | None, note: str) -> dict[str, Any]:
         b, ilo, ihi = self.estimate()
         doc: dict[str, Any] = {"method": self.method(), "confidence": self.ss.confidence}
@@ -640,20 +641,15 @@ class _RateSearch(_Bracketing):
                 note = (note + "; " if note else "") + why
         elif fits and b is not None and not self.monotone() and not self.bisecting():
             olo, ohi = self.outer_range(ilo, ihi)
-            doc.update({"boundary": round(min(max(b, olo), ohi), 6), "interval": [round(olo, 6), round(ohi, 6)],
-                        "safe": round(olo, 6), "confidence": None})
+            kept = min(max(b, olo if olo is not None else b), ohi if ohi is not None else b)
+            doc.update({"boundary": round(kept, 6), "interval": [_r6(olo), _r6(ohi)], "safe": _r6(olo),
+                        "confidence": None})
             note = (note + "; " if note else "") + (
                 "the fit does not bound the boundary at this level: the interval is the range of the refine "
-                "loads tried (lowest under the limit to highest over it), with no stated confidence")
+                "loads tried (lowest under the limit to highest over it), with no stated confidence"
+                + ("; open above: no refine point went over the limit" if ohi is None else ""))
         else:
-            blo, bhi = self.refine_bracket()
-            if blo is None or bhi is None:
-                blo, bhi = self.bracket()
-                kind = "single probe points"
-            else:
-                kind = ("refine points (their shares rise with the load or scatter less than independent "
-                        "requests would: a deterministic response, as under constant arrivals)" if fits
-                        else "refine points (no fit)")
+            blo, bhi, kind = self._answer_bracket(bool(fits))
             if lo is None and blo is None:
                 note = note or f"the SLO was missed at the first load ({self.ss.start:g}); lower --start"
             elif hi is None and bhi is None:
@@ -671,6 +667,10 @@ class _RateSearch(_Bracketing):
                         "confidence": None})
         doc["note"] = note or None
         return doc
+
+
+def _r6(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
 
 
 async def search(ss: SearchSettings, run_point: RunPoint, clock: Callable[[], float] = time.monotonic, *,

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from bench.config.load import LoadSettings
-from bench.load.capacity import point_settings
+from bench.load.capacity_points import point_settings
 from bench.load.control import PointRequests, Process
 from bench.load.estimate import rise_test, slo_model
 from bench.load.openloop import TREND_MIN_MS

@@ -1,13 +1,17 @@
 """The points of ``bench capacity``'s search (:mod:`bench.load.capacity`): one measured point (:class:`Point`),
-the saturation judgement (:func:`saturated`, :func:`resaturate`) and a point's entry in capacity.json
-(:func:`point_entry`; docs/results.md, "capacity.json")."""
+the saturation judgement (:func:`saturated`, :func:`resaturate`), a point's entry in capacity.json
+(:func:`point_entry`; docs/results.md, "capacity.json") and a point's load settings (:func:`point_settings`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE", "confidence"]
+__all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE", "confidence", "point_settings",
+           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S"]
+
+REFINE_WARMUP_SHARE = 0.25
+REFINE_COOLDOWN_S = 0.0  # a refine point's window runs to its schedule's end (the drain finishes its requests)
 
 
 @dataclass(slots=True)
@@ -101,3 +105,26 @@ def confidence(trials: int, trials_hi: int | None = None) -> float:
     same) at its high end: 1 - 2^-k_lo - 2^-k_hi, >= 0."""
     k_hi = trials if trials_hi is None else trials_hi
     return max(0.0, 1.0 - 2.0 ** -trials - 2.0 ** -k_hi)
+
+
+def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
+                   refine_s: float | None = None) -> Any:
+    """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) offers
+    exactly its load (``exact_count``: as many arrivals as load x duration) and is judged on the second half of
+    its schedule; a refine point keeps ``--warmup`` or leaves out its first
+    ``REFINE_WARMUP_SHARE``, and keeps ``--cooldown`` or leaves out its last ``REFINE_COOLDOWN_S``."""
+    from dataclasses import replace
+
+    pls = ls.at(load, by=by, seed=seed)
+    if duration_s is not None:
+        return replace(pls, duration_s=duration_s, requests=None, warmup_s=duration_s / 2, cooldown_s=0.0,
+                       exact_count=True)
+    if pls.warmup_s is None and pls.duration_s is not None and by == "rate":
+        pls = replace(pls, warmup_s=REFINE_WARMUP_SHARE * pls.duration_s)
+    if pls.cooldown_s is None and by == "rate":
+        pls = replace(pls, cooldown_s=REFINE_COOLDOWN_S)
+    if refine_s is not None and pls.duration_s is not None:
+        if refine_s < pls.duration_s and pls.warmup_s is not None:  # a shortened point keeps its window's share
+            pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
+        pls = replace(pls, duration_s=refine_s)
+    return pls

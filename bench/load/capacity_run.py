@@ -13,7 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench.load.capacity import DEFINITIONS, SearchSettings, point_settings, search
+from bench.load.capacity import DEFINITIONS, SearchSettings, search
+from bench.load.capacity_points import point_settings
 from bench.load.openloop import Planned
 from bench.load.point import LoadSettings, load_dict, make_plan, point_requests, run_point
 from bench.records import RecordWriter

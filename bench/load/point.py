@@ -263,7 +263,11 @@ def default_window(run: Any, ls: LoadSettings) -> tuple[float, float]:
     """The steady-state window of an open-loop point (``run``: anything with ``span_s``): ``--warmup`` (default 20 %
     of the span, at most 30 s) and ``--cooldown`` (10 %, at most 10 s) left out, or the middle half of a span too
     short for both. A trace replays every request into the statistics (warm-up and cool-down 0 unless given):
-    its start and end are part of the workload it records, not a ramp of bench's."""
+    its start and end are part of the workload it records, not a ramp of bench's. A capacity probe
+    (``exact_count``) keeps what follows ``--warmup`` up to its planned duration, not to its last arrival (under
+    bursty arrivals that can come early, and the window shrank to nothing)."""
+    if ls.exact_count and ls.duration_s:
+        return float(ls.warmup_s or 0.0), float(ls.duration_s)
     trace = ls.mode == "trace"
     w0 = ls.warmup_s if ls.warmup_s is not None else 0.0 if trace else min(30.0, 0.2 * run.span_s)
     w1 = ls.cooldown_s if ls.cooldown_s is not None else 0.0 if trace else min(10.0, 0.1 * run.span_s)

@@ -13,6 +13,7 @@ import pytest
 from bench.config.sizes import parse_size
 from bench.errors import ConfigError
 from bench.load import capacity as C
+from bench.load import capacity_points as CP
 from bench.load.arrivals import (
     arrival_times,
     exp_cdf,
@@ -73,7 +74,8 @@ def test_constant_gaps_are_exact_and_uniform() -> None:
 
 def test_exact_count_offers_the_nominal_rate() -> None:
     """``exact_count`` (a capacity probe's schedule): exactly round(rate x duration) arrivals, first at 0, all
-    inside the span; Poisson ones uniform over it (the process conditioned on its count), seeded, while the plain
+    inside the span, half of them in its second half; Poisson ones uniform over it (the process conditioned on its
+    count in each half), seeded, while the plain
     process's count varies; a probe's settings ask for it, a refine point's do not."""
     counts = {arrival_times("poisson", 4.0, duration_s=6.0, seed=s).size for s in range(40)}
     assert len(counts) > 3  # the plain process: 24 on average, more or fewer per seed
@@ -81,6 +83,7 @@ def test_exact_count_offers_the_nominal_rate() -> None:
         for s in range(20):
             t = arrival_times(kind, 4.0, duration_s=6.0, seed=s, burstiness=b, exact_count=True)
             assert t.size == 24 and t[0] == 0.0 and t[-1] < 6.0 and np.all(np.diff(t) >= 0)
+            assert (t >= 3.0).sum() == 12  # half in the judged second half, whatever the bursts
     a = arrival_times("poisson", 100.0, duration_s=40.0, seed=5, exact_count=True)
     assert a.size == 4000 and np.array_equal(a, arrival_times("poisson", 100.0, duration_s=40.0, seed=5,
                                                                   exact_count=True))
@@ -91,7 +94,7 @@ def test_exact_count_offers_the_nominal_rate() -> None:
     ls = LoadSettings(rate=1.0, duration_s=50.0)
     from bench.load.point import load_dict
 
-    probe, refine = C.point_settings(ls, 4.0, "rate", 1, 6.0), C.point_settings(ls, 4.0, "rate", 1, None)
+    probe, refine = CP.point_settings(ls, 4.0, "rate", 1, 6.0), CP.point_settings(ls, 4.0, "rate", 1, None)
     assert probe.exact_count and load_dict(probe)["exact_count"] is True  # the point's results say so
     assert not refine.exact_count and "exact_count" not in load_dict(refine)
 
