@@ -533,8 +533,8 @@ class _RateSearch(_Bracketing):
         otherwise send a point to a load whose drain outlasts any budget), or ``factor`` times the highest refine
         load under the limit where that is at or above ``hi`` (a longer point contradicted the probe's miss)."""
         low, _ = self.refine_bracket()
-        base = low * self.ss.factor / (1.0 + self.ss.spread) ** 2 if low is not None and low >= hi else hi
-        return min(self.ss.max_load, base * (1.0 + self.ss.spread) ** 2)
+        cap = low * self.ss.factor if low is not None and low >= hi else hi * (1.0 + self.ss.spread) ** 2
+        return min(self.ss.max_load, cap)
 
     async def run(self) -> dict[str, Any]:
         note = ""
