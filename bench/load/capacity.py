@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
-from bench.load.capacity_points import FLAT_SHARE, Point, confidence, point_entry, resaturate, saturated
+from bench.load.capacity_points import FLAT_SHARE, Point, confidence, point_entry, resaturate, saturated, shares_rise
 from bench.load.control import PointRequests, adjusted_shares
 from bench.load.estimate import SLOPE_PRIOR, SLOPE_PRIOR_SD, Fit, crossing, fit_boundary, fit_shares
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
@@ -155,14 +155,21 @@ class _Search:
     def _norm(self, load: float) -> float:
         return float(max(1, round(load))) if self.ss.by == "concurrency" else float(load)
 
-    def _check_budget(self, duration_s: float | None) -> None:
+    def _check_budget(self, duration_s: float | None, load: float) -> None:
         if len(self.points) >= self.ss.max_points:
             raise PointBudgetSpent()
         if self.ss.time_budget_s is None or not self.points:
             return
-        need = (duration_s if duration_s is not None else self._typical_span()) + self.overhead_s
-        if self.clock() - self.t0 + need > self.ss.time_budget_s:
+        span = duration_s if duration_s is not None else self._typical_span()
+        if self.clock() - self.t0 + span * (1.0 + self._backlog(load)) + self.overhead_s > self.ss.time_budget_s:
             raise TimeBudgetSpent()
+
+    def _backlog(self, load: float) -> float:
+        """Seconds of drain per second of schedule at ``load``: ``load / c - 1`` over the saturated points' highest
+        throughput ``c`` (0 without one, or below it); a queue that grows through a point drains after it (H100
+        llama-server: a 50-s point at 5.66 req/s, where a probe had finished 4-5, ran the search 10 s over)."""
+        sat = [p.completed_rps for p in self.points if p.summary.get("saturated") and p.completed_rps > 0]
+        return max(0.0, load / max(sat) - 1.0) if sat and self.ss.by == "rate" else 0.0
 
     def _typical_span(self) -> float:
         """The refine points' own length (a later one may be stretched); before the first, ``refine_s``."""
@@ -172,7 +179,7 @@ class _Search:
 
     async def trial(self, load: float, trial: int = 0, *, duration_s: float | None = None,
                     phase: str = "point", refine_s: float | None = None) -> Point:
-        self._check_budget(duration_s if duration_s is not None else refine_s)
+        self._check_budget(duration_s if duration_s is not None else refine_s, load)
         began = self.clock()
         kw = {"duration_s": duration_s} if duration_s is not None else {"refine_s": refine_s} if refine_s else {}
         s = await self._measure(load, trial, kw)
@@ -487,10 +494,11 @@ class _RateSearch(_Bracketing):
         t = min(1.0 - margin, max(margin, t))
         return math.exp(math.log(low) + t * (math.log(top) - math.log(low)))
 
-    def _refine_length(self) -> float | None:
+    def _refine_length(self, load: float) -> float | None:
         """The next refine point's schedule length (docs/load.md, "How", steps 2 and 5): under constant arrivals
         ``CONSTANT_REFINE_SHARE`` of the first, at least ``CONSTANT_REFINE_MIN_S``; else, with a time budget, the
-        budget left less ``BUDGET_SLACK_S`` split evenly over the points of ``--duration`` that fit in it."""
+        budget left less ``BUDGET_SLACK_S`` split evenly over the points of ``--duration`` that fit in it, shortened
+        where the load's backlog (:meth:`_backlog`) would drain past the budget."""
         typical = self._typical_span()
         first = next((p for p in self.points if p.phase == "refine"), None)
         if self.constant():  # bisection: the first refine point runs its --duration, never stretched
@@ -502,10 +510,9 @@ class _RateSearch(_Bracketing):
             return None
         left = self.ss.time_budget_s - (self.clock() - self.t0) - BUDGET_SLACK_S
         k = math.floor(left / (typical + self.overhead_s))
-        if k >= 1:
-            return max(typical, left / k - self.overhead_s)
-        short = left - self.overhead_s  # not one whole point left: a shorter one, if it is worth running
-        return short if short >= REFINE_MIN_S else None
+        most = (left - self.overhead_s) / (1.0 + self._backlog(load))  # not one whole point left: a shorter one
+        length = min(max(typical, left / k - self.overhead_s), most) if k >= 1 else most
+        return length if length >= REFINE_MIN_S else None
 
     def _done(self, n: int) -> bool:
         if not any(isinstance(f, Fit) for f in self.fits().values()) or self.bisecting():
@@ -521,7 +528,7 @@ class _RateSearch(_Bracketing):
         # so it passes above the steady-state boundary more often than below it
         x, side, n = lo, 1, 0
         while True:
-            await self.trial(x, phase="refine", refine_s=self._refine_length())
+            await self.trial(x, phase="refine", refine_s=self._refine_length(x))
             n += 1
             if self._done(n):
                 return
@@ -559,16 +566,8 @@ class _RateSearch(_Bracketing):
         """The refine points bisect and their bracket is the answer: constant arrivals or :meth:`deterministic`."""
         return self.constant() or self.deterministic()
 
-    def monotone(self) -> bool:
-        """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share
-        is all but a function of its load): then the refine bracket is the answer when no fit bounds it."""
-        ref = sorted((p for p in self.points if p.phase == "refine" and p.summary.get("slo_model")),
-                     key=lambda p: p.load)
-        for key in (ref[0].summary["slo_model"] if ref else {}):
-            shares = [float(p.summary["slo_model"][key]["share"] or 0.0) for p in ref]
-            if any(b < a for a, b in zip(shares, shares[1:])):
-                return False
-        return True
+    def monotone(self) -> bool:  # then the refine bracket is the answer when no fit bounds it
+        return shares_rise(self.points)
 
     def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float | None, float | None]:
         """The fit's bounded ends, an open one replaced by the lowest refine load under the limit (the highest

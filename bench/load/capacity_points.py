@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE", "confidence", "point_settings",
-           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S"]
+           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S", "shares_rise"]
 
 REFINE_WARMUP_SHARE = 0.25
 REFINE_COOLDOWN_S = 0.0  # a refine point's window runs to its schedule's end (the drain finishes its requests)
@@ -128,3 +128,14 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
             pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
         pls = replace(pls, duration_s=refine_s)
     return pls
+
+
+def shares_rise(points: list[Point]) -> bool:
+    """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share is
+    all but a function of its load)."""
+    ref = sorted((p for p in points if p.phase == "refine" and p.summary.get("slo_model")), key=lambda p: p.load)
+    for key in (ref[0].summary["slo_model"] if ref else {}):
+        shares = [float(p.summary["slo_model"][key]["share"] or 0.0) for p in ref]
+        if any(b < a for a, b in zip(shares, shares[1:])):
+            return False
+    return True

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from bench.config.slo import parse_slo
+from bench.errors import TimeBudgetSpent
 from bench.load import capacity as C
 from bench.load import capacity_points as CP
 from bench.load import estimate as E
@@ -624,3 +625,26 @@ def test_the_curves_req_s_columns_are_over_one_window() -> None:
     assert "at least 16.00 req/s (interrupted" in capacity_answer(doc)
     doc["method"] = None
     assert "none found (interrupted" in capacity_answer(doc)
+
+
+def test_the_time_budget_counts_the_drain_of_a_point_above_the_throughput_seen() -> None:
+    # H100 llama-server (capacity-rate-2026-12-05-h100.md): a probe at 8 req/s finished 4.0-5.0 req/s (saturated);
+    # the next 50-s point at 5.66 req/s drained long after its schedule and the search ended 10 s past its budget
+    now = [100.0]
+    s = C._RateSearch(SearchSettings(time_budget_s=170), None, lambda: now[0])  # type: ignore[arg-type]
+    s.t0 = 0.0
+    sat = C.Point(8.0, 0, {"throughput": {"completed_rps": 4.5}, "saturated": True, "steady": True}, "probe")
+    s.points = [_probe(4.0, True), sat]
+    assert s._backlog(4.0) == 0.0 and s._backlog(5.657) == pytest.approx(5.657 / 4.5 - 1)
+    s._check_budget(50.0, 4.0)  # 100 + 50 <= 170: runs
+    with pytest.raises(TimeBudgetSpent):
+        s._check_budget(60.0, 5.657)  # 100 + 60 x 1.26 > 170: its drain would end past the budget
+    s.points.append(_refine_point(4.0, 0.02))
+    s.points[-1].summary["schedule"] = {"span_s": 50.0}
+    now[0] = 110.0  # 59 s left after the slack: one point of 59 s, or shorter where its drain needs the rest
+    assert s._refine_length(4.0) == pytest.approx(170 - 110 - C.BUDGET_SLACK_S)
+    assert s._refine_length(5.657) == pytest.approx((170 - 110 - C.BUDGET_SLACK_S) / (5.657 / 4.5))
+    now[0] = 140.0  # 29 s: 23 s at 5.66 req/s is still worth a point; 12 s would not be (REFINE_MIN_S)
+    assert s._refine_length(5.657) == pytest.approx(29.0 / (5.657 / 4.5))
+    s.points[1].summary["throughput"]["completed_rps"] = 2.5
+    assert s._refine_length(5.657) is None
