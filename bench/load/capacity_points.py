@@ -110,8 +110,8 @@ def confidence(trials: int, trials_hi: int | None = None) -> float:
 def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float | None,
                    refine_s: float | None = None) -> Any:
     """The :class:`bench.load.point.LoadSettings` of one search point: a probe (``duration_s`` given) offers
-    exactly its load (``exact_count``: as many arrivals as load x duration) and is judged on the second half of
-    its schedule; a refine point keeps ``--warmup`` or leaves out its first
+    exactly its load (``exact_count``: as many arrivals as load x duration, half of them in its second half) and
+    is judged on the second half of its planned duration; a refine point keeps ``--warmup`` or leaves out its first
     ``REFINE_WARMUP_SHARE``, and keeps ``--cooldown`` or leaves out its last ``REFINE_COOLDOWN_S``."""
     from dataclasses import replace
 
