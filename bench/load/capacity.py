@@ -45,7 +45,7 @@ from typing import Any
 from bench.errors import ConfigError, PointBudgetSpent, TimeBudgetSpent
 from bench.load.capacity_points import FLAT_SHARE, Point, confidence, point_entry, resaturate, saturated, shares_rise
 from bench.load.control import PointRequests, adjusted_shares
-from bench.load.estimate import SLOPE_PRIOR, SLOPE_PRIOR_SD, Fit, crossing, fit_boundary, fit_shares
+from bench.load.estimate import SLOPE_PRIOR, SLOPE_PRIOR_SD, Fit, crossing, fit_boundary, fit_shares, round6
 from bench.report.tables import curve_rows  # the curve as a table (the terminal and the HTML report)
 
 __all__ = ["SearchSettings", "Point", "search", "confidence", "crossing", "curve_rows", "point_entry", "DEFINITIONS",
@@ -641,7 +641,7 @@ class _RateSearch(_Bracketing):
         elif fits and b is not None and not self.monotone() and not self.bisecting():
             olo, ohi = self.outer_range(ilo, ihi)
             kept = min(max(b, olo if olo is not None else b), ohi if ohi is not None else b)
-            doc.update({"boundary": round(kept, 6), "interval": [_r6(olo), _r6(ohi)], "safe": _r6(olo),
+            doc.update({"boundary": round(kept, 6), "interval": [round6(olo), round6(ohi)], "safe": round6(olo),
                         "confidence": None})
             note = (note + "; " if note else "") + (
                 "the fit does not bound the boundary at this level: the interval is the range of the refine "
@@ -662,14 +662,9 @@ class _RateSearch(_Bracketing):
             est = self._toward_refine(est, blo, bhi)
             if self.constant() and kind.startswith("refine") and blo is not None and bhi is not None:
                 est = self.interpolate(blo, bhi, 0.0)
-            doc.update({"boundary": None if est is None else round(est, 6), "interval": [blo, bhi], "safe": blo,
-                        "confidence": None})
+            doc.update({"boundary": round6(est), "interval": [blo, bhi], "safe": blo, "confidence": None})
         doc["note"] = note or None
         return doc
-
-
-def _r6(x: float | None) -> float | None:
-    return None if x is None else round(x, 6)
 
 
 async def search(ss: SearchSettings, run_point: RunPoint, clock: Callable[[], float] = time.monotonic, *,

@@ -20,8 +20,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["tau_int", "exceedance", "rise_test", "Fit", "fit_boundary", "fit_shares", "t_quantile", "crossing",
-           "RISE_SIGMAS", "RISE_MIN_SHARE",
-           "RISE_PARTS"]
+           "round6", "RISE_SIGMAS", "RISE_MIN_SHARE", "RISE_PARTS"]
 
 RISE_SIGMAS = 4.0
 RISE_MIN_SHARE = 0.25
@@ -162,14 +161,15 @@ class Fit:
     prior: bool = False  # the slope's prior was used (fit_shares, unless the points alone contradict it)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"boundary": _r6(self.boundary), "interval": [_r6(self.lo), _r6(self.hi)], "intercept": round(self.a, 4),
-                "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
+        return {"boundary": round6(self.boundary), "interval": [round6(self.lo), round6(self.hi)],
+                "intercept": round(self.a, 4), "slope": round(self.b, 4), "points": self.points, "overdispersion": round(self.phi, 3),
                 "scatter": None if self.scatter is None else round(self.scatter, 3),
                 "df": round(self.df, 1) if math.isfinite(self.df) else None, "adjusted": self.adjusted,
                 "link": self.link, "slope_prior": self.prior}
 
 
-def _r6(v: float | None) -> float | None:
+def round6(v: float | None) -> float | None:
+    """``v`` to 6 decimals (the loads and intervals of capacity.json), None kept."""
     return None if v is None else round(v, 6)
 
 
