@@ -89,6 +89,20 @@ class Sims:
                     out.add(int(line.split()[1]))
         return out
 
+    def pauses(self, waves: list[tuple[int, int]]) -> str:
+        """The sims' garbage collections of ``LATE_WRITE_MS`` or more that began while a measured wave ran
+        (``waves``: each one's first send and last byte, ns), as a line: how many, the full ones (generation 2),
+        the longest (bench.sim.collector)."""
+        if not self.logs:
+            return "sim collections: not known (a server of yours)"
+        got = [(int(g), int(d) / 1e6) for log in self.logs for line in log.read_text(errors="replace").splitlines()
+               if line.startswith("collect ") for _, g, t, d in [line.split()]
+               if any(a <= int(t) <= b for a, b in waves)]
+        full = [d for g, d in got if g == 2]
+        return (f"sim collections of {LATE_WRITE_MS} ms or more while measured waves ran: {len(got)}, full "
+                f"{len(full)}; longest {max((d for _, d in got), default=0.0):.1f} ms, longest full "
+                f"{max(full, default=0.0):.1f} ms")
+
 
 @contextlib.contextmanager
 def sims(k: int, streams: int, step_ms: float, logdir: Path, cpus: set[int] | None = None) -> Iterator[Sims]:
@@ -157,6 +171,14 @@ def _aggregate_on_writes(recs: list[RequestRecord]) -> float | None:
         toks += m.output_tokens - m.first_event_tokens
     span = (max(lasts) - min(firsts)) / 1e9 if firsts else 0.0
     return toks / span if span > 0 else None
+
+
+def wave_spans(recs: list[RequestRecord]) -> list[tuple[int, int]]:
+    """Each wave's first send and last byte (ns, bench's clock)."""
+    waves: dict[int, list[RequestRecord]] = defaultdict(list)
+    for r in recs:
+        waves[int(r.meta.get("wave", 0))].append(r)
+    return [(min(r.sent_ns for r in w), max(r.sent_ns + (r.end_ns or 0) for r in w)) for w in waves.values()]
 
 
 def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int],
@@ -273,6 +295,7 @@ def main(argv: list[str] | None = None) -> int:
              sims(a.sims, a.streams, a.step_ms, Path(d), a.sim_cpus)) as sv:
         rc, res, recs, shown = run(a, sv.url, Path(d) / "run")
         late = sv.late_writes()
+        pauses = sv.pauses(wave_spans(recs))
     if rc:
         print(f"scale_streams: bench run exited {rc}", file=sys.stderr)
         return rc
@@ -281,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
     sizing = (res["run"].get("sizing") or {})
     print(text)
     print(f"workers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); {placement}; "
-          f"{time.time() - t0:.0f} s")
+          f"{time.time() - t0:.0f} s\n{pauses}")
     if a.out:
         me = " ".join(shlex.quote(x) for x in sys.argv)
         Path(a.out).write_text(
@@ -293,7 +316,7 @@ def main(argv: list[str] | None = None) -> int:
             f"other processes ran meanwhile); {placement}. Columns: benchmarks/scale_streams.py's docstring.\n\n"
             + text +
             f"\nworkers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); sizing: "
-            f"{json.dumps(sizing)[:600]}\n")
+            f"{json.dumps(sizing)[:600]}\n\n{pauses}\n")
     return 0
 
 

@@ -45,7 +45,8 @@ class SimConfig:
     late_write_ms: float = _f(
         0.0, "ms", "report every token event whose write returned this long after its write_ns stamp (the sim "
         "stalled between stamp and send: preempted on a busy host) as a line `late-write WRITE_NS GAP_NS` on "
-        "stderr; 0 = off",
+        "stderr, and every garbage collection of the sim's process that took this long as `collect GEN START_NS "
+        "DUR_NS`; 0 = off",
     )
 
     # -- prefill -------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from time import perf_counter_ns
 from typing import Any, Protocol
 
 from bench.sim.alarm import alarm_for
+from bench.sim.collector import IDLE_GRACE_S, busy_due, collect, idle_due
 from bench.sim.config import SimConfig
 from bench.sim.truth import encode_ns, jitter_factor, output_length, prefill_ns, step_ns
 
@@ -399,12 +400,25 @@ class Engine:
                 pass
             return False
 
+    async def _quiet_for(self, seconds: float) -> bool:
+        """Wait until a request arrives or ``seconds`` pass; True when none arrived."""
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiter = fut
+        try:
+            await asyncio.wait([fut], timeout=seconds)
+        finally:
+            self._waiter = None
+        return not fut.done()
+
     async def run(self) -> None:
         """The global step loop. Never returns until cancelled."""
         while True:
             try:
                 if self.step_end is not None:
                     t = self.step_end
+                    if busy_due():  # rare (bench.sim.collector); the last step's writes go out first
+                        await asyncio.sleep(0)
+                        collect()
                     await self._wait_until(t, interruptible=False)
                     await self._end_step(t)
                     self._start_step(t)
@@ -413,6 +427,9 @@ class Engine:
                     if await self._wait_until(t, interruptible=True):
                         continue
                     self._start_step(t)
+                elif idle_due():  # nothing to run: the full collection goes here (bench.sim.collector)
+                    if await self._quiet_for(IDLE_GRACE_S):
+                        collect()
                 else:
                     fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
                     self._waiter = fut

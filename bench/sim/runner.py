@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterator
 
 from aiohttp import web
 
+from bench.sim.collector import install as install_gc_rule
+from bench.sim.collector import report as report_gc
 from bench.sim.config import SimConfig
 from bench.sim.server import create_app
 
@@ -46,13 +48,16 @@ def base_url(host: str, port: int) -> str:
 
 
 async def serve_app(runner: web.AppRunner, host: str, port: int, announce: Callable[[str], None], *,
-                    reuse_port: bool = False) -> None:
+                    reuse_port: bool = False, install_collector: bool = False) -> None:
     """Listen on ``host:port`` (``port`` 0: any free one; ``reuse_port``: SO_REUSEPORT), ``announce(base_url)``
-    of the bound port, run until SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen."""
+    of the bound port, run until SIGINT/SIGTERM, clean up. Raises OSError when it cannot listen.
+    ``install_collector``: this process is the server's own (:func:`bench.sim.collector.install`)."""
     await runner.setup()
     try:
         site = web.TCPSite(runner, host, port, reuse_port=reuse_port or None)
         await site.start()
+        if install_collector:
+            install_gc_rule()
         announce(base_url(host, _bound_port(runner)))
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
@@ -73,8 +78,11 @@ def serve(cfg: SimConfig, announce: Callable[[str], None] | None = None) -> None
     if announce is None:
         def announce(url: str) -> None:
             print(f"listening on {url}", flush=True)
+    if cfg.late_write_ms:
+        report_gc(cfg.late_write_ms)
     try:
-        asyncio.run(serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce, reuse_port=cfg.reuse_port))
+        asyncio.run(serve_app(app_runner(create_app(cfg)), cfg.host, cfg.port, announce, reuse_port=cfg.reuse_port,
+                              install_collector=True))
     except KeyboardInterrupt:
         pass
 
