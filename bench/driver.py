@@ -214,7 +214,7 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
     planned = len(plan) if plan is not None else ls.users * ls.turns
     need = (f"the {ls.mode} schedule", max(p.input_tokens + p.output_tokens for p in plan)) if plan else None
     auto = workers == "auto"
-    sizing = _open_loop_sizing(plan, ls, workers, ray_address)
+    sizing = _open_loop_sizing(plan, ls, workers, ray_address, base)
     if sizing is not None:
         workers = int(sizing["workers"])
     from bench.report.export import VIEWS
@@ -244,11 +244,12 @@ async def run_load(base: str, profile: Profile, settings: ClientSettings, ls: Lo
 
 
 def _open_loop_sizing(plan: list[Any] | None, ls: LoadSettings, workers: int | str,
-                      ray_address: str | None) -> dict[str, Any] | None:
-    """The open loop's processes when bench chooses them: ``--workers auto`` from the plan's CPU need; one, with a
+                      ray_address: str | None, base: str = "") -> dict[str, Any] | None:
+    """The open loop's processes when bench chooses them: ``--workers auto`` from the plan's CPU need (leaving a
+    server on this host, ``base``, its share of the cores); one, with a
     note, for sessions (they run in this process) or a --max-concurrency cap (one process counts what is in
     flight); None: ``workers`` as given. ConfigError, before anything is sent, for a cap with N > 1 or --ray."""
-    from bench.session.autosize import WorkerChoice, open_loop_workers
+    from bench.session.autosize import WorkerChoice, open_loop_workers, server_here
 
     if not plan:
         return WorkerChoice(workers=1, note="sessions run in this process") if workers != 1 else None
@@ -260,7 +261,7 @@ def _open_loop_sizing(plan: list[Any] | None, ls: LoadSettings, workers: int | s
         return None
     if capped:
         return WorkerChoice(workers=1, note="--max-concurrency: one process sends the schedule")
-    return open_loop_workers([p.at_s for p in plan], [p.output_tokens for p in plan])
+    return open_loop_workers([p.at_s for p in plan], [p.output_tokens for p in plan], here=server_here(base))
 
 
 def _measured_records(session: Session, out_dir: Path | None) -> list[RequestRecord]:

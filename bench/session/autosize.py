@@ -15,7 +15,7 @@ bench's *lag*, measured here two ways:
 Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
 reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
 read waits for the reads ahead of it), so ``workers = ceil(lag_p99 / budget)``, at most the streams and the cores
-left beside the main process. A saturated process's lag stops growing with the streams (a 16,384-stream warm-up
+left beside the main process (three quarters of the cores when the server runs on this host: :func:`reader_limit`). A saturated process's lag stops growing with the streams (a 16,384-stream warm-up
 lagged 45 ms and asked for 3 processes; its measured waves then needed 15), so the warm-up's CPU time counts too
 (:func:`cpu_workers`): its CPU seconds per event times the events per second of the measured waves, over
 :data:`CPU_TARGET` (half busy), when that asks for more. The runner measures during each cell's warm-up waves, read by whoever will read
@@ -35,16 +35,20 @@ they measured, and with ``--workers auto`` the next cell starts from at least th
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ipaddress
 import math
 import os
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
+from urllib.parse import urlsplit
 
 from bench.records import RequestRecord
 from bench.warns import warning
 
-__all__ = ["LoopLag", "choose_workers", "cpu_workers", "open_loop_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
+__all__ = ["server_here", "reader_limit", "SERVER_SHARE", "LoopLag", "choose_workers", "cpu_workers", "open_loop_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
            "lag_summary", "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
 CPU_TARGET = 0.5  # the busiest a reading process is planned to be (its lag stays low below it: docs/scale.md)
@@ -129,22 +133,51 @@ class WorkerChoice(dict[str, Any]):
     ``budget_ms``, ``lag_source`` (``"read"`` or ``"loop"``), ``capped`` (the cores or streams limited it)."""
 
 
-def reader_limit(streams: int, cores: int | None = None) -> int:
-    """The most reading processes a cell gets: one per stream, and the cores beside the main process."""
+SERVER_SHARE = 0.25
+"""The share of the cores bench leaves to a server on the same host (:func:`server_here`): its reading or sending
+processes take at most the rest. On 16 cores beside 3 blast servers, 15 processes sending 20,000 req/s lagged
+p99 2.35 ms and 12 held 0.22 ms (benchmarks/results/schedule_accuracy-2026-12-05-h100.md)."""
+
+
+def server_here(base_url: str) -> bool:
+    """Whether the endpoint's host is this machine: a loopback address, or one this host can bind (an address of
+    its own interfaces). False when the name does not resolve."""
+    host = urlsplit(base_url).hostname
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, addr in infos:
+        ip = str(addr[0]).split("%", 1)[0]
+        if ipaddress.ip_address(ip).is_loopback:
+            return True
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((addr[0], 0))
+            return True
+    return False
+
+
+def reader_limit(streams: int, cores: int | None = None, here: bool = False) -> int:
+    """The most reading (or sending) processes a cell gets: one per stream, and the cores beside the main process;
+    with the server on this host (``here``), 1 - :data:`SERVER_SHARE` of the cores (12 of 16, 1 of 2)."""
     cores = cores or os.cpu_count() or 1
-    return max(1, min(streams, cores - 1 if cores > 2 else cores))
+    top = int(cores * (1 - SERVER_SHARE)) if here else (cores - 1 if cores > 2 else cores)
+    return max(1, min(streams, top))
 
 
 def choose_workers(lag_p99_ms: float | None, budget_ms: float, streams: int, cores: int | None = None,
-                   lag_source: str = "read") -> WorkerChoice:
-    """The worker count for a cell from the lag of ONE reading process (module docstring's rule)."""
-    limit = reader_limit(streams, cores)
+                   lag_source: str = "read", here: bool = False) -> WorkerChoice:
+    """The worker count for a cell from the lag of ONE reading process (module docstring's rule); ``here``: the
+    server runs on this host (:func:`reader_limit`)."""
+    limit = reader_limit(streams, cores, here)
     want = 1
     if lag_p99_ms is not None and budget_ms > 0 and lag_p99_ms > budget_ms:
         want = math.ceil(lag_p99_ms / budget_ms)
     n = min(want, limit)
     return WorkerChoice(workers=n, lag_p99_ms=lag_p99_ms, budget_ms=round(budget_ms, 3), lag_source=lag_source,
-                        capped=want > n)
+                        capped=want > n, **({"server_here": True} if here else {}))
 
 
 OPEN_REQUEST_CPU_S = 0.40e-3
@@ -155,19 +188,20 @@ OPEN_EVENT_CPU_S = 3.0e-6
 
 
 def open_loop_workers(times_s: Sequence[float], output_tokens: Sequence[int],
-                      cores: int | None = None) -> WorkerChoice:
+                      cores: int | None = None, here: bool = False) -> WorkerChoice:
     """``--workers auto`` for an open-loop schedule (sent at its due times, so its CPU need is known before it
     runs): the client CPU its requests and token events take per second (:data:`OPEN_REQUEST_CPU_S`,
     :data:`OPEN_EVENT_CPU_S`) over :data:`CPU_TARGET`, at most the cores beside the main process (a 20,000 req/s
-    schedule of one-token answers asks for 17, and gets 15 on 16 cores; 12 held send-lag p99 0.24 ms there)."""
+    schedule of one-token answers asks for 17, and gets 15 on 16 cores, 12 with the server on the same host
+    (``here``: :func:`reader_limit`); 12 held send-lag p99 0.22 ms there)."""
     n = len(times_s)
     span = max(times_s, default=0.0) or 1.0
     rate, events = n / span, sum(output_tokens) / span
     cpu = rate * OPEN_REQUEST_CPU_S + events * OPEN_EVENT_CPU_S
     want = max(1, math.ceil(cpu / CPU_TARGET))
-    limit = reader_limit(n, cores)
+    limit = reader_limit(n, cores, here)
     return WorkerChoice(workers=min(want, limit), rate_rps=round(rate, 3), events_per_s=round(events, 1),
-                        cpu_cores=round(cpu, 3), capped=want > limit)
+                        cpu_cores=round(cpu, 3), capped=want > limit, **({"server_here": True} if here else {}))
 
 
 def cpu_workers(records: Sequence[RequestRecord], cpu_s: float | None, streams: int) -> int | None:
@@ -184,18 +218,18 @@ def cpu_workers(records: Sequence[RequestRecord], cpu_s: float | None, streams: 
 
 
 def assess(records: Sequence[RequestRecord], read_lag_ms: Sequence[float], loop_lag_ms: Sequence[float],
-           streams: int, cores: int | None = None, cpu_s: float | None = None) -> WorkerChoice:
+           streams: int, cores: int | None = None, cpu_s: float | None = None, here: bool = False) -> WorkerChoice:
     """:func:`choose_workers` from one wave read by one process: its records (for the event gap), the read lags
     of its kernel-stamped reads and the event-loop lags measured meanwhile (used when there are no read lags);
     raised to :func:`cpu_workers` when the process's CPU time over the wave (``cpu_s``) says more are needed (a
     saturated process's lag stops growing with the streams, its CPU need does not)."""
     src, samples = ("read", read_lag_ms) if read_lag_ms else ("loop", loop_lag_ms)
     summ = lag_summary(samples)
-    choice = choose_workers(summ["p99_ms"], lag_budget_ms(records), streams, cores, src)
+    choice = choose_workers(summ["p99_ms"], lag_budget_ms(records), streams, cores, src, here)
     choice["lag"] = summ
     by_cpu = cpu_workers(records, cpu_s, streams)
     if by_cpu is not None:
-        top = reader_limit(streams, cores)
+        top = reader_limit(streams, cores, here)
         choice["cpu_workers"] = by_cpu
         if min(by_cpu, top) > choice["workers"]:
             choice["workers"], choice["capped"] = min(by_cpu, top), by_cpu > top
@@ -203,7 +237,7 @@ def assess(records: Sequence[RequestRecord], read_lag_ms: Sequence[float], loop_
 
 
 def assess_readers(records: Sequence[RequestRecord], lag: dict[str, Any] | None, readers: int, streams: int,
-                   cores: int | None = None) -> WorkerChoice:
+                   cores: int | None = None, here: bool = False) -> WorkerChoice:
     """:func:`choose_workers` from one wave read by a pool of ``readers`` processes: ``lag`` is the worst reader's
     event-loop lag (:func:`bench.session.loop_lag.workers_lag`) and one process would have lagged ``readers`` times
     as much (the module's linear rule, as :func:`recheck`); never fewer than ``readers`` (a pool only grows).
@@ -211,7 +245,8 @@ def assess_readers(records: Sequence[RequestRecord], lag: dict[str, Any] | None,
     got = lag or {}
     summ = {"n": got.get("samples", 0), **{k: got.get(k) for k in ("p50_ms", "p99_ms", "max_ms")}}
     p99 = summ["p99_ms"]
-    choice = choose_workers(None if p99 is None else p99 * readers, lag_budget_ms(records), streams, cores, "loop")
+    choice = choose_workers(None if p99 is None else p99 * readers, lag_budget_ms(records), streams, cores, "loop",
+                            here)
     choice["workers"], choice["lag_p99_ms"] = max(choice["workers"], readers), p99
     choice["readers"], choice["lag"] = readers, summ
     return choice
@@ -228,7 +263,7 @@ def advice(cell_id: str, choice: WorkerChoice, workers: int) -> str | None:
 
 
 def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: int,
-            cores: int | None = None) -> WorkerChoice:
+            cores: int | None = None, here: bool = False) -> WorkerChoice:
     """After a cell's measured waves, add ``choice["measured"]``: ``workers`` (the readers), ``lag_p99_ms`` (the
     p99 event-loop lag of the loops that read them, ``lag``: the worst worker's with a pool), ``kept_up`` (within
     ``budget_ms``) and ``workers_needed``: the module's linear rule from those readers (one process would have
@@ -236,7 +271,7 @@ def recheck(choice: WorkerChoice, lag: dict[str, Any], workers: int, streams: in
     p99, budget = lag.get("p99_ms"), choice["budget_ms"]
     kept, need = True, workers
     if p99 is not None and p99 > budget:
-        kept, need = False, max(workers, choose_workers(workers * p99, budget, streams, cores)["workers"])
+        kept, need = False, max(workers, choose_workers(workers * p99, budget, streams, cores, here=here)["workers"])
     choice["measured"] = {"workers": workers, "lag_p99_ms": p99, "kept_up": kept, "workers_needed": need}
     return choice
 

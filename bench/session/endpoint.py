@@ -173,6 +173,7 @@ class Session:
         self.observer: Observer | None = None
         self.warnings: list[str] = []
         self.pool: ReaderPool | None = None  # when measured waves are read by other processes or Ray actors
+        self._here: bool | None = None
         self.workers_auto = False  # --workers auto: bench.session.autosize grows the pool from its measured lag
         self.sizing: dict[str, Any] = {}  # cell id -> bench.session.autosize's choice
         self.annotators: list[CellAnnotator] = []
@@ -199,6 +200,16 @@ class Session:
     def force_length(self) -> bool:
         """Whether requests still carry ``min_tokens``/``ignore_eos`` (False once the server rejected them)."""
         return self.body_opts.force_length
+
+    @property
+    def server_here(self) -> bool:
+        """The endpoint runs on this host (bench.session.autosize.server_here, looked up once): ``--workers auto``
+        leaves it a share of the cores."""
+        if self._here is None:
+            from bench.session.autosize import server_here
+
+            self._here = server_here(self.base)
+        return self._here
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @classmethod

@@ -179,9 +179,10 @@ class Sweep:
                     add_lag(pool_lag, getattr(self.session.pool, "last_lag_ns", None))
         if self.session.pool is None:
             choice = autosize.assess(recs, autosize.read_lag_since(), loop_lag.samples, cell.streams,
-                                     cpu_s=time.process_time() - cpu0)
+                                     cpu_s=time.process_time() - cpu0, here=self.session.server_here)
         else:
-            choice = autosize.assess_readers(recs, workers_lag(pool_lag), self.session.workers, cell.streams)
+            choice = autosize.assess_readers(recs, workers_lag(pool_lag), self.session.workers, cell.streams,
+                                             here=self.session.server_here)
         if self.session.workers_auto:
             autosize.carry(choice, self.session.sizing.values(), cell.streams)
         self.session.sizing[cell.id] = choice
@@ -257,7 +258,8 @@ class Sweep:
         if cell.id in self.session.sizing and run.lag:
             from bench.session import autosize as autosize
 
-            autosize.recheck(self.session.sizing[cell.id], run.lag, self.session.workers, cell.streams)
+            autosize.recheck(self.session.sizing[cell.id], run.lag, self.session.workers, cell.streams,
+                             here=self.session.server_here)
         self.summarize(run)
         return run
 
