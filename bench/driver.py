@@ -249,7 +249,8 @@ def _open_loop_sizing(plan: list[Any] | None, ls: LoadSettings, workers: int | s
     server on this host, ``base``, its share of the cores); one, with a
     note, for sessions (they run in this process) or a --max-concurrency cap (one process counts what is in
     flight); None: ``workers`` as given. ConfigError, before anything is sent, for a cap with N > 1 or --ray."""
-    from bench.session.autosize import WorkerChoice, open_loop_workers, server_here
+    from bench.session.autosize import WorkerChoice, open_loop_workers
+    from bench.session.hostload import server_here
 
     if not plan:
         return WorkerChoice(workers=1, note="sessions run in this process") if workers != 1 else None

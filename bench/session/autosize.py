@@ -35,20 +35,16 @@ they measured, and with ``--workers auto`` the next cell starts from at least th
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import ipaddress
 import math
 import os
-import socket
 import time
 from collections.abc import Iterable, Sequence
 from typing import Any
-from urllib.parse import urlsplit
 
 from bench.records import RequestRecord
 from bench.warns import warning
 
-__all__ = ["server_here", "reader_limit", "SERVER_SHARE", "LoopLag", "choose_workers", "cpu_workers", "open_loop_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
+__all__ = ["reader_limit", "usable_cores", "SERVER_SHARE", "LoopLag", "choose_workers", "cpu_workers", "open_loop_workers", "assess", "assess_readers", "advice", "recheck", "carry", "lag_budget_ms",
            "lag_summary", "read_lag_mark", "read_lag_since", "WorkerChoice"]
 
 CPU_TARGET = 0.5  # the busiest a reading process is planned to be (its lag stays low below it: docs/scale.md)
@@ -134,35 +130,24 @@ class WorkerChoice(dict[str, Any]):
 
 
 SERVER_SHARE = 0.25
-"""The share of the cores bench leaves to a server on the same host (:func:`server_here`): its reading or sending
-processes take at most the rest. On 16 cores beside 3 blast servers, 15 processes sending 20,000 req/s lagged
+"""The share of the cores bench leaves to a server on the same host (:func:`bench.session.hostload.server_here`):
+its reading or sending processes take at most the rest. On 16 cores beside 3 blast servers, 15 processes sending 20,000 req/s lagged
 p99 2.35 ms and 12 held 0.22 ms (benchmarks/results/schedule_accuracy-2026-12-05-h100.md)."""
 
 
-def server_here(base_url: str) -> bool:
-    """Whether the endpoint's host is this machine: a loopback address, or one this host can bind (an address of
-    its own interfaces). False when the name does not resolve."""
-    host = urlsplit(base_url).hostname
-    if not host:
-        return False
+def usable_cores() -> int:
+    """The CPUs this process may run on (its affinity: ``taskset`` or a container's cpuset), else the host's."""
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    for family, _, _, _, addr in infos:
-        ip = str(addr[0]).split("%", 1)[0]
-        if ipaddress.ip_address(ip).is_loopback:
-            return True
-        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:
-            s.bind((addr[0], 0))
-            return True
-    return False
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def reader_limit(streams: int, cores: int | None = None, here: bool = False) -> int:
-    """The most reading (or sending) processes a cell gets: one per stream, and the cores beside the main process;
+    """The most reading (or sending) processes a cell gets: one per stream, and the cores (default
+    :func:`usable_cores`) beside the main process;
     with the server on this host (``here``), 1 - :data:`SERVER_SHARE` of the cores (12 of 16, 1 of 2)."""
-    cores = cores or os.cpu_count() or 1
+    cores = cores or usable_cores()
     top = int(cores * (1 - SERVER_SHARE)) if here else (cores - 1 if cores > 2 else cores)
     return max(1, min(streams, top))
 

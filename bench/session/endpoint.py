@@ -203,10 +203,10 @@ class Session:
 
     @property
     def server_here(self) -> bool:
-        """The endpoint runs on this host (bench.session.autosize.server_here, looked up once): ``--workers auto``
+        """The endpoint runs on this host (bench.session.hostload.server_here, looked up once): ``--workers auto``
         leaves it a share of the cores."""
         if self._here is None:
-            from bench.session.autosize import server_here
+            from bench.session.hostload import server_here
 
             self._here = server_here(self.base)
         return self._here

@@ -22,17 +22,39 @@ seen at all (``server_local`` false: the gate then does not compare). The gate c
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
 import resource
+import socket
 import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["HostLoad", "listener_pid", "tree_cpu_s"]
+__all__ = ["HostLoad", "listener_pid", "server_here", "tree_cpu_s"]
 
 PROC = Path("/proc")
-_LOCAL = {"127.0.0.1", "localhost", "::1", "[::1]", "0.0.0.0"}
+
+
+def server_here(base_url: str) -> bool:
+    """Whether the endpoint's host is this machine: a loopback address, or one this host can bind (an address of
+    its own interfaces). False when the name does not resolve."""
+    host = urlsplit(base_url).hostname
+    if not host:
+        return False
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    for family, _, _, _, addr in infos:
+        ip = str(addr[0]).split("%", 1)[0]
+        if ipaddress.ip_address(ip).is_loopback:
+            return True
+        with contextlib.suppress(OSError), socket.socket(family, socket.SOCK_DGRAM) as s:
+            s.bind((addr[0], 0))
+            return True
+    return False
 
 
 def _host_busy_s() -> float | None:
@@ -128,7 +150,7 @@ class HostLoad:
     def start(cls, base_url: str) -> HostLoad:
         """Start counting for a run against ``base_url`` (a loopback URL: its server's CPU is counted apart)."""
         u = urlsplit(base_url)
-        local = (u.hostname or "") in _LOCAL
+        local = server_here(base_url)
         port = u.port or (443 if u.scheme == "https" else 80)
         return cls(listener_pid(port) if local else None, local)
 

@@ -122,7 +122,7 @@ def test_workers_auto_end_to_end(tmp_path, capsys, monkeypatch) -> None:
         assert measured and {r.stamp_source for r in measured} == {want}  # the default on Linux over TCP
         # a process that lags 15 ms behind its reads, with 10 ms of budget, needs two readers
         monkeypatch.setattr(autosize, "read_lag_since", lambda _m=0: [15.0] * 50)
-        monkeypatch.setattr(autosize.os, "cpu_count", lambda: 4)
+        monkeypatch.setattr(autosize, "usable_cores", lambda: 4)
         res = _run(url, str(tmp_path / "b"), capsys)
     assert res["run"]["workers"] == 2 and res["run"]["workers_auto"] is True
     cell = res["cells"][0]
@@ -194,13 +194,13 @@ def _own_address() -> str | None:
     ("http://no-such-host.invalid/v1", False), ("not a url", False),
 ])
 def test_server_here_knows_loopback_and_other_hosts(url, want) -> None:
-    from bench.session.autosize import server_here
+    from bench.session.hostload import server_here
 
     assert server_here(url) is want
 
 
 def test_server_here_knows_this_hosts_own_address() -> None:
-    from bench.session.autosize import server_here
+    from bench.session.hostload import server_here
 
     ip = _own_address()
     if ip is None:
