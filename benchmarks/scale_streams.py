@@ -89,6 +89,11 @@ class Sims:
                     out.add(int(line.split()[1]))
         return out
 
+    def other_lines(self, k: int = 5) -> list[str]:
+        """The first ``k`` lines the sims wrote to stderr that are neither late writes nor collections."""
+        return [line for log in self.logs for line in log.read_text(errors="replace").splitlines()
+                if line.strip() and not line.startswith(("late-write ", "collect "))][:k]
+
     def pauses(self, waves: list[tuple[int, int]]) -> str:
         """The sims' garbage collections of ``LATE_WRITE_MS`` or more that began while a measured wave ran
         (``waves``: each one's first send and last byte, ns), as a line: how many, the full ones (generation 2),
@@ -171,6 +176,17 @@ def _aggregate_on_writes(recs: list[RequestRecord]) -> float | None:
         toks += m.output_tokens - m.first_event_tokens
     span = (max(lasts) - min(firsts)) / 1e9 if firsts else 0.0
     return toks / span if span > 0 else None
+
+
+def failures(recs: list[RequestRecord]) -> str:
+    """The failed requests by kind, with one message of each kind (a line)."""
+    kinds: dict[str, list[str]] = defaultdict(list)
+    for r in recs:
+        if r.error is not None:
+            kinds[r.error_kind or "other"].append(r.error)
+    if not kinds:
+        return "failed requests: none"
+    return "failed requests: " + "; ".join(f"{k} {len(v)} (e.g. {v[0][:120]})" for k, v in sorted(kinds.items()))
 
 
 def wave_spans(recs: list[RequestRecord]) -> list[tuple[int, int]]:
@@ -294,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
             (contextlib.nullcontext(Sims(a.url, [])) if a.url else
              sims(a.sims, a.streams, a.step_ms, Path(d), a.sim_cpus)) as sv:
         rc, res, recs, shown = run(a, sv.url, Path(d) / "run")
-        late = sv.late_writes()
+        late, said = sv.late_writes(), sv.other_lines()
         pauses = sv.pauses(wave_spans(recs))
     if rc:
         print(f"scale_streams: bench run exited {rc}", file=sys.stderr)
@@ -303,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     text = table(rows)
     sizing = (res["run"].get("sizing") or {})
     print(text)
+    failed = failures(recs) + "".join(f"\nsim stderr: {line[:200]}" for line in said)
     print(f"workers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); {placement}; "
-          f"{time.time() - t0:.0f} s\n{pauses}")
+          f"{time.time() - t0:.0f} s\n{pauses}\n{failed}")
     if a.out:
         me = " ".join(shlex.quote(x) for x in sys.argv)
         Path(a.out).write_text(
@@ -316,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
             f"other processes ran meanwhile); {placement}. Columns: benchmarks/scale_streams.py's docstring.\n\n"
             + text +
             f"\nworkers: {res['run'].get('workers')} (auto: {res['run'].get('workers_auto')}); sizing: "
-            f"{json.dumps(sizing)[:600]}\n\n{pauses}\n")
+            f"{json.dumps(sizing)[:600]}\n\n{pauses}\n\n{failed}\n")
     return 0
 
 

@@ -39,7 +39,7 @@ from bench.sim import SimConfig, running_sim
 
 if __name__ == "__main__":
     autosize.read_lag_since = lambda _m=0: [15.0] * 50
-    autosize.os.cpu_count = lambda: 4
+    autosize.usable_cores = lambda: 4
     with running_sim(SimConfig(decode_step_ms=20.0, prefill_tok_s=1e6, max_running=1000)) as url:
         rc = main(["run", url, "--profile", "quick", "--depths", "0", "--streams", "300", "--repeats", "600",
                    "--max-tokens", "8", "--workers", sys.argv[1], "--out", sys.argv[2], "--json"])
