@@ -53,7 +53,8 @@ def truth(shape: str, metric: str, arrival: str, horizon: float) -> list[float]:
     the long-run share over the limit at 0.95, 1 and 1.05 times it, each pooled over ``TRUTH_SEEDS`` runs of
     ``TRUTH_RUN_S`` s less their first ``TRUTH_SKIP_S``, and the crossing of ``alpha`` by the quadratic in
     logit(share) vs log(rate) through those three (a bisection on one seed's noisy share wanders by up to 2 % for
-    gamma arrivals; this has a standard error of 0.1-0.6 %, 1.6 % for B-tpot-gamma0.5, whose share is nearly flat)."""
+    gamma arrivals). With 6 seeds its error was up to 0.7 % (B-ttft-gamma0.5: 14.368 with seeds 10-15, 14.467 with
+    10-45; benchmarks/results/capacity_truth-2026-12-05-vm.json), so 36 are used."""
     cfg, pt, ot, objs = SHAPES[shape]
     _, limit, (lo, hi) = objs[metric]
     kind, burst = ARRIVALS[arrival]
@@ -81,7 +82,7 @@ def truth(shape: str, metric: str, arrival: str, horizon: float) -> list[float]:
     return [round(t0 * math.exp(float(real[np.argmin(np.abs(real))])), 4)]
 
 
-TRUTH_SEEDS = range(10, 16)
+TRUTH_SEEDS = range(10, 46)  # 36 runs: with 6 (capacity_truth-2026-12-02-vm.json) B-ttft-gamma0.5 came out 0.7 % low
 TRUTH_RUN_S = 3000.0
 TRUTH_SKIP_S = 300.0
 
@@ -121,7 +122,7 @@ def _pct(v: float | None, d: int = 1) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--searches", type=int, default=20)
+    ap.add_argument("--searches", type=int, default=20, help="per case (0: only compute, store and print the truths)")
     ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
     ap.add_argument("--time-budget", type=float, default=170.0)
     ap.add_argument("--truth-horizon", type=float, default=1000.0, help="the first guess's horizon, s")
@@ -149,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.truth_cache:
             a.truth_cache.write_text(json.dumps({**cached, **{"-".join(c): v for c, v in got.items()},
                                                  "horizon_s": a.truth_horizon}, indent=1) + "\n")
+        if a.searches == 0:
+            print("\n".join(f"{'-'.join(c)}: {v[0]}" for c, v in truths.items()))
+            return 0
         jobs = [(s, m, ar, seed, a.duration, a.time_budget, a.target_width) for (s, m, ar) in cases
                 for seed in range(0, a.searches * a.seed_step, a.seed_step)]
         results = list(pool.map(one_search, jobs, chunksize=2))
