@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--slope-run-s", type=float, default=3000.0)
     ap.add_argument("--no-cv", action="store_true", help="skip the control-variate estimator")
     ap.add_argument("--no-two-point", action="store_true", help="skip the points at L*/1.02 and 1.02 L*")
-    ap.add_argument("--truth-cache", type=Path, default=Path("benchmarks/results/capacity_truth-2026-12-02-vm.json"))
+    ap.add_argument("--truth-cache", type=Path, default=Path("benchmarks/results/capacity_truth-2026-12-05-vm.json"))
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     truths = json.loads(a.truth_cache.read_text())
