@@ -60,4 +60,5 @@ def test_a_sim_in_a_thread_leaves_its_host_process_collector_alone() -> None:
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     with running_sim(SimConfig(decode_step_ms=1)) as url, httpx.Client(base_url=url, timeout=10) as c:
         c.post("/completions", json={"prompt": "x", "max_tokens": 2})
-    assert gc.get_threshold() == before and gc.get_freeze_count() == frozen and gc.isenabled()
+    # a freeze would add every live object; frozen objects freed meanwhile (an earlier test's freeze) may lower it
+    assert gc.get_threshold() == before and gc.get_freeze_count() <= frozen and gc.isenabled()
