@@ -15,9 +15,9 @@ bench's *lag*, measured here two ways:
 Rule (:func:`choose_workers`): the lag budget is half the median gap between two token events of a stream (so
 reads never merge), clipped to 1-20 ms; the lag of one process at N streams grows about linearly with N (each
 read waits for the reads ahead of it), so ``workers = ceil(lag_p99 / budget)``, at most the streams and the cores
-left beside the main process (three quarters of the cores when the server runs on this host: :func:`reader_limit`). A saturated process's lag stops growing with the streams (a 16,384-stream warm-up
-lagged 45 ms and asked for 3 processes; its measured waves then needed 15), so the warm-up's CPU time counts too
-(:func:`cpu_workers`): its CPU seconds per event times the events per second of the measured waves, over
+left beside the main process (three quarters of the cores when the server runs on this host: :func:`reader_limit`).
+A saturated process's lag stops growing with the streams (a 16,384-stream warm-up lagged 45 ms and asked for 3
+processes; its measured waves then needed 15), so the warm-up's CPU time counts too (:func:`cpu_workers`): its CPU seconds per event times the events per second of the measured waves, over
 :data:`CPU_TARGET` (half busy), when that asks for more. The runner measures during each cell's warm-up waves, read by whoever will read
 its measured waves (which send the cell's stream count at once like them): the main process while there is no
 pool, else the pool, whose worst worker's lag times the workers is what one process would have lagged
@@ -131,8 +131,9 @@ class WorkerChoice(dict[str, Any]):
 
 SERVER_SHARE = 0.25
 """The share of the cores bench leaves to a server on the same host (:func:`bench.session.hostload.server_here`):
-its reading or sending processes take at most the rest. On 16 cores beside 3 blast servers, 15 processes sending 20,000 req/s lagged
-p99 2.35 ms and 12 held 0.22 ms (benchmarks/results/schedule_accuracy-2026-12-05-h100.md)."""
+its reading or sending processes take at most the rest. On 16 cores beside 3 blast servers, 15 processes sending
+20,000 req/s lagged p99 2.35 ms and 12 held 0.22 ms (benchmarks/results/schedule_accuracy-2026-12-05-h100.md);
+with 12 chosen, 4 of 13 later runs held p99 < 1 ms (schedule_accuracy-2026-12-05b-h100.md)."""
 
 
 def usable_cores() -> int:
@@ -145,8 +146,8 @@ def usable_cores() -> int:
 
 def reader_limit(streams: int, cores: int | None = None, here: bool = False) -> int:
     """The most reading (or sending) processes a cell gets: one per stream, and the cores (default
-    :func:`usable_cores`) beside the main process;
-    with the server on this host (``here``), 1 - :data:`SERVER_SHARE` of the cores (12 of 16, 1 of 2)."""
+    :func:`usable_cores`) beside the main process; with the server on this host (``here``), 1 - :data:`SERVER_SHARE`
+    of the cores (12 of 16, 1 of 2)."""
     cores = cores or usable_cores()
     top = int(cores * (1 - SERVER_SHARE)) if here else (cores - 1 if cores > 2 else cores)
     return max(1, min(streams, top))
