@@ -32,7 +32,10 @@ preempted by a sim reads its event a whole gap late, and the kernel hands it ove
 worker processes) measures the client as it runs beside a server on another host; both sets are printed with the
 table.
 
-Prints a table; ``--out FILE.md`` also writes it with the date, machine and command (``benchmarks/results/``).
+Prints a table, then two lines: the sims' garbage collections of ``LATE_WRITE_MS`` or more that began while a
+measured wave ran (how many, the full ones, the longest: bench.sim.collector keeps full ones for idle moments)
+and the failed requests by kind, with any other line the sims wrote to stderr. ``--out FILE.md`` also writes it
+all with the date, machine and command (``benchmarks/results/``).
 """
 
 from __future__ import annotations
