@@ -1,18 +1,18 @@
 """When the sim's process runs Python's full garbage collection: never in the middle of serving.
 
 Why: a full (generation 2) collection walks every live object. With 4,096 streams open it paused the sim's
-process for 35 ms (benchmarks/results/scale_streams-sim-gc-2026-12-05-vm.md), and the token events stamped
-just before the pause went out 35 ms after their ``write_ns``: the sim, not the client, made the worst event of
+process for 37-81 ms (benchmarks/results/scale_streams-sim-gc-2026-12-05-vm.md), and a token event stamped
+just before the pause went out that much after its ``write_ns``: the sim, not the client, made the worst event of
 a 16,384-stream run. The young generations (0 and 1) stay automatic: they hold few objects (1-2.6 ms with
-4,096 streams on the 2-core VM, where a full collection took 37-64 ms).
+4,096 streams on the 2-core VM; up to 14.4 ms on a 16-core H100 host with 3,277 streams per sim).
 
 Rule (:func:`install`, in ``bench sim``'s own process only; a sim run in a thread of a test process leaves
 that process's collector alone): what exists once the server listens is frozen (``gc.freeze``: never scanned
 again) and automatic full collections are off. The engine runs a full collection when it has had nothing to run
 or prefill for :data:`IDLE_GRACE_S` and objects reached generation 2 since the last one (:func:`idle_due`);
-while busy, only after :data:`BUSY_FULL_AFTER` young (generation 1) collections without an idle moment (:func:`busy_due`, checked
-between steps), so memory stays bounded under load that never pauses (kept-alive connections make no cyclic
-garbage; each new connection leaves about 1 KB to collect).
+while busy, only after :data:`BUSY_FULL_AFTER` young (generation 1) collections without an idle moment
+(:func:`busy_due`, checked between steps), so memory stays bounded under load that never pauses (kept-alive
+connections make no cyclic garbage; each new connection leaves about 1 KB to collect).
 """
 
 from __future__ import annotations
