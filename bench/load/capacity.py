@@ -136,6 +136,7 @@ REFINE_MIN_S = 15.0  # the shortest refine point a time budget shortens one to (
 MIN_ADJUSTED = 2  # refine points before a control-variate fit states its level (each point's variance is its own)
 MIN_CALIBRATED = 4  # steady refine points before the interval's level is stated (the points' own spread checks it)
 DETERMINISTIC_SCATTER = 0.1  # fits scattering less (vs binomial) come from a deterministic response: no level
+DETERMINISTIC_MIN_POINTS = 4  # with 3, one degree of freedom: random points scatter that little by chance
 CONSTANT_REFINE_SHARE = 0.4  # constant arrivals: refine points after the first last this share of it (bisection)
 CONSTANT_REFINE_MIN_S = 20.0  # ... but no less than this (a queue growing slowly above capacity must show)
 
@@ -557,10 +558,12 @@ class _RateSearch(_Bracketing):
 
     def deterministic(self) -> bool:
         """Every fit's points scatter far less than independent requests would (Pearson chi-square / (points - 2)
-        below ``DETERMINISTIC_SCATTER``; Poisson points scatter 23-65 times binomial on the sim): the points'
-        error is their window's, not noise, and the refine bracket is the answer."""
+        below ``DETERMINISTIC_SCATTER``; Poisson points scatter 23-65 times binomial on the sim), over at least
+        ``DETERMINISTIC_MIN_POINTS`` points: the points' error is their window's, not noise, and the refine bracket
+        is the answer."""
         fits = [f for f in self.fits().values() if isinstance(f, Fit)]
-        return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER for f in fits)
+        return bool(fits) and all(f.scatter is not None and f.scatter < DETERMINISTIC_SCATTER
+                                  and f.points >= DETERMINISTIC_MIN_POINTS for f in fits)
 
     def bisecting(self) -> bool:
         """The refine points bisect and their bracket is the answer: constant arrivals or :meth:`deterministic`."""

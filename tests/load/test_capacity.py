@@ -288,6 +288,7 @@ def test_docs_describe_the_code() -> None:
                  f"`REFINE_COOLDOWN_S` = {CP.REFINE_COOLDOWN_S:g} s", f"`PRIOR_SLOPE` = {C.PRIOR_SLOPE:g}",
                  f"`BUDGET_SLACK_S` = {C.BUDGET_SLACK_S:g} s", f"`DRAIN_MARGIN` = {C.DRAIN_MARGIN:g}",
                  f"`DETERMINISTIC_SCATTER` = {C.DETERMINISTIC_SCATTER:g}",
+                 f"`DETERMINISTIC_MIN_POINTS` = {C.DETERMINISTIC_MIN_POINTS}",
                  f"`CONSTANT_REFINE_SHARE` = {C.CONSTANT_REFINE_SHARE:g}",
                  f"`CONSTANT_REFINE_MIN_S` = {C.CONSTANT_REFINE_MIN_S:g} s", f"`FLAT_SHARE` = {C.FLAT_SHARE:g}",
                  "weighted by its `n` requests alone", "points - 2 degrees of freedom",
@@ -360,6 +361,20 @@ def test_a_refine_points_side_is_its_control_variate_shares() -> None:
     assert not s._over(_refine_point(16.0, 0.13, adjusted=0.07))
     assert s._over(_refine_point(16.0, 0.07, adjusted=0.13))
     assert s._over(_refine_point(16.0, 0.13))  # no control-variate share yet: the plain one
+
+
+def test_three_points_that_scatter_little_do_not_make_a_response_deterministic() -> None:
+    # a fit over 3 points has one degree of freedom: random points scatter under 0.1 x binomial by chance (a
+    # B-ttft-gamma0.5 search was bisected on that and stopped on a bracket 2.5 % low); 4 such points are needed
+    s = C._RateSearch(SearchSettings(), None, lambda: 0.0)  # type: ignore[arg-type]
+
+    def fit(points: int, scatter: float) -> E.Fit:
+        return E.Fit(14.0, 13.0, 15.0, 0.0, 10.0, points, 1.0, points - 2.0, scatter=scatter)
+
+    for points, scatter, want in [(3, 0.05, False), (4, 0.05, True), (4, 0.2, False), (6, 0.01, True)]:
+        got: dict[str, E.Fit | str | None] = {"ttft_p90": fit(points, scatter)}
+        s.fits = lambda got=got: got  # type: ignore[method-assign]
+        assert s.deterministic() is want, (points, scatter)
 
 
 def _probe(load: float, held: bool) -> C.Point:
