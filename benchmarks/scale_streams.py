@@ -192,12 +192,17 @@ def failures(recs: list[RequestRecord]) -> str:
     return "failed requests: " + "; ".join(f"{k} {len(v)} (e.g. {v[0][:120]})" for k, v in sorted(kinds.items()))
 
 
-def wave_spans(recs: list[RequestRecord]) -> list[tuple[int, int]]:
-    """Each wave's first send and last byte (ns, bench's clock)."""
+def by_wave(recs: list[RequestRecord]) -> dict[int, list[RequestRecord]]:
+    """The records of each measured wave (``meta["wave"]``)."""
     waves: dict[int, list[RequestRecord]] = defaultdict(list)
     for r in recs:
         waves[int(r.meta.get("wave", 0))].append(r)
-    return [(min(r.sent_ns for r in w), max(r.sent_ns + (r.end_ns or 0) for r in w)) for w in waves.values()]
+    return waves
+
+
+def wave_spans(recs: list[RequestRecord]) -> list[tuple[int, int]]:
+    """Each wave's first send and last byte (ns, bench's clock)."""
+    return [(min(r.sent_ns for r in w), max(r.sent_ns + (r.end_ns or 0) for r in w)) for w in by_wave(recs).values()]
 
 
 def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int],
@@ -206,10 +211,7 @@ def wave_rows(recs: list[RequestRecord], step_ms: float, procs_of: dict[str, int
     sims wrote late (their own stalls), counted and left out of *max*."""
     late = late or set()
     rows = []
-    waves: dict[int, list[RequestRecord]] = defaultdict(list)
-    for r in recs:
-        waves[int(r.meta.get("wave", 0))].append(r)
-    for w, wrecs in sorted(waves.items()):
+    for w, wrecs in sorted(by_wave(recs).items()):
         ms = [request_metrics(r) for r in wrecs]
         agg, truth = wave_aggregate_decode(wrecs, ms), _aggregate_on_writes(wrecs)
         dec = [m.decode_tok_s for m in ms if m.ok and m.decode_tok_s]

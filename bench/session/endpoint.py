@@ -173,7 +173,6 @@ class Session:
         self.observer: Observer | None = None
         self.warnings: list[str] = []
         self.pool: ReaderPool | None = None  # when measured waves are read by other processes or Ray actors
-        self._here: bool | None = None
         self.workers_auto = False  # --workers auto: bench.session.autosize grows the pool from its measured lag
         self.sizing: dict[str, Any] = {}  # cell id -> bench.session.autosize's choice
         self.annotators: list[CellAnnotator] = []
@@ -203,13 +202,9 @@ class Session:
 
     @property
     def server_here(self) -> bool:
-        """The endpoint runs on this host (bench.session.hostload.server_here, looked up once): ``--workers auto``
-        leaves it a share of the cores."""
-        if self._here is None:
-            from bench.session.hostload import server_here
-
-            self._here = server_here(self.base)
-        return self._here
+        """The endpoint runs on this host (as :meth:`open`'s host-load count found it,
+        bench.session.hostload.server_here): ``--workers auto`` leaves it a share of the cores."""
+        return self.hostload is not None and self.hostload.local
 
     # ---- set-up -------------------------------------------------------------------------------------------------
     @classmethod

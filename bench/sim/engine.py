@@ -400,8 +400,8 @@ class Engine:
                 pass
             return False
 
-    async def _quiet_for(self, seconds: float) -> bool:
-        """Wait until a request arrives or ``seconds`` pass; True when none arrived."""
+    async def _quiet_for(self, seconds: float | None) -> bool:
+        """Wait until a request arrives or ``seconds`` pass (None: until a request arrives); True when none did."""
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiter = fut
         try:
@@ -427,16 +427,8 @@ class Engine:
                     if await self._wait_until(t, interruptible=True):
                         continue
                     self._start_step(t)
-                elif idle_due():  # nothing to run: the full collection goes here (bench.sim.collector)
-                    if await self._quiet_for(IDLE_GRACE_S):
-                        collect()
-                else:
-                    fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-                    self._waiter = fut
-                    try:
-                        await fut
-                    finally:
-                        self._waiter = None
+                elif await self._quiet_for(IDLE_GRACE_S if idle_due() else None):
+                    collect()  # idle for IDLE_GRACE_S: the full collection goes here (bench.sim.collector)
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - keep serving; log the bug
