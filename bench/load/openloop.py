@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.client import RequestSpec, image_rejection
+from bench.client.endpoint import PRECONNECT_MAX, warm_pool
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
 from bench.measure.metrics import RequestMetrics, request_metrics
@@ -190,6 +191,9 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         tasks[k] = scheduled_task(one(k, sched)) if not closed else asyncio.create_task(one(k, sched))
 
     t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
+    if not closed:  # the first connections open before the start, not while the first requests fall due
+        await warm_pool(session.client, session.base, [round(p.at_s * 1e9) for p in plan[:PRECONNECT_MAX]],
+                        t0)
     gc_was_on = gc.isenabled()
     gc.disable()  # no collector pause while streams are read (see runner._wave)
     mon = LagMonitor()

@@ -56,6 +56,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
+from bench.client.endpoint import warm_pool
 from bench.client.turns import scheduled_task
 from bench.records import CUT_INTERRUPTED, RequestRecord, cut_record
 from bench.session.alarm import sleep_until
@@ -117,6 +118,7 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
 
     async def dispatch() -> None:
         try:
+            await warm_pool(client, base, offsets or (), start_ns)  # an open-loop share's first connections
             await sleep_until(start_ns)
             if monitor is not None:
                 monitor.start()
