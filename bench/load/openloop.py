@@ -147,6 +147,15 @@ async def _send_all(plan: Sequence[Planned], t0: int, start: Callable[[int, int]
         raise
 
 
+async def _start_time(session: Session, plan: Sequence[Planned], closed: bool) -> int:
+    """The plan's start, ``START_DELAY_S`` from now; a schedule (not ``closed``) opens its first connections
+    meanwhile (:func:`bench.client.endpoint.warm_pool`), not while its first requests fall due."""
+    t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
+    if not closed:
+        await warm_pool(session.client, session.base, [round(p.at_s * 1e9) for p in plan[:PRECONNECT_MAX]], t0)
+    return t0
+
+
 async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
                    max_concurrency: int | None = None, drain_s: float = 60.0,
                    on_done: Callable[[RequestRecord], None] | None = None,
@@ -190,10 +199,7 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         inflight.append((sched, c.sent - c.done))
         tasks[k] = scheduled_task(one(k, sched)) if not closed else asyncio.create_task(one(k, sched))
 
-    t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
-    if not closed:  # the first connections open before the start, not while the first requests fall due
-        await warm_pool(session.client, session.base, [round(p.at_s * 1e9) for p in plan[:PRECONNECT_MAX]],
-                        t0)
+    t0 = await _start_time(session, plan, closed)
     gc_was_on = gc.isenabled()
     gc.disable()  # no collector pause while streams are read (see runner._wave)
     mon = LagMonitor()

@@ -118,10 +118,7 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
 
     async def dispatch() -> None:
         try:
-            await warm_pool(client, base, offsets or (), start_ns)  # an open-loop share's first connections
-            await sleep_until(start_ns)
-            if monitor is not None:
-                monitor.start()
+            await _at_start(client, base, offsets, start_ns, monitor)
             for i, spec in enumerate(specs):
                 sched = None if offsets is None else start_ns + int(offsets[i])
                 if sched is not None:
@@ -149,6 +146,17 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
             t.cancel()
         if monitor is not None:
             monitor.stop()
+
+
+async def _at_start(client: Any, base: str, offsets: Sequence[int] | None, start_ns: int,
+                    monitor: LagMonitor | None) -> None:
+    """Open an open-loop share's first connections (:func:`bench.client.endpoint.warm_pool`), wait for
+    ``start_ns``, start ``monitor``."""
+    if offsets is not None:
+        await warm_pool(client, base, offsets, start_ns)
+    await sleep_until(start_ns)
+    if monitor is not None:
+        monitor.start()
 
 
 async def _read_share(done: asyncio.Queue[tuple[int, RequestRecord | Exception | None]], n: int,
