@@ -11,7 +11,9 @@ side stays cheap). For each rate, bench runs one open-loop point exactly as ``be
 * send lag: the record's ``sent_ns - scheduled_ns`` (dispatch lag plus the client's work before the bytes go out);
 * achieved vs planned rate, failures, client CPU (``time.process_time`` of this process over the point, set-up
   and summary included, plus the CPU of the worker processes, which end with the point) and the sim's CPU
-  (/proc), in % of the point's wall time (one core = 100 %) and in ms per planned request.
+  (/proc), in % of the point's wall time (one core = 100 %) and in ms per planned request;
+* steal cores: the CPU time the hypervisor gave to other guests meanwhile (/proc/stat), in cores: on a shared
+  virtual machine a point that lost cores this way can miss its schedule for a reason outside bench.
 
 ``--workers 1,2,4`` repeats every rate with the schedule sent from that many processes (``bench run --workers``;
 ``auto``: the count ``bench run --workers auto`` picks, shown as ``auto N``).
@@ -76,17 +78,27 @@ def _client_cpu_s() -> float:
     return time.process_time() + ch.ru_utime + ch.ru_stime
 
 
+def _steal_s() -> float:
+    """CPU seconds the hypervisor gave to others, all CPUs (/proc/stat's steal column; NaN where there is none):
+    on a shared virtual machine a run that lost cores this way misses its schedule for a reason outside bench."""
+    try:
+        v = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(v[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
 def one_rate(sim: Any, rate: float, duration: float, workers: int | str = 1, stamps: str = "auto") -> dict[str, Any]:
     """Run one point at ``rate`` (sent from ``workers`` processes, ``"auto"``: as many as bench picks, shown as
     ``auto N``; arrival stamps from ``stamps``: auto, kernel or user) and return its schedule figures."""
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="constant", input_tokens="16", warmup_s=0.0,
                       cooldown_s=0.0, drain_s=30.0)
-    c0, s0, t0 = _client_cpu_s(), sim.cpu_s(), time.perf_counter()
+    c0, s0, t0, st0 = _client_cpu_s(), sim.cpu_s(), time.perf_counter(), _steal_s()
     res = asyncio.run(run_load(sim.base, prof, ClientSettings(stamps=stamps), ls, out_dir=None,
                               workers=workers))
     wall = time.perf_counter() - t0
-    client_s, sim_s = _client_cpu_s() - c0, sim.cpu_s() - s0
+    client_s, sim_s, steal_s = _client_cpu_s() - c0, sim.cpu_s() - s0, _steal_s() - st0
     cell = res.cells[0].to_dict()
     sc = cell["schedule"]
     chosen = f"auto {res.run.workers}" if workers == "auto" else workers
@@ -95,6 +107,7 @@ def one_rate(sim: Any, rate: float, duration: float, workers: int | str = 1, sta
             "send_lag_ms": sc["send_lag_ms"], "failed": cell["counts"]["failed"],
             "cut": cell["counts"]["cut"], "errors": cell.get("errors") or {},
             "client_cpu_pct": round(100 * client_s / wall, 1), "sim_cpu_pct": round(100 * sim_s / wall, 1),
+            "steal_cores": round(steal_s / wall, 2),
             "client_cpu_ms_per_req": round(1e3 * client_s / sc["planned_requests"], 4),
             "sim_cpu_ms_per_req": round(1e3 * sim_s / sc["planned_requests"], 4), "wall_s": round(wall, 2)}
 
@@ -107,14 +120,14 @@ def to_markdown(doc: dict[str, Any]) -> str:
            "`bench sim` in its own process. "
            f"Command: `{doc['command']}`.", "",
            "| rate req/s | workers | requests | achieved req/s | dispatch lag p50 / p99 / max ms "
-           "| send lag p50 / p99 / max ms | failed / cut | client CPU % | sim CPU % | client / sim CPU ms per request |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| send lag p50 / p99 / max ms | failed / cut | client CPU % | sim CPU % | client / sim CPU ms per request | steal cores |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in doc["rows"]:
         d, s = r["dispatch_lag_ms"], r["send_lag_ms"]
         out.append(f"| {r['rate']:g} | {r['workers']}{'' if r.get('stamps', 'auto') == 'auto' else ' (' + r['stamps'] + ' stamps)'} | {r['requests']} | {r['achieved_rps']} | "
                    f"{d['p50']} / {d['p99']} / {d['max']} "
                    f"| {s['p50']} / {s['p99']} / {s['max']} | {r['failed']} / {r.get('cut', '-')} | {r['client_cpu_pct']} | "
-                   f"{r['sim_cpu_pct']} | {r.get('client_cpu_ms_per_req', '-')} / {r.get('sim_cpu_ms_per_req', '-')} |")
+                   f"{r['sim_cpu_pct']} | {r.get('client_cpu_ms_per_req', '-')} / {r.get('sim_cpu_ms_per_req', '-')} | {r.get('steal_cores', '-')} |")
     if doc.get("note"):
         out += ["", doc["note"]]
     return "\n".join(out) + "\n"
