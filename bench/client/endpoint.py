@@ -214,12 +214,19 @@ async def warm_pool(client: Any, base: str, offsets_ns: Sequence[int], start_ns:
     """Before an open-loop schedule that starts at ``start_ns`` (``perf_counter_ns``): open what
     :func:`preconnect_count` asks beyond the idle connections ``client``'s streaming pool already has, stopping
     ``WARM_MARGIN_NS`` before the start. Returns how many opened (0 without bench's pool, or no time left)."""
-    pool = getattr(client, "bench_fast_pool", None)
-    if pool is None:
-        return 0
-    need = preconnect_count(offsets_ns) - pool.idle_count(base)
     left_s = (start_ns - WARM_MARGIN_NS - time.perf_counter_ns()) / 1e9
-    return await pool.preconnect(base, need, timeout=left_s) if need > 0 and left_s > 0 else 0
+    return await fill_pool(client, base, preconnect_count(offsets_ns), left_s)
+
+
+async def fill_pool(client: Any, base: str, n: int, timeout_s: float) -> int:
+    """Open connections to ``base``'s server until ``client``'s streaming pool has ``n`` idle ones that a request
+    could take (:meth:`bench.transport.http.FastPool.preconnect`), within ``timeout_s``. Returns how many opened
+    (0 without bench's pool, or with no time given)."""
+    pool = getattr(client, "bench_fast_pool", None)
+    if pool is None or timeout_s <= 0:
+        return 0
+    need = n - pool.idle_count(base)
+    return await pool.preconnect(base, need, timeout=timeout_s) if need > 0 else 0
 
 
 async def _close_fast_pool(client: Any) -> None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.client import RequestSpec, StreamTap, release_idle
+from bench.client.endpoint import fill_pool
 from bench.config.plan import WARMUP_MAX_TOKENS, PlannedRequest, planned_waves
 from bench.config.profile import Cell
 from bench.measure.gpu import summarize_gpu, wave_tokens_per_joule
@@ -108,16 +109,20 @@ class Sweep:
 
     # ---- cells --------------------------------------------------------------------------------------------------
     async def _wave(self, cell: Cell, reqs: list[PlannedRequest]) -> list[RequestRecord]:
+        in_workers = self.session.pool is not None and bool(reqs) and reqs[0].phase in POOL_PHASES
         if self._lag is not None:
             self._lag.pause()  # building prompts and encoding images blocks the loop while nothing is read
         try:
             texts = [await self.session.realize(r) for r in reqs]
             images = [self.session.image_urls(r.request_id, r.images, r.image_wh) for r in reqs]  # before the wave
+            if not in_workers:  # one connection per stream, open before the wave (workers open their own)
+                await fill_pool(self.session.client, self.session.base, len(reqs),
+                                self.session.settings.connect_timeout_s)
         finally:
             if self._lag is not None:
                 self._lag.resume()
         measured = bool(reqs) and reqs[0].phase == "measure"
-        if self.session.pool is not None and reqs and reqs[0].phase in POOL_PHASES:
+        if in_workers:
             return await self._wave_in_workers(cell, reqs, texts, images, measured)
         taps = [StreamTap() for _ in reqs]
         if self.session.observer is not None and measured:

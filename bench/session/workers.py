@@ -56,7 +56,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.client.endpoint import warm_pool
+from bench.client.endpoint import fill_pool, preconnect_count, warm_pool
 from bench.client.turns import scheduled_task
 from bench.records import CUT_INTERRUPTED, RequestRecord, cut_record
 from bench.session.alarm import sleep_until
@@ -205,20 +205,37 @@ async def _share(client: Any, base: str, specs: list[RequestSpec], model: str, s
 # ---------------------------------------------------------------------------------------------------------------
 # the worker process
 # ---------------------------------------------------------------------------------------------------------------
-def _next_job(conn: Any) -> tuple[int, list[RequestSpec], int, list[int] | None] | None:
+def _next_job(conn: Any, prepare: Callable[[list[RequestSpec], list[int] | None], object] | None = None
+              ) -> tuple[int, list[RequestSpec], int, list[int] | None] | None:
     """The next job from the pipe with its start time (which follows the share when the pool sends it apart: the
-    worker says ``("got", job_id)`` first), or None: told to stop, or the pipe closed."""
+    worker calls ``prepare(specs, offsets)`` and then says ``("got", job_id)``), or None: told to stop, or the pipe
+    closed."""
     try:
         msg = conn.recv()
         if msg is None:
             return None
         job_id, specs, start_ns, offsets = msg
         if start_ns is None:
+            if prepare is not None:
+                prepare(specs, offsets)
             conn.send(("got", job_id))
             start_ns = conn.recv()[2]
     except (EOFError, OSError):
         return None
     return job_id, specs, start_ns, offsets
+
+
+def _preparer(loop: asyncio.AbstractEventLoop, client: Any, base: str,
+              timeout_s: float) -> Callable[[list[RequestSpec], list[int] | None], None]:
+    """What a worker does with a share before the start time is set: open the connections it needs (a wave: one
+    per stream; a schedule: :func:`bench.client.endpoint.preconnect_count`). The last wave's may have expired while
+    its records went back: a wave of 16,384 streams from 11 workers opened every one at its start."""
+
+    def prepare(specs: list[RequestSpec], offsets: list[int] | None) -> None:
+        n = len(specs) if offsets is None else preconnect_count(offsets)
+        loop.run_until_complete(fill_pool(client, base, n, timeout_s))
+
+    return prepare
 
 
 def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, concurrency: int,
@@ -245,7 +262,7 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
         loop.add_signal_handler(signal.SIGUSR1, lambda: [f() for f in list(stoppers)])
     try:
         conn.send(("ready", os.getpid()))
-        while (msg := _next_job(conn)) is not None:
+        while (msg := _next_job(conn, _preparer(loop, client, base, settings.connect_timeout_s))) is not None:
             job_id, specs, start_ns, offsets = msg
             cpu0 = time.process_time()
             mon = LagMonitor()

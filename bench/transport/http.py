@@ -51,6 +51,7 @@ __all__ = ["FastIOError", "FastConnectError", "FastTimeout", "FastPool", "FastRe
            "stamp_tracker"]
 
 STAMP_CHOICES = ("auto", "kernel", "user")
+PRECONNECT_PARALLEL = 32  # FastPool.preconnect's connects in flight at once
 KEEPALIVE_EXPIRY_S = 2.0  # well under common server idle timeouts (llama.cpp / uvicorn: 5 s)
 WRITE_TIMEOUT_S = 60.0  # as make_http_client's httpx write timeout
 CHUNKED_FRAMING = True  # chunked bodies framed by bench.transport.chunked; False: by h11 (benchmarks/hotpath.py's +h11)
@@ -365,30 +366,55 @@ class FastPool:
         return await self._exchange(conn, method, target, items, body, read_timeout, reused=False)
 
     async def preconnect(self, url: str, n: int, *, timeout: float) -> int:
-        """Open up to ``n`` connections to ``url``'s server at once, within ``timeout`` seconds, and pool them idle
-        (no request is sent on them), so the first requests of a schedule find them open instead of each opening
-        its own while the next fall due. Returns how many were pooled; those that failed or were not open in time
-        are left to the requests (they open their own)."""
+        """Open up to ``n`` connections to ``url``'s server, ``PRECONNECT_PARALLEL`` at a time, within ``timeout``
+        seconds, and pool them idle (no request is sent on them), so the requests that follow find them open.
+        Returns how many were pooled; those that failed or were not open in time are left to the requests (they
+        open their own). At most ``PRECONNECT_PARALLEL`` at once: thousands at once overflowed the listen queue of
+        a server with a short one (aiohttp's: 128), and the dropped connects were retried a second or more later."""
         if n <= 0 or timeout <= 0 or self._closed:
             return 0
         key = _pool_key(url)
-        tasks = [asyncio.ensure_future(self._connect(key, timeout)) for _ in range(n)]
-        done, late = await asyncio.wait(tasks, timeout=timeout)
+        conns: list[_Conn] = []
+        left = [n]
+
+        async def opener() -> None:
+            while left[0] > 0 and not self._closed:
+                left[0] -= 1
+                try:
+                    conns.append(await self._connect(key, timeout))
+                except (FastIOError, OSError):
+                    return
+
+        tasks = [asyncio.ensure_future(opener()) for _ in range(min(n, PRECONNECT_PARALLEL))]
+        _, late = await asyncio.wait(tasks, timeout=timeout)
         for t in late:
             t.cancel()
+        if late:
+            await asyncio.wait(late)
         now = time.monotonic()
-        conns = [t.result() for t in done if not t.cancelled() and t.exception() is None]
         for c in conns:
             c.idle_since = now
             if self._closed:
                 c.close()
-        if not self._closed:
-            self._idle.setdefault(key, deque()).extend(conns)
-        return 0 if self._closed else len(conns)
+        if self._closed:
+            return 0
+        self._idle.setdefault(key, deque()).extend(conns)
+        return len(conns)
 
     def idle_count(self, url: str) -> int:
-        """Idle pooled connections to ``url``'s server (expired ones included until the next take)."""
-        return len(self._idle.get(_pool_key(url), ()))
+        """Idle pooled connections to ``url``'s server that a request could take now (the expired and the closed
+        ones are closed and dropped first)."""
+        conns = self._idle.get(_pool_key(url))
+        if not conns:
+            return 0
+        now = time.monotonic()
+        keep = [c for c in conns if c.usable and now - c.idle_since <= self.keepalive_expiry]
+        for c in conns:
+            if c not in keep:
+                c.close()
+        conns.clear()
+        conns.extend(keep)
+        return len(keep)
 
     @property
     def stamp_source(self) -> str:

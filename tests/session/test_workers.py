@@ -154,6 +154,34 @@ def test_the_start_time_follows_every_share(pool: WorkerPool) -> None:
     assert all(0 <= r.meta["dispatch_lag_ns"] < 30e6 for r in recs), [r.meta["dispatch_lag_ns"] for r in recs]
 
 
+def test_a_worker_prepares_its_share_before_it_answers_got() -> None:
+    """The start time is fixed once every worker answered ``got``; a worker opens its share's connections
+    (``prepare``) before answering, so that opening them is never inside the measured time."""
+    import multiprocessing as mp
+
+    from bench.session.workers import _next_job
+
+    parent, child = mp.Pipe()
+    seen: list[str] = []
+    out: list[object] = []
+
+    def prepare(sp: list[RequestSpec], offsets: list[int] | None) -> None:
+        seen.append(f"prepare {len(sp)} {offsets}")
+        time.sleep(0.1)
+        seen.append("prepared")
+
+    t = threading.Thread(target=lambda: out.append(_next_job(child, prepare)))
+    t.start()
+    parent.send((7, specs(3, "p", 2), None, None))
+    assert parent.recv() == ("got", 7)
+    seen.append("got")
+    parent.send(("start", 7, 12345))
+    t.join(5)
+    assert seen == ["prepare 3 None", "prepared", "got"]
+    job = out[0]
+    assert isinstance(job, tuple) and job[0] == 7 and job[2] == 12345 and len(job[1]) == 3
+
+
 def test_pool_reused_across_waves(pool: WorkerPool) -> None:
     a = pool.run(specs(4, "w1", 2))
     b = pool.run(specs(3, "w2", 2))  # an uneven split: 2 + 1

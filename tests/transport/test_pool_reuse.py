@@ -7,7 +7,14 @@ import asyncio
 import time
 
 from bench.client import ClientSettings, make_http_client
-from bench.client.endpoint import PRECONNECT_MAX, PRECONNECT_WINDOW_S, WARM_MARGIN_NS, preconnect_count, warm_pool
+from bench.client.endpoint import (
+    PRECONNECT_MAX,
+    PRECONNECT_WINDOW_S,
+    WARM_MARGIN_NS,
+    fill_pool,
+    preconnect_count,
+    warm_pool,
+)
 from bench.transport.http import FastPool
 from tests.transport.test_http import Server, _get, read_request
 
@@ -116,6 +123,30 @@ def test_warm_pool_tops_up_to_the_count_before_the_start() -> None:
             late = time.perf_counter_ns() + WARM_MARGIN_NS // 2  # less than the margin left: nothing opens
             assert await warm_pool(client, srv.url + "/v1", offsets + offsets, late) == 0
             assert srv.connections == 8 and srv.requests == []
+            await client.aclose()
+
+    asyncio.run(main())
+
+
+def test_idle_count_drops_the_expired_ones_and_fill_pool_tops_up() -> None:
+    """A wave's connections that expired while its records went back are not counted as ready: ``fill_pool`` opens
+    the wave's full count again before the next wave starts."""
+    ref: list[Server] = []
+    order: list[int] = []
+
+    async def main():
+        async with Server(_numbering_handler(ref, order)) as srv:
+            ref.append(srv)
+            client = make_http_client(ClientSettings(), 8)
+            pool = client.bench_fast_pool
+            pool.keepalive_expiry = 0.05
+            assert await fill_pool(client, srv.url + "/v1", 4, 5.0) == 4
+            assert await fill_pool(client, srv.url + "/v1", 4, 5.0) == 0  # all four still fresh
+            await asyncio.sleep(0.1)
+            assert pool.idle_count(srv.url) == 0  # expired: closed and dropped
+            assert await fill_pool(client, srv.url + "/v1", 4, 5.0) == 4
+            assert await fill_pool(client, srv.url + "/v1", 6, 0.0) == 0  # no time given: nothing
+            assert pool.connects == 8 and srv.requests == []
             await client.aclose()
 
     asyncio.run(main())
