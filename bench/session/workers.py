@@ -229,7 +229,8 @@ def _preparer(loop: asyncio.AbstractEventLoop, client: Any, base: str,
               timeout_s: float) -> Callable[[list[RequestSpec], list[int] | None], None]:
     """What a worker does with a share before the start time is set: open the connections it needs (a wave: one
     per stream; a schedule: :func:`bench.client.endpoint.preconnect_count`). The last wave's may have expired while
-    its records went back: a wave of 16,384 streams from 11 workers opened every one at its start."""
+    its records went back: 4,096 streams from 2 workers opened every one again at each wave's start
+    (benchmarks/results/scale_streams-preconnect-2026-12-05-vm.md)."""
 
     def prepare(specs: list[RequestSpec], offsets: list[int] | None) -> None:
         n = len(specs) if offsets is None else preconnect_count(offsets)

@@ -408,13 +408,13 @@ class FastPool:
         if not conns:
             return 0
         now = time.monotonic()
-        keep = [c for c in conns if c.usable and now - c.idle_since <= self.keepalive_expiry]
-        for c in conns:
-            if c not in keep:
+        for _ in range(len(conns)):  # one pass in order: each kept one goes back to the end
+            c = conns.popleft()
+            if c.usable and now - c.idle_since <= self.keepalive_expiry:
+                conns.append(c)
+            else:
                 c.close()
-        conns.clear()
-        conns.extend(keep)
-        return len(keep)
+        return len(conns)
 
     @property
     def stamp_source(self) -> str:
@@ -448,7 +448,8 @@ class FastPool:
         Taken in turn, every pooled connection stays in use while requests keep coming, so none expires and the
         pool keeps the size the load needed. Taking the most recently used one first (as before) left the others
         idle until they expired; the next burst then opened hundreds at once, and that churn held the event loop
-        up to 65 ms at 20,000 req/s (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md)."""
+        up to 65 ms at 20,000 req/s (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md). Against llama-server,
+        which holds a thread per connection, the two orders did alike (benchmarks/results/pool_order-2026-12-05-vm.md)."""
         conns = self._idle.get(key)
         if not conns:
             return None

@@ -1,0 +1,81 @@
+"""Does the order in which bench's connection pool reuses idle connections change what a thread-per-connection
+server does? llama.cpp's llama-server (cpp-httplib) serves each connection on one of its HTTP threads for as long
+as the connection lives, so a pool that keeps more connections in use than the server has threads could leave a
+request waiting on a connection no thread serves. bench.transport.http.FastPool takes the connection that waited
+longest (first in, first out: benchmarks/results/schedule_accuracy-2026-12-05c-h100.md says why); this runs open-
+loop points against a real llama-server (SmolLM2-135M of bench's tests, 4 slots) with that order and with the
+old one (the most recently used first, patched in here), alternating, and prints each point's end-to-end latency
+from the schedule.
+
+    python benchmarks/pool_order.py --rates 3,5,10,30 --duration 6
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+
+import bench.transport.http as http  # noqa: E402
+from bench.client import ClientSettings  # noqa: E402
+from bench.config.profile import Profile  # noqa: E402
+from bench.driver import run_load  # noqa: E402
+from bench.load.point import LoadSettings  # noqa: E402
+from bench.tools.engine import LocalEngine  # noqa: E402
+
+FIFO = http.FastPool._take_idle
+
+
+def _lifo(self: Any, key: tuple[str, str, int]) -> Any:
+    """The pool's order before: the most recently used idle connection first."""
+    conns = self._idle.get(key)
+    now = time.monotonic()
+    while conns:
+        c = conns.pop()
+        if c.usable and now - c.idle_since <= self.keepalive_expiry:
+            return c
+        c.close()
+    return None
+
+
+def point(url: str, rate: float, duration: float, order: str) -> str:
+    """One Poisson point at ``rate`` with the pool order ``order``; a line of its figures."""
+    http.FastPool._take_idle = FIFO if order == "fifo" else _lifo  # type: ignore[method-assign]
+    ls = LoadSettings(rate=rate, duration_s=duration, arrival="poisson", input_tokens="16", warmup_s=0.0, seed=1)
+    d = Path(tempfile.mkdtemp())
+    asyncio.run(run_load(url, Profile(name="t", max_tokens=4, warmup=0, overhead_probes=1), ClientSettings(), ls,
+                         out_dir=d))
+    recs = [json.loads(line) for line in open(d / "records.jsonl")]
+    recs = [r for r in recs if r.get("scheduled_ns")]
+    e2e = np.array([(r["sent_ns"] - r["scheduled_ns"] + r["end_ns"]) / 1e6 for r in recs if r.get("end_ns")])
+    ok = sum(1 for r in recs if r.get("ok"))
+    return (f"| {rate:g} | {order} | {len(recs)} | {ok} | {np.percentile(e2e, 50):.0f} | {np.percentile(e2e, 90):.0f} "
+            f"| {np.percentile(e2e, 99):.0f} | {e2e.max():.0f} |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rates", default="3,5,10,30", help="comma list of req/s")
+    ap.add_argument("--duration", type=float, default=6.0, help="seconds per point")
+    a = ap.parse_args()
+    print(f"Command: `python benchmarks/pool_order.py --rates {a.rates} --duration {a.duration:g}`\n")
+    print("| rate req/s | order | requests | ok | E2E from schedule p50 ms | p90 | p99 | max |")
+    print("|---|---|---|---|---|---|---|---|")
+    with LocalEngine(parallel=4, ctx_size=32768) as eng:
+        for rate in (float(x) for x in a.rates.split(",")):
+            for order in ("lifo", "fifo", "lifo", "fifo"):
+                print(point(eng.url, rate, a.duration, order), flush=True)
+
+
+if __name__ == "__main__":
+    main()
