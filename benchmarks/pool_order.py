@@ -5,9 +5,12 @@ request waiting on a connection no thread serves. bench.transport.http.FastPool 
 longest (first in, first out: benchmarks/results/schedule_accuracy-2026-12-05c-h100.md says why); this runs open-
 loop points against a real llama-server (SmolLM2-135M of bench's tests, 4 slots) with that order and with the
 old one (the most recently used first, patched in here), alternating, and prints each point's end-to-end latency
-from the schedule.
+from the schedule. ``--starve N`` first opens N connections at once (FastPool.preconnect), then sends 2N short
+requests one after another with each order and prints each request's time: the test of a pool that holds more
+connections than the server has HTTP threads.
 
     python benchmarks/pool_order.py --rates 3,5,10,30 --duration 6
+    python benchmarks/pool_order.py --rates '' --starve 10 --repeats 4
 """
 
 from __future__ import annotations
@@ -63,16 +66,43 @@ def point(url: str, rate: float, duration: float, order: str) -> str:
             f"| {np.percentile(e2e, 99):.0f} | {e2e.max():.0f} |")
 
 
+async def _starve(url: str, n: int, order: str) -> list[float]:
+    """``n`` connections opened at once, then ``2 n`` one-token requests one after another: each one's ms."""
+    http.FastPool._take_idle = FIFO if order == "fifo" else _lifo  # type: ignore[method-assign]
+    pool = http.FastPool()
+    await pool.preconnect(url, n, timeout=5.0)
+    body = b'{"prompt":"hi","max_tokens":1,"stream":false}'
+    out = []
+    for _ in range(2 * n):
+        t = time.perf_counter()
+        r = await pool.stream("POST", url + "/completions", {"Content-Type": "application/json"}, body,
+                              connect_timeout=5.0, read_timeout=30.0)
+        await r.aread()
+        await r.aclose()
+        out.append(1e3 * (time.perf_counter() - t))
+    await pool.aclose()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rates", default="3,5,10,30", help="comma list of req/s")
     ap.add_argument("--duration", type=float, default=6.0, help="seconds per point")
+    ap.add_argument("--starve", type=int, default=0, metavar="N", help="first the N-connection test (0: none)")
+    ap.add_argument("--repeats", type=int, default=1, help="times the N-connection test runs per order [1]")
     a = ap.parse_args()
-    print(f"Command: `python benchmarks/pool_order.py --rates {a.rates} --duration {a.duration:g}`\n")
-    print("| rate req/s | order | requests | ok | E2E from schedule p50 ms | p90 | p99 | max |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"Command: `python benchmarks/pool_order.py --rates '{a.rates}' --duration {a.duration:g} --starve {a.starve} --repeats {a.repeats}`\n")
+    for k in range(a.repeats if a.starve else 0):  # a fresh server each time: the stalls came on fresh ones
+        for order in ("fifo", "lifo"):
+            with LocalEngine(parallel=4, ctx_size=32768) as eng:
+                ms = asyncio.run(_starve(eng.url, a.starve, order))
+            print(f"{k + 1}. {order}, {a.starve} connections opened, then {2 * a.starve} requests one after another, "
+                  f"ms: " + ", ".join(f"{x:.0f}" for x in ms) + "\n", flush=True)
     with LocalEngine(parallel=4, ctx_size=32768) as eng:
-        for rate in (float(x) for x in a.rates.split(",")):
+        if a.rates:
+            print("| rate req/s | order | requests | ok | E2E from schedule p50 ms | p90 | p99 | max |")
+            print("|---|---|---|---|---|---|---|---|")
+        for rate in (float(x) for x in a.rates.split(",") if x):
             for order in ("lifo", "fifo", "lifo", "fifo"):
                 print(point(eng.url, rate, a.duration, order), flush=True)
 

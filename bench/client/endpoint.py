@@ -9,8 +9,6 @@ import logging
 import os
 import re
 import ssl
-import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -192,30 +190,6 @@ def release_idle(client: Any) -> int:
     their local ports are free at once, for readers in other processes. Returns how many were closed."""
     pool = getattr(client, "bench_fast_pool", None)
     return pool.drop_idle() if pool is not None else 0
-
-
-# An open-loop schedule opens this many connections before its start (those due in its first PRECONNECT_WINDOW_S,
-# at most PRECONNECT_MAX): at 1,667 req/s per process the first requests each opened their own while the next fell
-# due, and the first tenth of a 3-s run had send lags up to 6 ms (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md)
-PRECONNECT_WINDOW_S = 0.25
-PRECONNECT_MAX = 64
-WARM_MARGIN_NS = 20_000_000  # and stops opening this long before the start
-
-
-def preconnect_count(offsets_ns: Sequence[int]) -> int:
-    """How many connections a schedule with these send offsets (ns, sorted) opens before its start."""
-    if not offsets_ns:
-        return 0
-    end = offsets_ns[0] + PRECONNECT_WINDOW_S * 1e9
-    return min(PRECONNECT_MAX, sum(1 for o in offsets_ns[:PRECONNECT_MAX] if o < end))
-
-
-async def warm_pool(client: Any, base: str, offsets_ns: Sequence[int], start_ns: int) -> int:
-    """Before an open-loop schedule that starts at ``start_ns`` (``perf_counter_ns``): open what
-    :func:`preconnect_count` asks beyond the idle connections ``client``'s streaming pool already has, stopping
-    ``WARM_MARGIN_NS`` before the start. Returns how many opened (0 without bench's pool, or no time left)."""
-    left_s = (start_ns - WARM_MARGIN_NS - time.perf_counter_ns()) / 1e9
-    return await fill_pool(client, base, preconnect_count(offsets_ns), left_s)
 
 
 async def fill_pool(client: Any, base: str, n: int, timeout_s: float) -> int:

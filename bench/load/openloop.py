@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bench.client import RequestSpec, image_rejection
-from bench.client.endpoint import PRECONNECT_MAX, warm_pool
 from bench.client.turns import scheduled_task
 from bench.errors import ServerError
 from bench.measure.metrics import RequestMetrics, request_metrics
@@ -147,15 +146,6 @@ async def _send_all(plan: Sequence[Planned], t0: int, start: Callable[[int, int]
         raise
 
 
-async def _start_time(session: Session, plan: Sequence[Planned], closed: bool) -> int:
-    """The plan's start, ``START_DELAY_S`` from now; a schedule (not ``closed``) opens its first connections
-    meanwhile (:func:`bench.client.endpoint.warm_pool`), not while its first requests fall due."""
-    t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
-    if not closed:
-        await warm_pool(session.client, session.base, [round(p.at_s * 1e9) for p in plan[:PRECONNECT_MAX]], t0)
-    return t0
-
-
 async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[str], *, tag: str,
                    max_concurrency: int | None = None, drain_s: float = 60.0,
                    on_done: Callable[[RequestRecord], None] | None = None,
@@ -199,7 +189,7 @@ async def run_plan(session: Session, plan: Sequence[Planned], texts: Sequence[st
         inflight.append((sched, c.sent - c.done))
         tasks[k] = scheduled_task(one(k, sched)) if not closed else asyncio.create_task(one(k, sched))
 
-    t0 = await _start_time(session, plan, closed)
+    t0 = time.perf_counter_ns() + round(START_DELAY_S * 1e9)
     gc_was_on = gc.isenabled()
     gc.disable()  # no collector pause while streams are read (see runner._wave)
     mon = LagMonitor()

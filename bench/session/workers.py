@@ -56,7 +56,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from bench.client import ClientSettings, RequestSpec, make_http_client, stream_request
-from bench.client.endpoint import fill_pool, preconnect_count, warm_pool
+from bench.client.endpoint import fill_pool
 from bench.client.turns import scheduled_task
 from bench.records import CUT_INTERRUPTED, RequestRecord, cut_record
 from bench.session.alarm import sleep_until
@@ -118,7 +118,9 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
 
     async def dispatch() -> None:
         try:
-            await _at_start(client, base, offsets, start_ns, monitor)
+            await sleep_until(start_ns)
+            if monitor is not None:
+                monitor.start()
             for i, spec in enumerate(specs):
                 sched = None if offsets is None else start_ns + int(offsets[i])
                 if sched is not None:
@@ -146,17 +148,6 @@ async def share_records(client: Any, base: str, specs: Sequence[RequestSpec], *,
             t.cancel()
         if monitor is not None:
             monitor.stop()
-
-
-async def _at_start(client: Any, base: str, offsets: Sequence[int] | None, start_ns: int,
-                    monitor: LagMonitor | None) -> None:
-    """Open an open-loop share's first connections (:func:`bench.client.endpoint.warm_pool`), wait for
-    ``start_ns``, start ``monitor``."""
-    if offsets is not None:
-        await warm_pool(client, base, offsets, start_ns)
-    await sleep_until(start_ns)
-    if monitor is not None:
-        monitor.start()
 
 
 async def _read_share(done: asyncio.Queue[tuple[int, RequestRecord | Exception | None]], n: int,
@@ -227,14 +218,14 @@ def _next_job(conn: Any, prepare: Callable[[list[RequestSpec], list[int] | None]
 
 def _preparer(loop: asyncio.AbstractEventLoop, client: Any, base: str,
               timeout_s: float) -> Callable[[list[RequestSpec], list[int] | None], None]:
-    """What a worker does with a share before the start time is set: open the connections it needs (a wave: one
-    per stream; a schedule: :func:`bench.client.endpoint.preconnect_count`). The last wave's may have expired while
-    its records went back: 4,096 streams from 2 workers opened every one again at each wave's start
-    (benchmarks/results/scale_streams-preconnect-2026-12-05-vm.md)."""
+    """What a worker does with a share before the start time is set: a wave's connections, one per stream, open
+    (the last wave's may have expired while its records went back: 4,096 streams from 2 workers opened every one
+    again at each wave's start, benchmarks/results/scale_streams-preconnect-2026-12-05-vm.md). Not for an
+    open-loop share: it opens connections as it needs them (:meth:`bench.transport.http.FastPool._take_idle`)."""
 
     def prepare(specs: list[RequestSpec], offsets: list[int] | None) -> None:
-        n = len(specs) if offsets is None else preconnect_count(offsets)
-        loop.run_until_complete(fill_pool(client, base, n, timeout_s))
+        if offsets is None:
+            loop.run_until_complete(fill_pool(client, base, len(specs), timeout_s))
 
     return prepare
 

@@ -367,7 +367,9 @@ class FastPool:
 
     async def preconnect(self, url: str, n: int, *, timeout: float) -> int:
         """Open up to ``n`` connections to ``url``'s server, ``PRECONNECT_PARALLEL`` at a time, within ``timeout``
-        seconds, and pool them idle (no request is sent on them), so the requests that follow find them open.
+        seconds, and pool them idle (no request is sent on them), so the requests that follow find them open (a
+        wave's: one per stream, as many as the wave opens anyway; never more than will be used at once, since a
+        server with a thread per connection leaves the extra ones unserved).
         Returns how many were pooled; those that failed or were not open in time are left to the requests (they
         open their own). At most ``PRECONNECT_PARALLEL`` at once: thousands at once overflowed the listen queue of
         a server with a short one (aiohttp's: 128), and the dropped connects were retried a second or more later."""
@@ -443,19 +445,22 @@ class FastPool:
 
     # --- internals ----------------------------------------------------------------------------------------------
     def _take_idle(self, key: tuple[str, str, int]) -> _Conn | None:
-        """The idle connection that waited longest (first in, first out), closing the expired ones on the way.
+        """The most recently used idle connection (last in, first out), closing the expired ones on the way.
 
-        Taken in turn, every pooled connection stays in use while requests keep coming, so none expires and the
-        pool keeps the size the load needed. Taking the most recently used one first (as before) left the others
-        idle until they expired; the next burst then opened hundreds at once, and that churn held the event loop
-        up to 65 ms at 20,000 req/s (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md). Against llama-server,
-        which holds a thread per connection, the two orders did alike (benchmarks/results/pool_order-2026-12-05-vm.md)."""
+        A server that binds a thread to each kept-alive connection (llama.cpp's llama-server: cpp-httplib) serves
+        only as many connections as it has HTTP threads; a connection beyond them waits until one is idle for the
+        server's keep-alive timeout (5 s). Taking the most recent one keeps the requests on connections the server
+        is serving, and lets the others expire. Taken in turn (first in, first out), with a schedule's first
+        connections opened ahead, the pool stopped the connection storms of 20,000 req/s runs
+        (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md); connections opened ahead made llama-server keep
+        a request waiting 5 s (benchmarks/results/pool_order-2026-12-05-vm.md), and the order alone was not shown
+        safe with such a server, so neither stayed."""
         conns = self._idle.get(key)
         if not conns:
             return None
         now = time.monotonic()
         while conns:
-            c = conns.popleft()
+            c = conns.pop()
             if c.usable and now - c.idle_since <= self.keepalive_expiry:
                 return c
             c.close()
