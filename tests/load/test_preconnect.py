@@ -1,7 +1,7 @@
-"""An open-loop schedule opens connections only as its requests need them (no connection opened ahead: a server
-with a thread per connection, as llama-server, leaves connections beyond its threads unserved, and a request sent
-on one waited 4.9 s: benchmarks/results/pool_order-2026-12-05-vm.md), in one process (bench.load.openloop.run_plan)
-and in a worker's share (bench.session.workers.share_records), against ``bench sim`` in its own process."""
+"""An open-loop schedule opens connections only as its requests need them: none opened ahead, since connections
+opened ahead of their requests made a real llama-server (a thread per connection) keep a request waiting 5.0 s
+(benchmarks/results/pool_order-2026-12-05-vm.md). Checked on a worker's share (bench.session.workers.share_records,
+the code worker processes and Ray actors run) against ``bench sim`` in its own process."""
 
 from __future__ import annotations
 

@@ -26,8 +26,8 @@ def _numbering_handler(server_ref: list[Server], order: list[int]):
 
 def test_the_most_recently_used_idle_connection_goes_first() -> None:
     """Three connections opened by three concurrent requests; nine requests one after another then all go on the
-    one that came back last. A server with a thread per connection (llama-server) serves that one; taken in turn,
-    requests also went to connections it did not serve (benchmarks/results/pool_order-2026-12-05-vm.md)."""
+    one that came back last, a connection the server is serving (a server with a thread per connection, as
+    llama-server, may not serve the others: benchmarks/results/pool_order-2026-12-05-vm.md)."""
     ref: list[Server] = []
     order: list[int] = []
 
