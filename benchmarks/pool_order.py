@@ -1,11 +1,11 @@
 """Does the order in which bench's connection pool reuses idle connections change what a thread-per-connection
 server does? llama.cpp's llama-server (cpp-httplib) serves each connection on one of its HTTP threads for as long
 as the connection lives, so a pool that keeps more connections in use than the server has threads could leave a
-request waiting on a connection no thread serves. bench.transport.http.FastPool takes the connection that waited
-longest (first in, first out: benchmarks/results/schedule_accuracy-2026-12-05c-h100.md says why); this runs open-
-loop points against a real llama-server (SmolLM2-135M of bench's tests, 4 slots) with that order and with the
-old one (the most recently used first, patched in here), alternating, and prints each point's end-to-end latency
-from the schedule. ``--starve N`` first opens N connections at once (FastPool.preconnect), then sends 2N short
+request waiting on a connection no thread serves. bench.transport.http.FastPool takes the most recently used
+connection first; the order tried for issue 26 took the one that waited longest (first in, first out, patched in
+here: benchmarks/results/schedule_accuracy-2026-12-05c-h100.md says why). This runs open-loop points against a
+real llama-server (SmolLM2-135M of bench's tests, 4 slots) with each order, alternating, and prints each point's
+end-to-end latency from the schedule. ``--starve N`` first opens N connections at once (FastPool.preconnect), then sends 2N short
 requests one after another with each order and prints each request's time: the test of a pool that holds more
 connections than the server has HTTP threads.
 
@@ -36,15 +36,15 @@ from bench.driver import run_load  # noqa: E402
 from bench.load.point import LoadSettings  # noqa: E402
 from bench.tools.engine import LocalEngine  # noqa: E402
 
-FIFO = http.FastPool._take_idle
+LIFO = http.FastPool._take_idle  # the pool's own order: the most recently used idle connection first
 
 
-def _lifo(self: Any, key: tuple[str, str, int]) -> Any:
-    """The pool's order before: the most recently used idle connection first."""
+def _fifo(self: Any, key: tuple[str, str, int]) -> Any:
+    """The order tried for issue 26: the idle connection that waited longest first."""
     conns = self._idle.get(key)
     now = time.monotonic()
     while conns:
-        c = conns.pop()
+        c = conns.popleft()
         if c.usable and now - c.idle_since <= self.keepalive_expiry:
             return c
         c.close()
@@ -53,7 +53,7 @@ def _lifo(self: Any, key: tuple[str, str, int]) -> Any:
 
 def point(url: str, rate: float, duration: float, order: str) -> str:
     """One Poisson point at ``rate`` with the pool order ``order``; a line of its figures."""
-    http.FastPool._take_idle = FIFO if order == "fifo" else _lifo  # type: ignore[method-assign]
+    http.FastPool._take_idle = _fifo if order == "fifo" else LIFO  # type: ignore[method-assign]
     ls = LoadSettings(rate=rate, duration_s=duration, arrival="poisson", input_tokens="16", warmup_s=0.0, seed=1)
     d = Path(tempfile.mkdtemp())
     asyncio.run(run_load(url, Profile(name="t", max_tokens=4, warmup=0, overhead_probes=1), ClientSettings(), ls,
@@ -68,7 +68,7 @@ def point(url: str, rate: float, duration: float, order: str) -> str:
 
 async def _starve(url: str, n: int, order: str) -> list[float]:
     """``n`` connections opened at once, then ``2 n`` one-token requests one after another: each one's ms."""
-    http.FastPool._take_idle = FIFO if order == "fifo" else _lifo  # type: ignore[method-assign]
+    http.FastPool._take_idle = _fifo if order == "fifo" else LIFO  # type: ignore[method-assign]
     pool = http.FastPool()
     await pool.preconnect(url, n, timeout=5.0)
     body = b'{"prompt":"hi","max_tokens":1,"stream":false}'

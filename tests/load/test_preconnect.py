@@ -1,5 +1,5 @@
 """An open-loop schedule opens connections only as its requests need them: none opened ahead, since connections
-opened ahead of their requests made a real llama-server (a thread per connection) keep a request waiting 5.0 s
+opened ahead of their requests made a real llama-server (a thread per connection) keep a request waiting 4.9-5.0 s
 (benchmarks/results/pool_order-2026-12-05-vm.md). Checked on a worker's share (bench.session.workers.share_records,
 the code worker processes and Ray actors run) against ``bench sim`` in its own process."""
 
