@@ -49,6 +49,14 @@ def _schedstat(pid: int) -> tuple[int, int] | None:
         return None
 
 
+def _fds(pid: int) -> int | None:
+    """Open file descriptors of ``pid`` (its sockets among them: a burst of new connections shows as a jump)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
 def _host_busy() -> tuple[float, float]:
     """All CPUs' busy seconds (not idle, iowait or steal) and steal seconds (the hypervisor ran something else)."""
     f = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
@@ -65,6 +73,7 @@ class Sampler(threading.Thread):
         super().__init__(daemon=True)
         self.every_s, self.servers, self.stop = every_s, servers, threading.Event()
         self.rows: list[tuple[float, tuple[float, float], dict[int, tuple[int, int]]]] = []
+        self.fds: list[tuple[float, dict[int, int]]] = []  # (when, open fds per client process)
 
     def run(self) -> None:
         me = os.getpid()
@@ -77,6 +86,8 @@ class Sampler(threading.Thread):
             pids = [p for p in _children(me) if p not in self.servers] + [me] + self.servers
             st = {p: s for p in pids if (s := _schedstat(p)) is not None}
             self.rows.append((time.perf_counter_ns() / 1e9, _host_busy(), st))
+            self.fds.append((self.rows[-1][0], {p: n for p in pids if p not in self.servers
+                                                and (n := _fds(p)) is not None}))
             due = time.perf_counter() + self.every_s
             time.sleep(self.every_s)
 
@@ -108,12 +119,34 @@ def report(rows: list[Any], servers: list[int], t_from: float, t_to: float) -> N
     print("\n".join(lines))
 
 
-def one(base: str, rate: float, dur: float, workers: int | str, warm: float, sampler: Sampler) -> None:
+def fd_report(fds: list[tuple[float, dict[int, int]]], t_from: float, t_to: float) -> None:
+    """Per client process: open fds when the schedule started, their most during it and when (connections opened
+    in a burst), and at its end."""
+    rows = [r for r in fds if t_from <= r[0] <= t_to]
+    for p in sorted({p for _, d in rows for p in d}):
+        mine = [(t, d[p]) for t, d in rows if p in d]
+        t_max, n_max = max(mine, key=lambda x: x[1])
+        print(f"  process {p}: open fds {mine[0][1]} at the start, most {n_max} at {t_max - t_from:.2f} s, "
+              f"{mine[-1][1]} at the end")
+
+
+async def _with_stalls(coro: Any, stalls: list[float], stall_ms: float) -> Any:
+    """Run ``coro`` while this process's event loop is blocked for ``stall_ms`` at each of ``stalls`` (seconds
+    after the start; a page fault, a collector pause or a burst of records does that to a client): only where the
+    schedule runs in this process (one worker)."""
+    loop = asyncio.get_running_loop()
+    for t in stalls:
+        loop.call_later(t, time.sleep, stall_ms / 1e3)
+    return await coro
+
+
+def one(base: str, rate: float, dur: float, workers: int | str, warm: float, sampler: Sampler,
+        stalls: tuple[list[float], float] = ([], 0.0)) -> None:
     prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=dur, arrival="constant", input_tokens="16", warmup_s=warm,
                       cooldown_s=0.0, drain_s=30.0)
     d = Path(tempfile.mkdtemp())
-    res = asyncio.run(run_load(base, prof, ClientSettings(), ls, out_dir=d, workers=workers))
+    res = asyncio.run(_with_stalls(run_load(base, prof, ClientSettings(), ls, out_dir=d, workers=workers), *stalls))
     recs = [json.loads(line) for line in open(d / "records.jsonl")]
     recs = [r for r in recs if r.get("scheduled_ns")]
     s0 = min(r["scheduled_ns"] for r in recs)
@@ -122,6 +155,8 @@ def one(base: str, rate: float, dur: float, workers: int | str, warm: float, sam
     sl = np.array([(r["sent_ns"] - r["scheduled_ns"]) / 1e6 for r in recs])
     print(f"rate {rate:g} workers {res.run.workers} ({workers}) n {len(recs)} send p99 {np.percentile(sl, 99):.2f} "
           f"dispatch p99 {np.percentile(dl, 99):.2f} ms", flush=True)
+    print(f"  send lag max {sl.max():.1f} ms; {int((sl > 1).sum())} requests sent over 1 ms late, "
+          f"{int((sl > 10).sum())} over 10 ms")
     late = off >= 0.1 * off.max()
     print(f"  after the first tenth: send p99 {np.percentile(sl[late], 99):.2f} dispatch p99 "
           f"{np.percentile(dl[late], 99):.2f} ms")
@@ -132,6 +167,7 @@ def one(base: str, rate: float, dur: float, workers: int | str, warm: float, sam
         cells.append(f"{np.percentile(sl[m], 99):.1f}/{dl[m].max():.0f}")
     print("  per tenth, send p99 / dispatch max ms:", " ".join(cells))
     report(sampler.rows, sampler.servers, s0 / 1e9, max(r["sent_ns"] for r in recs) / 1e9)
+    fd_report(sampler.fds, s0 / 1e9, max(r["sent_ns"] for r in recs) / 1e9)
     peaks: dict[float, float] = {}
     for i in np.argsort(dl)[::-1][:2000]:
         b = round(float(off[i]) * 20) / 20
@@ -153,6 +189,9 @@ def main() -> None:
     ap.add_argument("--sims", type=int, default=3)
     ap.add_argument("--server", choices=("sim", "blast"), default="blast")
     ap.add_argument("--every-ms", type=float, default=20.0)
+    ap.add_argument("--stall-at", default="", help="comma list of seconds after the start at which this process's "
+                    "event loop is blocked (one worker only: the schedule runs here)")
+    ap.add_argument("--stall-ms", type=float, default=40.0, help="how long each stall blocks the loop, ms")
     a = ap.parse_args()
     srv = SimGroup(a.sims, BlastProcess) if a.server == "blast" else SimGroup(
         a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
@@ -160,7 +199,8 @@ def main() -> None:
     sampler.start()
     try:
         for w in a.workers.split(","):
-            one(srv.base, a.rate, a.duration, w if w == "auto" else int(w), a.warmup, sampler)
+            one(srv.base, a.rate, a.duration, w if w == "auto" else int(w), a.warmup, sampler,
+                ([float(x) for x in a.stall_at.split(",") if x], a.stall_ms))
     finally:
         sampler.stop.set()
         srv.close()

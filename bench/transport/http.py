@@ -43,6 +43,7 @@ import h11
 
 from bench.errors import FastConnectError, FastIOError, FastTimeout, StaleConnection
 from bench.transport.chunked import ChunkedDecoder
+from bench.transport.connector import Opener, open_many
 from bench.transport.head import RequestHead, head_end, parse_chunked_head, replay_h11
 from bench.transport.limits import local_limit, reset_on_close
 from bench.transport.protocol import BodyPump, StampProtocol, cut_text, exc_text
@@ -311,7 +312,9 @@ def _pool_key(url: str) -> tuple[str, str, int]:
 
 
 class FastPool:
-    """Keep-alive connections per ``(host, port)``; no cap on their number (never queues a request).
+    """Keep-alive connections per ``(host, port)``; no cap on their number. A request that finds none idle takes
+    the first of a connection another request gives back and a new one, new ones opening at a bounded pace
+    (:mod:`bench.transport.connector`).
 
     Args:
         keepalive_expiry: idle connections older than this (seconds) are closed instead of reused.
@@ -331,6 +334,7 @@ class FastPool:
         self._idle: dict[tuple[str, str, int], deque[_Conn]] = {}
         self._closed = False
         self.connects = 0  # connections opened (for tests and diagnostics)
+        self._opener: Opener[tuple[str, str, int], _Conn] = Opener(self._connect, self._park, self._give_back)
         if stamps != "user":  # probed now, not inside the first request's queue time (it took 4 ms there)
             from bench.transport.kernel_stamps import kernel_stamps_supported
 
@@ -357,12 +361,15 @@ class FastPool:
             items.insert(0, ("Host", parts.netloc.rsplit("@", 1)[-1]))
         key = (parts.scheme, host, port)
         conn = self._take_idle(key)
-        if conn is not None:
+        fresh = False
+        if conn is None:
+            conn, fresh = await self._opener.get(key, connect_timeout)
+        if not fresh:
             try:
                 return await self._exchange(conn, method, target, items, body, read_timeout, reused=True)
             except StaleConnection:
                 pass  # the server closed the idle connection: nothing reached it, send again
-        conn = await self._connect(key, connect_timeout)
+            conn = await self._connect(key, connect_timeout)
         return await self._exchange(conn, method, target, items, body, read_timeout, reused=False)
 
     async def preconnect(self, url: str, n: int, *, timeout: float) -> int:
@@ -370,29 +377,12 @@ class FastPool:
         seconds, and pool them idle (no request is sent on them), so the requests that follow find them open (a
         wave's: one per stream, as many as the wave opens anyway; never more than will be used at once, since a
         server with a thread per connection leaves the extra ones unserved).
-        Returns how many were pooled; those that failed or were not open in time are left to the requests (they
-        open their own). At most ``PRECONNECT_PARALLEL`` at once: thousands at once overflowed the listen queue of
-        a server with a short one (aiohttp's: 128), and the dropped connects were retried a second or more later."""
+        Returns how many were pooled (the rest are left to the requests). At most ``PRECONNECT_PARALLEL`` at once:
+        thousands overflowed a short listen queue (aiohttp's: 128), the dropped connects retried a second later."""
         if n <= 0 or timeout <= 0 or self._closed:
             return 0
         key = _pool_key(url)
-        conns: list[_Conn] = []
-        left = [n]
-
-        async def opener() -> None:
-            while left[0] > 0 and not self._closed:
-                left[0] -= 1
-                try:
-                    conns.append(await self._connect(key, timeout))
-                except (FastIOError, OSError):
-                    return
-
-        tasks = [asyncio.ensure_future(opener()) for _ in range(min(n, PRECONNECT_PARALLEL))]
-        _, late = await asyncio.wait(tasks, timeout=timeout)
-        for t in late:
-            t.cancel()
-        if late:
-            await asyncio.wait(late)
+        conns = await open_many(lambda: self._connect(key, timeout), n, PRECONNECT_PARALLEL, timeout)
         now = time.monotonic()
         for c in conns:
             c.idle_since = now
@@ -430,6 +420,7 @@ class FastPool:
     async def aclose(self) -> None:
         """Close every idle connection (:meth:`drop_idle`); connections in use close when their response does."""
         self._closed = True
+        self._opener.close(FastIOError("the connection pool is closed"))
         self.drop_idle()
 
     def drop_idle(self) -> int:
@@ -447,14 +438,10 @@ class FastPool:
     def _take_idle(self, key: tuple[str, str, int]) -> _Conn | None:
         """The most recently used idle connection (last in, first out), closing the expired ones on the way.
 
-        A server that binds a thread to each kept-alive connection (llama.cpp's llama-server: cpp-httplib) serves
-        only as many connections as it has HTTP threads; a connection beyond them waits until one is idle for the
-        server's keep-alive timeout (5 s). Taking the most recent one keeps the requests on connections the server
-        is serving, and lets the others expire. Taken in turn (first in, first out), with a schedule's first
-        connections opened ahead, the pool stopped the connection storms of 20,000 req/s runs
-        (benchmarks/results/schedule_accuracy-2026-12-05c-h100.md); connections opened ahead made llama-server keep
-        a request waiting 5 s (benchmarks/results/pool_order-2026-12-05-vm.md), and the order alone was not shown
-        safe with such a server, so neither stayed."""
+        A server that binds a thread to each kept-alive connection (llama.cpp's llama-server) serves only as many
+        as it has HTTP threads; one beyond them waits until another is idle for the server's keep-alive timeout
+        (5 s). The most recent one is one the server serves; the others expire. Taken in turn, with connections
+        opened ahead, llama-server kept a request waiting 5 s (benchmarks/results/pool_order-2026-12-05-vm.md)."""
         conns = self._idle.get(key)
         if not conns:
             return None
@@ -481,13 +468,31 @@ class FastPool:
             except h11.LocalProtocolError:
                 conn.close()
                 return
-        conn.idle_since = time.monotonic()
         conn.got_bytes = False
+        if self._opener.offer(conn.key, conn):
+            return
+        conn.idle_since = time.monotonic()
         conns = self._idle.setdefault(conn.key, deque())
         # drop the expired ones here too (the oldest come first), so a long run does not keep dead sockets around
         while conns and (conn.idle_since - conns[0].idle_since > self.keepalive_expiry or not conns[0].usable):
             conns.popleft().close()
         conns.append(conn)
+
+    def _park(self, conn: _Conn) -> None:
+        """Pool a new connection no request waits for any more where it is taken last: the server may not serve it
+        yet (a thread per connection), the ones given back it does."""
+        if self._closed or not conn.usable:
+            conn.close()
+            return
+        conn.idle_since = time.monotonic()
+        self._idle.setdefault(conn.key, deque()).appendleft(conn)
+
+    def _give_back(self, conn: _Conn, fresh: bool) -> None:
+        """A connection handed to a request that was cancelled before it took it."""
+        if fresh:
+            self._park(conn)
+        else:
+            self._put_back(conn, renewed=True)
 
     async def _connect(self, key: tuple[str, str, int], timeout: float | None) -> _Conn:
         scheme, host, port = key
