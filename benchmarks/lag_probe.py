@@ -141,8 +141,8 @@ async def _with_stalls(coro: Any, stalls: list[float], stall_ms: float) -> Any:
 
 
 def one(base: str, rate: float, dur: float, workers: int | str, warm: float, sampler: Sampler,
-        stalls: tuple[list[float], float] = ([], 0.0)) -> None:
-    prof = Profile(name="schedule", max_tokens=1, warmup=0, overhead_probes=1)
+        stalls: tuple[list[float], float] = ([], 0.0), max_tokens: int = 1) -> None:
+    prof = Profile(name="schedule", max_tokens=max_tokens, warmup=0, overhead_probes=1)
     ls = LoadSettings(rate=rate, duration_s=dur, arrival="constant", input_tokens="16", warmup_s=warm,
                       cooldown_s=0.0, drain_s=30.0)
     d = Path(tempfile.mkdtemp())
@@ -189,18 +189,21 @@ def main() -> None:
     ap.add_argument("--sims", type=int, default=3)
     ap.add_argument("--server", choices=("sim", "blast"), default="blast")
     ap.add_argument("--every-ms", type=float, default=20.0)
+    ap.add_argument("--step-ms", type=float, default=1.0, help="--server sim: its decode step, ms")
+    ap.add_argument("--max-tokens", type=int, default=1, help="tokens per answer (with --server sim and --step-ms: "
+                    "how long a request holds its connection)")
     ap.add_argument("--stall-at", default="", help="comma list of seconds after the start at which this process's "
                     "event loop is blocked (one worker only: the schedule runs here)")
     ap.add_argument("--stall-ms", type=float, default=40.0, help="how long each stall blocks the loop, ms")
     a = ap.parse_args()
     srv = SimGroup(a.sims, BlastProcess) if a.server == "blast" else SimGroup(
-        a.sims, decode_step_ms=1, prefill_tok_s=1e12, max_running=100_000)
+        a.sims, decode_step_ms=a.step_ms, prefill_tok_s=1e12, max_running=100_000)
     sampler = Sampler(a.every_ms / 1e3, [p.proc.pid for p in srv.procs])
     sampler.start()
     try:
         for w in a.workers.split(","):
             one(srv.base, a.rate, a.duration, w if w == "auto" else int(w), a.warmup, sampler,
-                ([float(x) for x in a.stall_at.split(",") if x], a.stall_ms))
+                ([float(x) for x in a.stall_at.split(",") if x], a.stall_ms), a.max_tokens)
     finally:
         sampler.stop.set()
         srv.close()
