@@ -62,7 +62,7 @@ class Opener(Generic[K, C]):
         self._waiters: dict[K, deque[asyncio.Future[tuple[C, bool]]]] = {}
         self._opening: dict[K, int] = {}
         self._tokens: dict[K, tuple[float, float]] = {}  # key: (tokens, when counted)
-        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._timers: dict[K, tuple[asyncio.AbstractEventLoop, asyncio.TimerHandle]] = {}
         self._closed = False
         self.handed = 0  # returned connections handed straight to a waiter (for tests and diagnostics)
 
@@ -96,7 +96,7 @@ class Opener(Generic[K, C]):
     def close(self, error: BaseException) -> None:
         """Fail every waiter with ``error``; connects still under way close their connection when they finish."""
         self._closed = True
-        for t in self._timers.values():
+        for _, t in self._timers.values():
             t.cancel()
         self._timers.clear()
         for waiters in self._waiters.values():
@@ -142,8 +142,10 @@ class Opener(Generic[K, C]):
         while self._opening.get(key, 0) < self.waiting(key):
             wait = self._take_token(key)
             if wait:
-                if key not in self._timers:
-                    self._timers[key] = asyncio.get_running_loop().call_later(wait, self._due, key, timeout)
+                loop = asyncio.get_running_loop()
+                timer = self._timers.get(key)
+                if timer is None or timer[0] is not loop:  # one of a loop that ended would never fire
+                    self._timers[key] = (loop, loop.call_later(wait, self._due, key, timeout))
                 return
             self._opening[key] = self._opening.get(key, 0) + 1
             task = asyncio.ensure_future(self._connect(key, timeout))

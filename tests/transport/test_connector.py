@@ -210,3 +210,32 @@ def test_a_slow_server_gets_a_connection_per_request_in_flight() -> None:
             await pool.aclose()
 
     asyncio.run(main())
+
+
+def test_a_pace_timer_of_an_ended_event_loop_does_not_hold_up_the_next_one(monkeypatch) -> None:
+    """A pool used by two ``asyncio.run`` calls: the first ends while a waiter waits for the next token (its timer
+    never fires); in the second a waiter still gets its connect when the token is due."""
+    monkeypatch.setattr(connector, "CONNECT_BURST", 1)
+    monkeypatch.setattr(connector, "CONNECT_RATE", 20.0)  # one token every 50 ms
+    h = Harness()
+
+    async def first():
+        gets = [asyncio.ensure_future(h.opener.get("k", 1.0)) for _ in range(2)]
+        await _settle()
+        assert len(h.started) == 1
+        for g in gets:
+            g.cancel()
+        await asyncio.gather(*gets, return_exceptions=True)
+
+    async def second():
+        got = asyncio.ensure_future(h.opener.get("k", 1.0))
+        for _ in range(400):
+            if len(h.started) == 2:
+                break
+            await asyncio.sleep(0.005)
+        assert len(h.started) == 2
+        h.finish(1, Conn("b"))
+        assert (await got)[0].name == "b"
+
+    asyncio.run(first())
+    asyncio.run(second())
