@@ -8,7 +8,7 @@ import asyncio
 from bench.client import ClientSettings, make_http_client
 from bench.client.endpoint import fill_pool
 from bench.transport.http import FastPool
-from tests.transport.test_http import Server, _get, read_request
+from tests.transport.test_http import Server, _get, read_request, settled_connects
 
 
 def _numbering_handler(server_ref: list[Server], order: list[int]):
@@ -40,7 +40,7 @@ def test_the_most_recently_used_idle_connection_goes_first() -> None:
             order.clear()
             for _ in range(9):
                 await _get(pool, srv.url)
-            assert pool.connects == 3 and order == [last] * 9
+            assert await settled_connects(pool, 3) == 3 and order == [last] * 9
             await pool.aclose()
 
     asyncio.run(main())
