@@ -320,8 +320,11 @@ def _resumable(resume: Results | None, session: Session) -> dict[str, CellResult
         return {}
     _same_as_resumed("model", resume.endpoint.model, session.model)
     total = len(session.profile.cells())
-    session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells), total=total,
-                         left=total - len(resume.cells)))
+    if resume.cells:
+        session.note(warning("resumed", run=resume.run.id, kept=len(resume.cells), total=total,
+                             left=total - len(resume.cells)))
+    else:
+        session.note(warning("resumed-nothing-kept", run=resume.run.id, total=total))
     return {c.id: c for c in resume.cells}
 
 

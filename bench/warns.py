@@ -161,6 +161,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("resumed",
          "resumed run {run}: {kept} of its {total} cell(s) kept, {left} measured now",
          "no action needed: the kept cells were measured earlier, with the same flags on the same endpoint"),
+    Kind("resumed-nothing-kept",
+         "resumed run {run}: none of its {total} cell(s) had finished, so all are measured now (the finished "
+         "requests of a cell cut short are not reused: a cell is measured whole)",
+         "no action needed"),
     Kind("roofline-no-size", "roofline: the server reports no model size",
          "add --model-params N --weight-bits B for the limits"),
     Kind("roofline-size-mismatch",

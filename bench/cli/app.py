@@ -24,6 +24,7 @@ from bench.cli.common import (
     echo,
     endpoint,
     engine_size,
+    single_workload,
     workload_options,
     workload_overrides,
 )
@@ -115,7 +116,7 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
     from bench.tools.probe import probe_body, probe_report, probe_workload
 
     settings = _settings(api_key_env, connect_timeout, read_timeout)
-    work = probe_workload(endpoint_kind, workload_overrides(wl), thinking)
+    work = probe_workload(endpoint_kind, single_workload(workload_overrides(wl), "bench probe"), thinking)
 
     async def go(base: str) -> Any:
         async with make_http_client(settings) as client:
@@ -255,17 +256,15 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
         from bench.report.html import require_plotly
 
         require_plotly()
+    work = workload_overrides(extra)
     prof = checked_images(_overridden(profile_name, streams, depths, prompt_kinds, max_tokens=max_tokens,
                                       requests=repeats, endpoint=endpoint_kind,
                                       thinking=None if thinking is None else thinking == "on",
-                                      prefix_cache=prefix_cache, **workload_overrides(extra)))
+                                      prefix_cache=prefix_cache, **work))
     out = Path(out_dir) if out_dir else default_out_dir(prof)
     gpu_kw = pop_gpu_options(extra)
     ls = load_settings(prof, extra)
-    _closed_loop_only(ls, streams=streams, depths=depths)
-    if ls is not None and resume:
-        raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
-                          "and cannot be continued: run it again with --overwrite (or another --out)")
+    _open_loop_checks(ls, work, resume, streams=streams, depths=depths)
     with discard_when_failed(out):  # a run that fails before writing anything leaves no empty folder
         previous = prepare_folder(out, overwrite=overwrite, resume=resume)
         require_store(history_db)  # --history: a store that cannot be opened fails now, not after the run
@@ -318,6 +317,17 @@ def _overridden(profile_name: str, streams: str | None, depths: str | None, prom
         prompts=parse_kinds(prompt_kinds) if prompt_kinds is not None else None,
         **overrides,
     )
+
+
+def _open_loop_checks(ls: Any, work: dict[str, Any], resume: bool, **given: str | None) -> None:
+    """An open-loop run (``ls`` not None): no closed-loop flags, one workload, no --resume."""
+    _closed_loop_only(ls, **given)
+    if ls is None:
+        return
+    single_workload(work, f"an open-loop run ({ls.mode})")
+    if resume:
+        raise ConfigError("--resume continues the cells of a closed-loop run; an open-loop schedule is one piece "
+                          "and cannot be continued: run it again with --overwrite (or another --out)")
 
 
 def _closed_loop_only(ls: Any, **given: str | None) -> None:
@@ -409,8 +419,9 @@ def _print_results(results: Results, out: Path, as_json: bool, report_path: Path
     from bench.report.progress import shown_notes
     from bench.results import to_json
 
-    if as_json:
+    if as_json:  # stdout holds the document alone; where its folder is goes to stderr, as without --json
         click.echo(to_json(results), nl=False)
+        echo(f"results: {out}/results.json, results.csv, results.md, records.jsonl", err=True)
         return
     stdout.print(results_table(results, width=stdout.width))
     note = results_note(results)

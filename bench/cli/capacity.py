@@ -15,7 +15,14 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from bench.cli.common import checked_images, client_options, endpoint, workload_options, workload_overrides
+from bench.cli.common import (
+    checked_images,
+    client_options,
+    endpoint,
+    single_workload,
+    workload_options,
+    workload_overrides,
+)
 from bench.cli.common import settings_from_options as _settings
 from bench.errors import EXIT_INTERRUPTED, ConfigError, RunInterrupted
 
@@ -230,7 +237,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
                               "(--by, --start, --factor, --max-load); for one load of your own: bench run --rate R")
     settings = _settings(api_key_env, connect_timeout, read_timeout)
     prof = Profile(name="capacity", endpoint=endpoint_kind, max_tokens=max_tokens, warmup=0)
-    prof = checked_images(prof.with_overrides(**workload_overrides(load_kw)))
+    prof = checked_images(prof.with_overrides(**single_workload(workload_overrides(load_kw), "bench capacity")))
     if load_kw.get("duration") is None and load_kw.get("requests") is None:
         load_kw["duration"] = RATE_POINT_S if by == "rate" else 20.0
     if time_budget is None and by == "rate":

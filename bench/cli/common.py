@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from bench.config.profile import Profile
 
 __all__ = ["endpoint", "client_options", "settings_from_options", "echo", "workload_options", "workload_overrides",
-           "checked_images", "client_options_noting",
+           "checked_images", "client_options_noting", "single_workload",
            "WORKLOAD_KEYS"]
 
 WORKLOAD_KEYS = ("images", "image_size", "image_format", "image_source", "tools", "tool_choice")
@@ -28,9 +28,9 @@ def workload_options(f: Any) -> Any:
     """The workload's flags (docs/workloads.md): images, their size, format and source; tools and tool_choice."""
     opts = [
         click.option("--images", metavar="N[,N...]", help="Images per chat request (image_url parts, unique per "
-                     "request); a comma list sweeps them."),
+                     "request); a comma list sweeps them in bench run's closed-loop cells (one value elsewhere)."),
         click.option("--image-size", metavar="WxH[,WxH...]", help="Pixels of each image (default 512x512); a comma "
-                     "list sweeps them."),
+                     "list sweeps them in bench run's closed-loop cells (one value elsewhere)."),
         click.option("--image-format", type=click.Choice(["png", "jpeg"]), help="How images are encoded "
                      "(default jpeg)."),
         click.option("--image-source", metavar="noise|DIR", help="Random noise (default) or a folder of images "
@@ -59,6 +59,18 @@ def workload_overrides(kw: dict[str, Any]) -> dict[str, Any]:
         if vals[k] is not None:
             out[k] = vals[k]
     return out
+
+
+def single_workload(overrides: dict[str, Any], where: str) -> dict[str, Any]:
+    """``overrides`` (:func:`workload_overrides`) for a command or mode with one workload: a comma list of
+    ``--images`` or ``--image-size`` is refused in one line (only the first value was used, without a word)."""
+    for key, flag in (("images", "--images"), ("image_sizes", "--image-size")):
+        vals = overrides.get(key)
+        if vals is not None and len(vals) > 1:
+            raise ConfigError(f"{flag} takes one value in {where}, which sends one workload, got "
+                              f"{','.join(str(v) for v in vals)}; bench run sweeps a comma list in its "
+                              "closed-loop cells")
+    return overrides
 
 
 def checked_images(profile: Any) -> Any:

@@ -54,14 +54,14 @@ def _check(kind: str, rate: float, duration_s: float | None, requests: int | Non
     if kind not in ARRIVAL_KINDS:
         raise ConfigError(f"--arrival: {kind!r} is not one of {', '.join(ARRIVAL_KINDS)}")
     if not (isinstance(rate, (int, float)) and rate > 0 and math.isfinite(rate)):
-        raise ConfigError(f"--rate must be > 0 requests/s, got {rate!r}")
+        raise ConfigError(f"--rate must be a finite number > 0 (requests/s), got {rate!r}")
     if (duration_s is None) == (requests is None):
         raise ConfigError("give exactly one of --duration and --requests")
-    if duration_s is not None and not duration_s > 0:
-        raise ConfigError(f"--duration must be > 0 s, got {duration_s!r}")
+    if duration_s is not None and not (duration_s > 0 and math.isfinite(duration_s)):
+        raise ConfigError(f"--duration must be a finite number > 0 (s), got {duration_s!r}")
     if requests is not None and not 1 <= requests <= MAX_REQUESTS:
         raise ConfigError(f"--requests must be in 1..{MAX_REQUESTS}, got {requests!r}")
-    if not burstiness > 0:
+    if not (burstiness > 0 and math.isfinite(burstiness)):
         raise ConfigError(f"--burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
     if not ramp_s >= 0:
         raise ConfigError(f"ramp_s must be >= 0 s, got {ramp_s!r}")

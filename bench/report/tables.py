@@ -96,7 +96,8 @@ def curve_note(doc: dict[str, Any]) -> str:
                 "closed loop's rate by Little's law; goodput = the window's requests that met every objective, per s")
     return ("req/s over each point's window (a probe: the second half of its schedule; a refine point: after its "
             "warm-up): sent = requests scheduled in it, done = requests that ended in it, goodput = its requests "
-            "that met every objective (above done when the server falls behind); the whole point's send rate is "
+            "that met every objective (it can exceed done: requests sent in the window that end after it, in a "
+            "window shorter than a request or when the server falls behind); the whole point's send rate is "
             "achieved_rps in capacity.json")
 
 

@@ -78,6 +78,9 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["sim", "--decode-step-ms", "-5"], 3, "decode_step_ms"),
         (["sim", "--port", str(urlsplit(sim_url).port)], 3, "another --port"),  # the fixture's sim holds it
         (["probe", sim_url, "--max-tokens", "0"], 3, "--max-tokens"),
+        (["run", sim_url, "--rate", "inf", "--duration", "3"], 3, "--rate must be a finite number > 0"),
+        (["run", sim_url, "--rate", "nan", "--duration", "3"], 3, "--rate must be a finite number > 0"),
+        (["run", sim_url, "--rate", "5", "--duration", "inf"], 3, "--duration must be a finite number > 0"),
         (["run", "--depths", "16k", "--streams", "1"], 3, "embedded endpoint's model"),  # said before it starts
     ]
 
@@ -168,6 +171,14 @@ def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_
     assert any("resumed run" in w for w in res["warnings"])
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--overwrite", "--json")
     assert r.returncode == 0 and json.loads(r.stdout)["run"]["id"] != doc["run"]["id"]
+    # stopped inside its first cell: nothing is kept, and the warning does not say the kept cells were measured
+    doc = json.loads((out / "results.json").read_text())
+    doc["cells"], doc["run"]["complete"], doc["run"]["interrupted"] = [], False, True
+    (out / "results.json").write_text(json.dumps(doc))
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume", "--json")
+    assert r.returncode == 0, r.stderr
+    ws = json.loads(r.stdout)["warnings"]
+    assert any("none of its 2 cell(s) had finished" in w for w in ws) and not any("kept cells" in w for w in ws)
     (out / "results.json").unlink()  # a run that stopped before it wrote any results: records only
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume")
     assert r.returncode == 3 and "no results.json" in r.stderr and "--overwrite" in r.stderr

@@ -415,3 +415,19 @@ def test_sessions_send_tool_calls_back_as_an_agent_does(tmp_path: Path, monkeypa
     for prev, p, r in zip(prompts, prompts[1:], recs[1:]):
         assert p == prev + count_tokens(TOOL_RESULT) + 30  # the sim counts no tool_calls, the tool result it does
         assert r.usage and r.usage["prompt_tokens_details"]["cached_tokens"] == expected_cached_tokens(cfg, p, prev)
+
+
+@pytest.mark.parametrize("cmd", [["probe", "http://127.0.0.1:9/v1"],
+                                 ["capacity", "http://127.0.0.1:9/v1", "--slo", "ttft_p90=1s"],
+                                 ["run", "http://127.0.0.1:9/v1", "--rate", "5", "--duration", "2"]],
+                         ids=["probe", "capacity", "open-loop"])
+@pytest.mark.parametrize("flag", [["--images", "1,2"], ["--images", "1", "--image-size", "64x64,128x128"]],
+                         ids=["images", "image-size"])
+def test_one_workload_commands_refuse_a_comma_list(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                   cmd: list[str], flag: list[str]) -> None:
+    """Probe, capacity and an open-loop run send one workload: a list took its first value without a word (a new
+    user's `bench probe URL --images 1,2` sent one image). Refused in one line before anything is sent."""
+    code = main([*cmd, *flag, "--out", str(tmp_path / "r")] if cmd[0] != "probe" else [*cmd, *flag])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 3 and len(err) == 1 and "takes one value" in err[0] and flag[-2] in err[0]
+    assert not (tmp_path / "r").exists()
