@@ -406,7 +406,7 @@ def _run_with_progress(base: str, prof: Profile, settings: ClientSettings, out: 
         return asyncio.run(go())
     except RunInterrupted as e:
         say(f"interrupted ({e.signal_name}): {e.records} finished records kept in {e.out_dir}/records.jsonl "
-            f"(partial results in {e.out_dir}/results.json)")
+            f"(partial results in {e.out_dir}/results.json; --resume continues it)")
         raise SystemExit(EXIT_INTERRUPTED) from None
     except KeyboardInterrupt:
         say(f"interrupted: finished records kept in {out}/records.jsonl")

@@ -170,7 +170,9 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
                                                          workers=workers, ray_address=ray_address, observer=obs),
                                            progress_every))
         except (RunInterrupted, KeyboardInterrupt) as e:
-            _interrupted(e, f"finished records kept in {out}/records.jsonl (partial results in {out}/results.json)")
+            n = f"{e.records} " if isinstance(e, RunInterrupted) else ""
+            _interrupted(e, f"{n}finished records kept in {out}/records.jsonl (partial results in "
+                         f"{out}/results.json; an open-loop schedule is not resumed: run it again)")
     if not quiet:  # --json: the document on stdout, nothing else
         from bench.report.console import say
 
