@@ -221,7 +221,8 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     seconds (default 50) run around the estimate, and a model fitted across them (the share of requests over
     each limit against the arrival rate) gives the steady-state boundary and its interval at --confidence,
     within --time-budget (default 170 s). --by concurrency: points of 8 x N requests, escalate, bisect to
-    --resolution, confirm both ends with --trials. Writes DIR/capacity.json and every point's records.
+    --resolution, confirm both ends with --trials. Writes DIR/capacity.json, every point's records and summary
+    (DIR/points/) and the set-up requests' records (DIR/records.jsonl).
 
     \b
       bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms \\
@@ -257,7 +258,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
         doc = _capacity_run(url, prof, ls, ss, settings, Path(out_dir), model, quiet=as_json)
     _refuse_cut_first_point(doc, Path(out_dir))
     _print_capacity(doc, as_json)
-    click.echo(f"results: {out_dir}/capacity.json, {out_dir}/points/", err=True)
+    click.echo(f"results: {out_dir}/capacity.json, {out_dir}/points/ (set-up requests: records.jsonl)", err=True)
 
 
 # what the shared open-loop options do in a search (load_options' help says what they do in bench run); the numbers
@@ -271,6 +272,7 @@ CAPACITY_HELP = {
               "last N requests of a point.",
     "cooldown": "--by rate: seconds at the end of a refine point left out (default 0: its window runs to the end "
                 "of its schedule). Probes: 0.",
+    "output_tokens": "Output tokens per request, same forms as --input-tokens (default --max-tokens).",
 }
 
 for _param in capacity.params:  # accepted (to refuse them in one line) but not listed in capacity's --help
