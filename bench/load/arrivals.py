@@ -62,7 +62,7 @@ def _check(kind: str, rate: float, duration_s: float | None, requests: int | Non
     if requests is not None and not 1 <= requests <= MAX_REQUESTS:
         raise ConfigError(f"--requests must be in 1..{MAX_REQUESTS}, got {requests!r}")
     if not (burstiness > 0 and math.isfinite(burstiness)):
-        raise ConfigError(f"--burstiness must be > 0 (1 = Poisson), got {burstiness!r}")
+        raise ConfigError(f"--burstiness must be a finite number > 0 (1 = Poisson), got {burstiness!r}")
     if not ramp_s >= 0:
         raise ConfigError(f"ramp_s must be >= 0 s, got {ramp_s!r}")
 
