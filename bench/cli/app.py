@@ -236,7 +236,7 @@ def run(url: str | None, profile_name: str, streams: str | None, depths: str | N
     \b
     Examples:
       bench run                                  quick profile, embedded endpoint
-      bench run http://gpu:8000/v1 -p decode     sparkDash-style decode bench
+      bench run http://gpu:8000/v1 -p decode     decode at 1, 2, 4, 8 streams
       bench run URL -p spark-recipe --out res/   the seeds' table (32K, 131K)
       bench run URL --hardware h200 --model-params 8b --weight-bits 16 --report
           % of the roofline, report.html

@@ -35,8 +35,9 @@ class SimConfig:
 
     # -- identity / network ------------------------------------------------------------------
     model: str = _f("bench-sim", "name", "model id served by /v1/models and echoed in responses")
-    host: str = _f("127.0.0.1", "address", "address serve() binds (running_sim always uses 127.0.0.1)")
-    port: int = _f(8000, "port", "TCP port for serve(); 0 picks a free port")
+    host: str = _f("127.0.0.1", "address", "address the sim listens on (an address of this machine; tests' "
+                                                  "in-process sims always use 127.0.0.1)")
+    port: int = _f(8000, "port", "TCP port the sim listens on; 0 picks a free one")
     reuse_port: bool = _f(
         False, "bool", "SO_REUSEPORT: several sim processes listen on one port and the kernel spreads the "
         "connections over them (a sim that holds more requests/s than one process can serve)",
