@@ -221,7 +221,7 @@ def _preparer(loop: asyncio.AbstractEventLoop, client: Any, base: str,
     """What a worker does with a share before the start time is set: a wave's connections, one per stream, open
     (the last wave's may have expired while its records went back: 4,096 streams from 2 workers opened every one
     again at each wave's start, benchmarks/results/scale_streams-preconnect-2026-12-05-vm.md). Not for an
-    open-loop share: it opens connections as it needs them (:meth:`bench.transport.http.FastPool._take_idle`)."""
+    open-loop share: it opens connections as it needs them (:mod:`bench.transport.connector`)."""
 
     def prepare(specs: list[RequestSpec], offsets: list[int] | None) -> None:
         if offsets is None:
@@ -254,7 +254,8 @@ def _worker_main(conn: Any, base: str, model: str, settings: ClientSettings, con
         loop.add_signal_handler(signal.SIGUSR1, lambda: [f() for f in list(stoppers)])
     try:
         conn.send(("ready", os.getpid()))
-        while (msg := _next_job(conn, _preparer(loop, client, base, settings.connect_timeout_s))) is not None:
+        prepare = _preparer(loop, client, base, settings.connect_timeout_s)
+        while (msg := _next_job(conn, prepare)) is not None:
             job_id, specs, start_ns, offsets = msg
             cpu0 = time.process_time()
             mon = LagMonitor()

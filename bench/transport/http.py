@@ -383,13 +383,13 @@ class FastPool:
             return 0
         key = _pool_key(url)
         conns = await open_many(lambda: self._connect(key, timeout), n, PRECONNECT_PARALLEL, timeout)
+        if self._closed:  # closed while they opened
+            for c in conns:
+                c.close()
+            return 0
         now = time.monotonic()
         for c in conns:
             c.idle_since = now
-            if self._closed:
-                c.close()
-        if self._closed:
-            return 0
         self._idle.setdefault(key, deque()).extend(conns)
         return len(conns)
 
