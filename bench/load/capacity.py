@@ -327,7 +327,7 @@ class _Bracketing(_Search):
             said = f"the SLO was missed at every finished point (from {hi:g} {unit})"
         else:
             said = "no point finished"
-        note = (f"interrupted after {n} finished point{'s' if n != 1 else ''}: no boundary and no stated level; "
+        note = (f"interrupted after {n} finished point{'s' if n != 1 else ''}: no boundary and no confidence level; "
                 f"{said} (method.finished_bracket; run the search again for an answer)")
         return {"method": {**self.method(fitted=False), "finished_bracket": [lo, hi]}, "confidence": None,
                 "boundary": None, "interval": None, "safe": None, "note": note}

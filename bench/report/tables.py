@@ -47,7 +47,7 @@ def capacity_answer(doc: dict[str, Any]) -> str:
     if isinstance(iv, list | tuple) and len(iv) == 2:
         text += f", interval [{load(iv[0])}, {load(iv[1])}]"
     conf = doc.get("confidence")
-    text += " (no stated level)" if conf is None else f" (confidence {conf:.0%})"
+    text += " (no confidence level)" if conf is None else f" (confidence {conf:.0%})"
     sat = doc.get("saturated_at")
     return text + (f"; saturated at {load(sat)} {unit}" if sat is not None else "")
 
@@ -64,7 +64,7 @@ def _interrupted_answer(doc: dict[str, Any], load: Any, unit: str) -> str:
     else:
         said = "none found"
     sat = doc.get("saturated_at")
-    return (f"capacity ({doc.get('slo')}): {said} (interrupted: finished points only, no stated level)"
+    return (f"capacity ({doc.get('slo')}): {said} (interrupted: finished points only, no confidence level)"
             + (f"; saturated at {load(sat)} {unit}" if sat is not None else ""))
 
 

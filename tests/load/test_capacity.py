@@ -516,7 +516,7 @@ def test_an_interrupted_search_keeps_phases_saturation_and_the_finished_bracket(
     assert doc["time_budget_s"] == 90 and doc["elapsed_s"] is not None
     lo, hi = doc["method"]["finished_bracket"]
     assert lo == 16.0 and hi == pytest.approx(22.63, abs=0.01) and doc["method"]["fits"] is None
-    assert "no stated level" in doc["note"] and "between 16 and 22.6" in doc["note"]
+    assert "no confidence level" in doc["note"] and "between 16 and 22.6" in doc["note"]
 
 
 def test_an_interrupted_search_stores_the_phases_a_whole_search_stores() -> None:
@@ -635,7 +635,7 @@ def test_the_curves_req_s_columns_are_over_one_window() -> None:
     doc = {"by": "rate", "slo": "ttft_p90=300ms", "interrupted": True, "boundary": None, "interval": None,
            "confidence": None, "saturated_at": 32.0, "method": {"finished_bracket": [16.97, 24.0]}}
     assert capacity_answer(doc) == ("capacity (ttft_p90=300ms): between 16.97 and 24.00 req/s (interrupted: finished "
-                                    "points only, no stated level); saturated at 32.00 req/s")
+                                    "points only, no confidence level); saturated at 32.00 req/s")
     doc["method"] = {"finished_bracket": [16.0, None]}
     assert "at least 16.00 req/s (interrupted" in capacity_answer(doc)
     doc["method"] = None

@@ -375,7 +375,7 @@ def test_an_interrupted_capacity_search_prints_and_keeps_what_its_finished_point
     assert load_capacity(out).method["finished_bracket"] == [lo, hi]  # type: ignore[index]
     lines = stdout.splitlines()
     assert lines[0].split()[:3] == ["load", "point", "sent"] and sum(" probe " in ln for ln in lines) == len(pts)
-    assert "(interrupted: finished points only, no stated level)" in stdout
+    assert "(interrupted: finished points only, no confidence level)" in stdout
     if lo is not None and hi is not None:
         assert f"between {lo:,.2f} and {hi:,.2f} req/s" in stdout
     assert "interrupted (SIGINT)" in stderr and "Traceback" not in stderr

@@ -148,7 +148,7 @@ def test_numbers_and_the_capacity_answer():
     assert capacity_answer(doc) == "capacity (ttft_p90=2s): 12.35 req/s, interval [11.81, 12.90] (confidence 95%)"
     conc = {"by": "concurrency", "slo": "s", "boundary": 16.0, "interval": [16.0, None], "confidence": None,
             "saturated_at": 32.0}
-    assert capacity_answer(conc) == ("capacity (s): 16 in flight, interval [16, open] (no stated level); saturated "
+    assert capacity_answer(conc) == ("capacity (s): 16 in flight, interval [16, open] (no confidence level); saturated "
                                      "at 32 in flight")
 
 
