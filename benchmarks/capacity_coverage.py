@@ -8,7 +8,7 @@ schedules bench would send (same arrival process, seeds, sizes), the sim's sched
 "time" column is the virtual time the search would take against ``bench sim`` (schedules + drains + 0.5 s per
 point), not this script's run time. The truth: :func:`truth` (pooled long runs around a first guess).
 
-    python benchmarks/capacity_coverage.py --searches 20 --duration 60 --time-budget 170 --jobs 2
+    python benchmarks/capacity_coverage.py --searches 20 --duration 50 --jobs 2
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.config.slo import parse_slo  # noqa: E402
 from bench.load.capacity import SearchSettings, search  # noqa: E402
 from bench.load.capacity_model import ModelPoints  # noqa: E402
+from bench.load.capacity_points import default_time_budget  # noqa: E402
 from bench.load.point import LoadSettings  # noqa: E402
 from bench.sim import truth as T  # noqa: E402
 from bench.sim.config import SimConfig  # noqa: E402
@@ -120,11 +121,17 @@ def _pct(v: float | None, d: int = 1) -> str:
     return "-" if v is None else f"{100 * v:.{d}f} %"
 
 
+def _budget(flag: str, arrival: str) -> float | None:
+    """``--time-budget``: a number of seconds, or ``default`` (bench capacity's for the case's arrivals)."""
+    return default_time_budget("rate", *ARRIVALS[arrival]) if flag == "default" else float(flag)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--searches", type=int, default=20, help="per case (0: only compute, store and print the truths)")
     ap.add_argument("--duration", type=float, default=60.0, help="refine point duration (--duration), s")
-    ap.add_argument("--time-budget", type=float, default=170.0)
+    ap.add_argument("--time-budget", default="default", help="seconds per search, or default: what bench capacity "
+                    "picks for the case's arrivals (bench.load.capacity_points.default_time_budget)")
     ap.add_argument("--truth-horizon", type=float, default=1000.0, help="the first guess's horizon, s")
     ap.add_argument("--target-width", type=float, default=SearchSettings().target_width,
                     help="stop refining at this interval width (--target-width)")
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.searches == 0:
             print("\n".join(f"{'-'.join(c)}: {v[0]}" for c, v in truths.items()))
             return 0
-        jobs = [(s, m, ar, seed, a.duration, a.time_budget, a.target_width) for (s, m, ar) in cases
+        jobs = [(s, m, ar, seed, a.duration, _budget(a.time_budget, ar), a.target_width) for (s, m, ar) in cases
                 for seed in range(0, a.searches * a.seed_step, a.seed_step)]
         results = list(pool.map(one_search, jobs, chunksize=2))
     out: dict[str, Any] = {"argv": sys.argv, "cases": {}}

@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 __all__ = ["capacity", "load_options", "load_settings", "with_cell_slo", "run_open_loop", "LOAD_OPTION_NAMES"]
 
 RATE_POINT_S = 50.0  # --by rate: a refine point's schedule (docs/load.md, "Capacity")
-RATE_TIME_BUDGET_S = 170.0
 
 LOAD_OPTION_NAMES = ("rate", "duration", "requests", "arrival", "burstiness", "ramp", "max_concurrency",
                      "input_tokens", "output_tokens", "dataset", "seed", "slo", "trace", "block_tokens", "speed",
@@ -195,7 +194,8 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
               "final bracket.")
 @click.option("--max-points", type=click.IntRange(1), default=40, show_default=True, help="Budget of points.")
 @click.option("--time-budget", type=float, help="Seconds the search may take; when the next point would end later, "
-              "the answer is the interval earned so far (default 170 for --by rate, none for concurrency). A first "
+              "the answer is the interval earned so far (default for --by rate: 170, or 170 / B for gamma arrivals of "
+              "--burstiness B < 1, at most 680; none for concurrency). A first "
               "probe longer than it is refused (a low --start stretches it); a concurrency point is cut where it "
               "ends.")
 @click.option("--confidence", "level", type=float, default=0.95, show_default=True,
@@ -220,9 +220,9 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     --by rate: short probes escalate by --factor until the SLO is missed, then refine points of --duration
     seconds (default 50) run around the estimate, and a model fitted across them (the share of requests over
     each limit against the arrival rate) gives the steady-state boundary and its interval at --confidence,
-    within --time-budget (default 170 s). --by concurrency: points of 8 x N requests, escalate, bisect to
-    --resolution, confirm both ends with --trials. Writes DIR/capacity.json, every point's records and summary
-    (DIR/points/) and the set-up requests' records (DIR/records.jsonl).
+    within --time-budget (default 170 s; bursty arrivals get more). --by concurrency: points of 8 x N
+    requests, escalate, bisect to --resolution, confirm both ends with --trials. Writes DIR/capacity.json,
+    every point's records and summary (DIR/points/) and the set-up requests' records (DIR/records.jsonl).
 
     \b
       bench capacity http://gpu:8000/v1 --slo ttft_p90=2s,tpot_p90=60ms \\
@@ -230,6 +230,7 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     """
     from bench.config.profile import Profile
     from bench.load.capacity import SearchSettings
+    from bench.load.capacity_points import default_time_budget
 
     if not load_kw.get("slo"):
         raise ConfigError("--slo is needed (e.g. --slo ttft_p90=2s,tpot_p90=60ms)")
@@ -243,10 +244,10 @@ def capacity(url: str | None, by: str, max_tokens: int, start: float, factor: fl
     prof = checked_images(prof.with_overrides(**single_workload(workload_overrides(load_kw), "bench capacity")))
     if load_kw.get("duration") is None and load_kw.get("requests") is None:
         load_kw["duration"] = RATE_POINT_S if by == "rate" else 20.0
-    if time_budget is None and by == "rate":
-        time_budget = RATE_TIME_BUDGET_S
     ls = load_settings(replace(prof, mode="rate"), load_kw)
     assert ls is not None  # mode "rate": always open loop
+    if time_budget is None:
+        time_budget = default_time_budget(by, ls.arrival, ls.burstiness)
     ss = SearchSettings(by=by, start=start, factor=factor, max_load=max_load, resolution=resolution, trials=trials,
                         max_points=max_points, confidence=level, target_width=target_width, time_budget_s=time_budget,
                         refine_s=ls.duration_s)

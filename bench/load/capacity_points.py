@@ -1,6 +1,7 @@
 """The points of ``bench capacity``'s search (:mod:`bench.load.capacity`): one measured point (:class:`Point`),
 the saturation judgement (:func:`saturated`, :func:`resaturate`), a point's entry in capacity.json
-(:func:`point_entry`; docs/results.md, "capacity.json") and a point's load settings (:func:`point_settings`)."""
+(:func:`point_entry`; docs/results.md, "capacity.json"), a point's load settings (:func:`point_settings`) and the
+default time budget of a rate search (:func:`default_time_budget`)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,25 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE", "confidence", "point_settings",
-           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S", "shares_rise"]
+           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S", "shares_rise", "default_time_budget", "RATE_TIME_BUDGET_S",
+           "BURSTY_BUDGET_CAP"]
 
 REFINE_WARMUP_SHARE = 0.25
 REFINE_COOLDOWN_S = 0.0  # a refine point's window runs to its schedule's end (the drain finishes its requests)
+RATE_TIME_BUDGET_S = 170.0  # --by rate, Poisson or smoother arrivals (docs/load.md, "Capacity")
+BURSTY_BUDGET_CAP = 4.0  # burstier gamma arrivals: at most this many times RATE_TIME_BUDGET_S
+
+
+def default_time_budget(by: str, arrival: str, burstiness: float) -> float | None:
+    """``--time-budget`` when none is given: none for ``--by concurrency``; for ``--by rate``, ``RATE_TIME_BUDGET_S``
+    divided by the gamma burstiness when that is under 1 (at most ``BURSTY_BUDGET_CAP`` times it). A point's count
+    of arrivals varies about ``1 / burstiness`` times as much as under Poisson arrivals, so the same precision
+    takes that many times the seconds (measured: benchmarks/results/capacity_coverage-2026-12-05f-vm.md)."""
+    if by != "rate":
+        return None
+    if arrival == "gamma" and 0 < burstiness < 1:
+        return RATE_TIME_BUDGET_S * min(1.0 / burstiness, BURSTY_BUDGET_CAP)
+    return RATE_TIME_BUDGET_S
 
 
 @dataclass(slots=True)

@@ -277,12 +277,14 @@ def test_docs_describe_the_code() -> None:
 
     doc = " ".join((ROOT / "docs" / "load.md").read_text().split())
     assert " ".join(C.DEFINITIONS["rate"].split()) in doc
-    from bench.cli.capacity import RATE_POINT_S, RATE_TIME_BUDGET_S
+    from bench.cli.capacity import RATE_POINT_S
+    from bench.load.capacity_points import BURSTY_BUDGET_CAP, RATE_TIME_BUDGET_S
 
     ss = SearchSettings()
     for text in (f"`REFINE_WARMUP_SHARE` = {CP.REFINE_WARMUP_SHARE:g}", f"`MIN_CALIBRATED` = {C.MIN_CALIBRATED}",
                  f"`RISE_SIGMAS` = {E.RISE_SIGMAS:g}", f"`RISE_MIN_SHARE` = {E.RISE_MIN_SHARE:g}",
-                 f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`--duration` (default {RATE_POINT_S:g} s",
+                 f"`--time-budget` (default {RATE_TIME_BUDGET_S:g} s", f"`BURSTY_BUDGET_CAP` = {BURSTY_BUDGET_CAP:g}",
+                 f"`--duration` (default {RATE_POINT_S:g} s",
                  f"`probe_s` = {ss.probe_s:g}", f"`spread` = {ss.spread:g}", f"`--target-width` (default {ss.target_width:g}",
                  f"`PROBE_REQUESTS` = {C.PROBE_REQUESTS}", f"`SOKAL_C` = {E.SOKAL_C:g}",
                  f"`REFINE_COOLDOWN_S` = {CP.REFINE_COOLDOWN_S:g} s", f"`PRIOR_SLOPE` = {C.PRIOR_SLOPE:g}",
@@ -559,6 +561,32 @@ def test_bench_capacity_refuses_a_first_probe_past_the_budget(tmp_path: Path,
     err = capsys.readouterr().err
     assert rc == 3 and "raise --start to at least 0.334" in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_the_default_time_budget_grows_with_burstier_arrivals() -> None:
+    """170 s for Poisson (and smoother) arrivals, 170 / B for gamma arrivals of burstiness B < 1, at most 4 x 170;
+    none for concurrency."""
+    from bench.load.capacity_points import default_time_budget
+
+    assert default_time_budget("rate", "poisson", 1.0) == 170
+    assert default_time_budget("rate", "constant", 1.0) == 170
+    assert default_time_budget("rate", "gamma", 2.0) == 170
+    assert default_time_budget("rate", "gamma", 0.5) == 340
+    assert default_time_budget("rate", "gamma", 0.1) == 680
+    assert default_time_budget("concurrency", "gamma", 0.5) is None
+
+
+@pytest.mark.parametrize(("extra", "budget"), [([], "170"), (["--arrival", "gamma", "--burstiness", "0.5"], "340"),
+                                               (["--arrival", "gamma", "--burstiness", "0.1"], "680")])
+def test_bench_capacity_uses_the_default_budget_of_its_arrivals(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                                extra: list[str], budget: str) -> None:
+    """The default reaches the search: its first-probe check names it (a 1,000-s probe fits none of them)."""
+    from bench.cli.app import main
+
+    rc = main(["capacity", "http://127.0.0.1:9/v1", "--slo", "ttft_p90=300ms", "--out", str(tmp_path / "cap"),
+               "--start", "0.01", "--max-tokens", "8", "--input-tokens", "32", *extra])
+    err = capsys.readouterr().err
+    assert rc == 3 and f"--time-budget {budget}:" in err, err
 
 
 def _closed(load: float) -> dict[str, Any]:
