@@ -599,11 +599,18 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
     kept, the unfinished one measured again) or ``overwrite`` (its run files are removed first).
 
     Raises:
-        ConfigError: ``--out`` is a file, lies under a file, cannot be written, or holds a run (naming the flags).
+        ConfigError: ``--out`` is a file, lies under a file, cannot be written, or holds a run (naming the flags);
+            ``resume`` with ``overwrite``, or with no run in ``out_dir``.
     """
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise ConfigError(f"--out {d}: is a file, not a folder")
+    if resume and overwrite:
+        raise ConfigError(f"--resume and --overwrite: choose one (--resume continues the run in {d}, --overwrite "
+                          "replaces it)")
+    if resume and not any((d / n).exists() for n in RUN_FILES):
+        raise ConfigError(f"--resume: {d} holds no run to continue; give --out the folder of the interrupted run "
+                          "(or drop --resume to start one)")
     try:
         d.mkdir(parents=True, exist_ok=True)
         probe = d / ".bench-write-test"

@@ -24,9 +24,9 @@ TWO_CELLS = ('max_tokens = 16\nrequests = 6\nwarmup = 0\noverhead_probes = 1\n[[
              'prompts = ["prose", "code"]\n')
 
 
-def _bench(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def _bench(*args: str, timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "bench", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "100"})
+                          env={**os.environ, "COLUMNS": "100"}, cwd=cwd)
 
 
 SIM_CONFIG = SimConfig(decode_step_ms=2.0)  # the shared `sim` fixture
@@ -182,6 +182,13 @@ def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_
     (out / "results.json").unlink()  # a run that stopped before it wrote any results: records only
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume")
     assert r.returncode == 3 and "no results.json" in r.stderr and "--overwrite" in r.stderr
+    r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume", "--overwrite")
+    assert r.returncode == 3 and "choose one" in r.stderr
+    for where in (["--out", str(tmp_path / "none")], []):  # nothing to continue: refused, not a fresh run
+        r = _bench("run", sim_url, "-p", str(prof), *where, "--resume", cwd=tmp_path)
+        assert r.returncode == 3 and "holds no run to continue" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "none").exists() and not (tmp_path / "bench-results").exists()
 
 
 def _picky_server() -> tuple[str, object]:
