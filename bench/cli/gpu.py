@@ -73,6 +73,24 @@ def sampler_from_options(opts: dict[str, Any], base_url: str, settings: Any = No
     if url is not None and not url.startswith(("http://", "https://")):
         raise ConfigError(f"--gpu-metrics {url}: give an http(s):// URL of a DCGM exporter's /metrics")
     ctx = settings.ssl_context() if settings is not None else None
-    return make_sampler(opts["gpu_telemetry"] or "auto", url, base_url, interval_s=opts["gpu_interval"],
-                        devices=devices, verify=ctx if ctx is not None else True)
+    sampler = make_sampler(opts["gpu_telemetry"] or "auto", url, base_url, interval_s=opts["gpu_interval"],
+                           devices=devices, verify=ctx if ctx is not None else True)
+    if sampler is None and (devices or opts["gpu_interval"] is not None):
+        _no_source_for(opts, base_url)
+    return sampler
+
+
+def _no_source_for(opts: dict[str, Any], base_url: str) -> None:
+    """``--gpu-devices`` / ``--gpu-interval`` given where no GPU source samples: refused with ``--gpu-telemetry
+    off``; with ``auto``, a note saying why nothing samples (they were silently ignored)."""
+    from bench.report.console import say
+    from bench.server.gpu import is_local_url
+
+    flags = " / ".join(f for f, k in (("--gpu-devices", "gpu_devices"), ("--gpu-interval", "gpu_interval"))
+                       if opts[k] is not None)
+    if opts["gpu_telemetry"] == "off":
+        raise ConfigError(f"{flags} with --gpu-telemetry off: nothing samples GPUs (drop one of them)")
+    why = "NVML sees no GPU on this host, or is not installed" if is_local_url(base_url) else "the endpoint is not on this host"
+    say(f"note: no GPU source ({why}): {flags} ignored; --gpu-telemetry nvml or --gpu-metrics URL names one",
+        soft_wrap=True)
 

@@ -648,3 +648,21 @@ def test_tokens_per_joule_keeps_three_digits_below_one() -> None:
     from bench.report.gpu import _ratio  # the HTML report's GPU table prints them the same way (it had 0.081)
 
     assert [_ratio(v) for v in (0.08129, 12.298, None)] == ["0.0813", "12.3", "-"]
+
+
+def test_gpu_device_flags_where_nothing_samples(monkeypatch, capsys) -> None:
+    """--gpu-devices / --gpu-interval were silently ignored where no source samples: with auto a note says why,
+    with --gpu-telemetry off they are refused."""
+    from bench.cli.gpu import sampler_from_options
+
+    monkeypatch.setattr("bench.server.gpu.nvml_module", lambda: None)
+    opts = {"gpu_telemetry": "auto", "gpu_metrics": None, "gpu_interval": None, "gpu_devices": "0"}
+    assert sampler_from_options(opts, "http://127.0.0.1:8000/v1") is None
+    err = capsys.readouterr().err
+    assert "no GPU source (NVML sees no GPU on this host" in err and "--gpu-devices ignored" in err
+    assert sampler_from_options({**opts, "gpu_devices": None, "gpu_interval": 0.5}, "http://203.0.113.9:1/v1") is None
+    assert "(the endpoint is not on this host): --gpu-interval ignored" in capsys.readouterr().err
+    assert sampler_from_options({**opts, "gpu_devices": None}, "http://127.0.0.1:8000/v1") is None
+    assert capsys.readouterr().err == ""  # nothing asked for, nothing said
+    with pytest.raises(ConfigError, match="--gpu-devices with --gpu-telemetry off"):
+        sampler_from_options({**opts, "gpu_telemetry": "off"}, "http://127.0.0.1:8000/v1")
