@@ -23,7 +23,7 @@ import click
 
 from bench.cli.common import checked_url, client_options, endpoint, engine_size
 from bench.cli.common import settings_from_options as _settings
-from bench.cli.gpu import gpu_options, gpu_sampler, pop_gpu_options
+from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_options, pop_gpu_options
 from bench.config.profile import Profile
 from bench.errors import (
     EXIT_CHECK_FAILED,
@@ -345,6 +345,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
 @click.option("--max-waves", type=click.IntRange(1), default=None,
               help="With or without --max-time: at most this many waves per side and cell (sequential looks).")
 @client_options
+@no_gpu_options("bench ab")
 def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_file: str | None,
        markdown_file: str | None, out_dir: str | None, max_time: float | None, max_waves: int | None,
        **client: Any) -> None:

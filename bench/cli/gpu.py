@@ -10,7 +10,8 @@ import click
 
 from bench.errors import ConfigError
 
-__all__ = ["gpu_options", "GPU_KEYS", "pop_gpu_options", "no_gpu_in_open_loop", "gpu_sampler", "sampler_from_options"]
+__all__ = ["gpu_options", "GPU_KEYS", "pop_gpu_options", "no_gpu_in_open_loop", "gpu_sampler", "sampler_from_options",
+           "no_gpu_options"]
 
 GPU_KEYS = ("gpu_telemetry", "gpu_metrics", "gpu_interval", "gpu_devices")
 
@@ -30,6 +31,22 @@ def gpu_options(f: Any) -> Any:
                      show_default=True, help="GPU power, energy per token and clocks per cell through NVML "
                      "(nvidia-ml-py) on this host; auto: when NVML is present and the endpoint runs on this host.")(f)
     return f
+
+
+def no_gpu_options(command: str) -> Any:
+    """Hidden ``--gpu-*`` flags for a command that does not sample GPUs yet: given, they are refused with one line
+    saying so (exit 3), not click's bare "No such option"."""
+    def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
+        if value is not None:
+            raise ConfigError(f"{command} does not sample GPUs yet: --{str(param.name).replace('_', '-')} applies "
+                              "to bench run (concurrency cells) and bench gate")
+
+    def deco(f: Any) -> Any:
+        for key in GPU_KEYS:
+            f = click.option(f"--{key.replace('_', '-')}", key, hidden=True, expose_value=False, default=None,
+                             callback=refuse)(f)
+        return f
+    return deco
 
 
 def pop_gpu_options(extra: dict[str, Any]) -> dict[str, Any]:

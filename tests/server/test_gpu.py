@@ -666,3 +666,13 @@ def test_gpu_device_flags_where_nothing_samples(monkeypatch, capsys) -> None:
     assert capsys.readouterr().err == ""  # nothing asked for, nothing said
     with pytest.raises(ConfigError, match="--gpu-devices with --gpu-telemetry off"):
         sampler_from_options({**opts, "gpu_telemetry": "off"}, "http://127.0.0.1:8000/v1")
+
+
+def test_bench_ab_refuses_gpu_flags_in_one_line(capsys) -> None:
+    """bench ab does not sample GPUs: its --gpu-* flags were click's bare "No such option" (exit 2)."""
+    from bench.cli.app import main
+
+    for flag in (["--gpu-telemetry", "nvml"], ["--gpu-metrics", "http://127.0.0.1:9/metrics"], ["--gpu-devices", "0"]):
+        assert main(["ab", "http://127.0.0.1:9/v1", "http://127.0.0.1:9/v1", *flag]) == 3
+        err = capsys.readouterr().err
+        assert f"bench ab does not sample GPUs yet: {flag[0]} applies" in err and len(err.strip().splitlines()) == 1
