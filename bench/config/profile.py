@@ -103,9 +103,9 @@ def parse_kinds(s: str) -> list[str]:
 def parse_ints(s: str, what: str, minimum: int = 1) -> list[int]:
     """Comma list of ints >= ``minimum`` (``--streams 1,2,4``). Raises ConfigError naming ``what``."""
     try:
-        out = [int(x) for x in s.split(",") if x.strip()]
+        out = [int(x) for x in s.split(",")]
     except ValueError:
-        raise ConfigError(f"{what}: {s!r} is not a comma list of integers") from None
+        raise ConfigError(f"{what}: {s!r} is not a comma list of integers (e.g. 1,2,4)") from None
     if not out or any(v < minimum for v in out):
         raise ConfigError(f"{what}: every value must be >= {minimum}, got {s!r}")
     return out
@@ -279,7 +279,7 @@ class Profile:
         if "thinking" in kw:  # --thinking on|off: every cell, whatever the sweeps say
             sweeps = tuple(replace(sw, thinking=None) for sw in sweeps)
         p = replace(self, sweeps=sweeps, overrides=tuple(dict.fromkeys(self.overrides + given)), **kw)
-        _validate_numbers(p, "override")
+        _validate_numbers(p, "command line")
         return p
 
 

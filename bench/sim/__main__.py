@@ -76,7 +76,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
     except (ValueError, OSError) as e:
-        print(f"bench sim: {e}", file=sys.stderr)
+        said = f"--config {e.filename}: {e.strerror}" if isinstance(e, OSError) and e.filename else str(e)
+        print(f"bench sim: {said}", file=sys.stderr)
         return EXIT_BAD_INPUT
     if not 0 <= cfg.port <= 65535:
         print(f"bench sim: --port {cfg.port} is out of range (0-65535; 0 picks a free port)", file=sys.stderr)

@@ -82,6 +82,9 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["run", sim_url, "--rate", "nan", "--duration", "3"], 3, "--rate must be a finite number > 0"),
         (["run", sim_url, "--rate", "5", "--duration", "inf"], 3, "--duration must be a finite number > 0"),
         (["run", "--depths", "16k", "--streams", "1"], 3, "embedded endpoint's model"),  # said before it starts
+        (["run", sim_url, "--streams", "1,,2"], 3, "'1,,2' is not a comma list of integers"),  # was taken as 1,2
+        (["run", sim_url, "--images", "1", "--endpoint", "completions"], 3, "command line: images need the chat"),
+        (["sim", "--config", str(tmp / "no-such.toml")], 3, "--config " + str(tmp / "no-such.toml") + ": No such file"),
     ]
 
 
