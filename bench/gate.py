@@ -354,9 +354,12 @@ def profile_rules(rules: Sequence[Rule]) -> tuple[list[Rule], bool]:
 
 def main_verdicts(baseline: Results, candidate: Results, *, seed: int = 0) -> list[Verdict]:
     """Zero-allowance median comparisons of :data:`MAIN_METRICS` in every common cell, cell by cell (the
-    side-by-side table of compare / ab; the verdict word only says on which side of 1 the whole CI lies)."""
+    side-by-side table of compare / ab; the verdict word only says on which side of 1 the whole CI lies).
+    ``prompt_tok_s`` only in cells that measure prefill (:attr:`CellResult.measures_prefill`)."""
     rules = [Rule(m, "*", "median", 0.0, None) for m in MAIN_METRICS]
-    vs = compare(baseline, candidate, rules, seed=seed)
+    cells = {c.id: c for c in candidate.cells}
+    vs = [v for v in compare(baseline, candidate, rules, seed=seed)  # prompt tok/s only where it is prefill's
+          if v.rule.metric != "prompt_tok_s" or (v.cell in cells and cells[v.cell].measures_prefill)]
     order = {c.id: i for i, c in enumerate(candidate.cells)}
     return sorted(vs, key=lambda v: (order.get(v.cell, 0), MAIN_METRICS.index(v.rule.metric)))
 

@@ -135,6 +135,13 @@ class CellResult:
     samples: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
 
+    @property
+    def measures_prefill(self) -> bool:
+        """Whether its prompt tok/s is a prefill figure (docs/metrics.md): a closed-loop cell at a depth. At depth
+        0 the prompt is a few tokens and TTFT mostly overhead; an open-loop cell's TTFT holds its queueing. The table
+        shows "-" elsewhere, and compare / ab do not judge it there."""
+        return bool(self.depth and self.streams and not self.load)
+
     def stat(self, metric: str, which: str = "median") -> float | None:
         """One statistic of a metric, e.g. ``cell.stat("ttft_ms", "p90")``; None when absent."""
         s = getattr(self, metric, None)

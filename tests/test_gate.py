@@ -980,3 +980,18 @@ def _typed_gate_file(path: Path) -> None:
     bad.write_text(json.dumps(raw))
     with pytest.raises(ConfigError, match=r"verdicts\[0\]\.ratio"):
         load_gate(bad)
+
+
+def test_side_by_side_judges_prompt_rate_only_where_it_is_prefill() -> None:
+    """compare / ab judged prompt tok/s at depth 0 (a few prompt tokens over TTFT: overhead, not prefill), where the
+    run table shows "-": a slower decode step read as a prompt-rate regression."""
+    from bench.gate import main_verdicts
+
+    def side(prompt: float) -> Results:
+        r = results({cid: {"decode_tok_s": spread(100), "prompt_tok_s": spread(prompt)} for cid in ("d0", "d4k")})
+        (r.cells[0].depth, r.cells[0].streams), (r.cells[1].depth, r.cells[1].streams) = (0, 1), (4096, 1)
+        return r
+
+    got = {(v.cell, v.rule.metric): v.verdict for v in main_verdicts(side(50), side(40))}
+    assert got[("d4k", "prompt_tok_s")] == "regression" and ("d0", "prompt_tok_s") not in got
+    assert ("d0", "decode_tok_s") in got

@@ -193,7 +193,7 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     for c in results.cells:
         d, t = c.decode_tok_s, c.ttft_ms
         thin = "*" if "p99" in t.get("thin", []) else ""
-        shown = bool(c.depth and c.streams and not c.load)  # an open-loop cell's TTFT holds its queueing
+        shown = c.measures_prefill
         pt = c.stat("prompt_tok_s") if shown else None
         ptc = c.stat("prompt_tok_s_corrected") if shown else None
         noisy = " ~" if (c.noise or {}).get("ci_wide") else ""
