@@ -137,6 +137,11 @@ def probe(url: str | None, endpoint_kind: str, max_tokens: int, prompt_text: str
         raise ServerError(line)
     d, warns = probe_report(request_metrics(rec).to_dict(), same_prompt=same_prompt, default_prompt=not prompt_text)
     _print_record(rec, d, as_json, f"probe {base} ({endpoint_kind})", warns)
+    if thinking is None and d.get("reasoning_tokens"):
+        from bench.report.console import say
+
+        say(f"note: the server thought by default ({d['reasoning_tokens']} reasoning tokens); bench run asks "
+            "thinking models not to (--thinking on lets them)", soft_wrap=False)
     require_ok(rec)
 
 

@@ -234,6 +234,18 @@ def test_probe_prefill_against_the_sim():
     assert long["prefill_lower_bound"] is True and 0 < long["prefill_tok_s"] <= 5000 * 1.01
 
 
+def test_probe_says_when_the_server_thought_by_default():
+    """probe sends no thinking switch unless told, bench run asks for none: a probe that shows reasoning tokens
+    says so, and one told --thinking off says nothing."""
+    from bench.sim import SimConfig, running_sim
+
+    with running_sim(SimConfig(decode_step_ms=1.0, reasoning_tokens=3)) as url:
+        runs = [subprocess.run([sys.executable, "-m", "bench", "probe", url, "--json", "--max-tokens", "8", *x],
+                               capture_output=True, text=True, cwd=ROOT, timeout=120) for x in ([], ["--thinking", "off"])]
+    assert "note: the server thought by default (3 reasoning tokens)" in runs[0].stderr, runs[0].stderr
+    assert "thought by default" not in runs[1].stderr
+
+
 def _probe_json(url: str, *extra: str) -> dict[str, Any]:
     out = subprocess.run([sys.executable, "-m", "bench", "probe", url, "--json", "--max-tokens", "8", *extra],
                          capture_output=True, text=True, cwd=ROOT, timeout=120)
