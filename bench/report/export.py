@@ -181,6 +181,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
     if with_think:
         head.append("think / answer tok/s")
     with_tools = any(c.tool_calls or c.tool_calls_forced for c in results.cells)
+    if with_think or with_tools:  # thinking delays the answer: TTFT counts the first reasoning token
+        head.append("first answer / tool call ms p50")
     if with_tools:
         head.append("tool calls (missing)")
     with_gpu = any(c.gpu for c in results.cells)
@@ -210,6 +212,8 @@ def table_rows(results: Results) -> tuple[list[str], list[list[str]]]:
             f"{_n(c.stat('itl_ms'), 2)} / {_n(c.stat('itl_ms', 'p99'), 2)}",
             _n(c.stat("tpot_ms"), 2), _n(c.stat("e2e_ms"), 0), _n(c.stat("tokens_per_event"), 2),
         ] + ([f"{_n(c.stat('reasoning_tok_s'))} / {_n(c.stat('content_tok_s'))}"] if with_think else [])
+            + ([f"{_n(c.stat('ttft_content_ms'), 0)} / {_n(c.stat('ttft_tool_ms'), 0)}"]
+               if with_think or with_tools else [])
             + ([f"{c.tool_calls} ({c.tool_calls_missing})"] if with_tools else [])
             + ([gpu_field(c)] if with_gpu else []) + ([slo_field(c)] if with_slo else []))
     return head, rows

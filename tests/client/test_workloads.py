@@ -211,7 +211,10 @@ def test_thinking_phases_against_truth(tmp_path: Path) -> None:
     assert all(x["ttft_reasoning_ms"] is not None and x["ttft_content_ms"] > x["ttft_reasoning_ms"] for x in measured)
     head = (out / "results.csv").read_text().splitlines()[0].split(",")
     assert "reasoning_tok_s_p50" in head and "content_tok_s_p50" in head
-    assert "think / answer tok/s" in (out / "results.md").read_text()
+    md = (out / "results.md").read_text()
+    assert "think / answer tok/s" in md and "first answer / tool call ms p50" in md
+    first = round(res["cells"][0]["ttft_content_ms"]["median"])
+    assert f"| {first} / - |" in md  # the first answer's time, no tool call
     assert main(["report", str(out), "--out", str(out / "report.html")]) == 0
     page = (out / "report.html").read_text()
     assert "Images, thinking and tool calls" in page and "reasoning tok/s" in page
