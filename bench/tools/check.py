@@ -314,7 +314,9 @@ def _does(rep: dict[str, Any]) -> dict[str, str]:
         else "short outputs are warned about per cell",
         "role_first_chunk": "not a token: TTFT waits for text",
         "reasoning_fields": "reasoning counts as output (TTFT), TTFC is content",
-        "tool_calls": "tool-call arguments count as output",
+        "tool_calls": {"none": "tools accepted, none called (--tool-choice required forces one)",
+                       "rejected": "the server refused a request with tools"}.get(
+            str(rep.get("tool_calls")), "tool-call arguments count as output"),
         "images": "--images sends image_url parts" if rep.get("images") == "accepted"
         else "--images stops with one line naming it",
         "tokenize": "prompts sized by the server's tokenizer" if rep.get("tokenize")
@@ -326,8 +328,14 @@ def _does(rep: dict[str, Any]) -> dict[str, str]:
         "keeps_open_after_done": "E2E includes the wait: the response end" if rep.get("keeps_open_after_done")
         else "E2E = end of response",
         "keepalive_comments": "comments skipped, never tokens",
-        "chat_template_tokens": "the shared header is expected as cached",
+        "chat_template_tokens": _template_does(rep.get("chat_template_tokens")),
     }
+
+
+def _template_does(n: Any) -> str:
+    if n is None:
+        return "unknown: no /tokenize to compare with"
+    return "the shared header is expected as cached" if n > 0 else "no template tokens around the prompt"
 
 
 def report_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -340,7 +348,7 @@ def report_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
         "min_tokens_honoured": _yes(rep.get("min_tokens_honoured")),
         "role_first_chunk": _yes(rep.get("role_first_chunk")),
         "reasoning_fields": ", ".join(rep.get("reasoning_fields") or []) or "none",
-        "tool_calls": str(rep.get("tool_calls")),
+        "tool_calls": {"none": "not called"}.get(str(rep.get("tool_calls")), str(rep.get("tool_calls"))),
         "images": str(rep.get("images")) + (f" ({rep['image_tokens']} tok)" if rep.get("image_tokens") else ""),
         "tokenize": _yes(rep.get("tokenize")),
         "metrics": (rep.get("metrics_backend") or "yes") if rep.get("metrics") else "no",
@@ -348,6 +356,6 @@ def report_rows(rep: dict[str, Any]) -> list[tuple[str, str, str]]:
         "prefix_cache": _yes(rep.get("prefix_cache")),
         "keeps_open_after_done": _yes(rep.get("keeps_open_after_done")),
         "keepalive_comments": _yes(rep.get("keepalive_comments")),
-        "chat_template_tokens": str(rep.get("chat_template_tokens", "?")),
+        "chat_template_tokens": _yes(rep.get("chat_template_tokens")),
     }
     return [(k, v, does[k]) for k, v in found.items()]

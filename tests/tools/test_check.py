@@ -177,3 +177,20 @@ def test_check_counts_its_successes(capsys) -> None:
     with running_sim(SimConfig(decode_step_ms=2)) as url:
         rep = _check(url, capsys)
     assert rep["requests_ok"] >= 6 and rep["ok"] is True and rep["status"] == 200
+
+
+def test_check_rows_say_what_the_finding_means() -> None:
+    """'tool_calls none' read like no support, and 'chat_template_tokens 0' was said to be 'expected as cached'."""
+    from bench.tools.check import report_rows
+
+    def row(rep: dict, key: str) -> tuple[str, str]:
+        return next((found, does) for k, found, does in report_rows(rep) if k == key)
+
+    assert row({"tool_calls": "none"}, "tool_calls") == ("not called", "tools accepted, none called "
+                                                         "(--tool-choice required forces one)")
+    assert row({"tool_calls": "rejected"}, "tool_calls")[1] == "the server refused a request with tools"
+    assert row({"tool_calls": "streamed"}, "tool_calls")[1] == "tool-call arguments count as output"
+    assert row({"chat_template_tokens": 0}, "chat_template_tokens")[1] == "no template tokens around the prompt"
+    assert row({"chat_template_tokens": 12}, "chat_template_tokens")[1] == "the shared header is expected as cached"
+    assert row({"chat_template_tokens": None}, "chat_template_tokens") == ("?", "unknown: no /tokenize to "
+                                                                             "compare with")
