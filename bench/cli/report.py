@@ -62,7 +62,8 @@ def roofline_spec_from_options(**kw: Any) -> Any:
 @click.command()
 @click.argument("inputs", nargs=-1, required=False, type=click.Path())
 @click.option("-o", "--out", "out_file", required=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write, e.g. report.html.")
+              help="The HTML file to write, e.g. report.html (.html or .htm; never one of "
+              "the inputs).")
 @click.option("--title", default=None, help="Page title (default: the results folders' names).")
 @click.option("--images", "images_dir", type=click.Path(file_okay=False), default=None,
               help="Also write the main figures as PNG and SVG into this folder (kaleido + Chromium).")
@@ -89,10 +90,11 @@ def report(inputs: tuple[str, ...], out_file: str, title: str | None, images_dir
     from pathlib import Path
 
     from bench.report.console import say
-    from bench.report.html import write_images, write_report
+    from bench.report.html import check_out, write_images, write_report
 
     if not inputs and not history_db:
         raise click.UsageError("give results files, or --history DB, or both")
+    check_out(out_file, inputs)  # never over a run's own files or a history store
     p = _history_report(history_db, inputs, out_file, title) if history_db else write_report(inputs, out_file, title)
     say(f"report: {p} ({Path(p).stat().st_size / 1e6:.1f} MB, opens offline)")
     if images_dir and inputs:

@@ -33,7 +33,8 @@ from bench.report.gpu import gpu_figure, gpu_table
 from bench.report.tables import cells_html, points_html
 from bench.results import capacity_from_dict, gate_from_dict, load_capacity, load_gate, results_from_dict, write_atomic
 
-__all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "Source"]
+__all__ = ["load_inputs", "build_report", "write_report", "write_images", "require_plotly", "check_out", "Source",
+           "REPORT_SUFFIXES"]
 
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1280px;
 color:#222;padding:0 16px}h1{font-size:22px}h2{font-size:18px;border-bottom:1px solid #ddd;padding-bottom:4px;
@@ -85,6 +86,24 @@ def _input_files(p: Path) -> list[Path]:
             return [q for q in sides if q.is_file()] + [p / name]
     raise ConfigError(f"{p}: no {', '.join(_FOLDER_FILES)} in this folder (give a folder bench run, capacity, "
                       "gate or ab wrote, or one of its files)")
+
+
+REPORT_SUFFIXES = (".html", ".htm")
+
+
+def check_out(out: str | os.PathLike[str], inputs: Sequence[str | os.PathLike[str]] = ()) -> Path:
+    """The report's ``-o``, checked before anything is read or written: it must end in ``.html`` or ``.htm`` (so
+    no results.json, records.jsonl, results.md, capacity.json, gate.json or history store is ever written over)
+    and must not be one of ``inputs`` or a document they stand for. An HTML page may be replaced (a results
+    folder's report.html, written again). Raises ConfigError (one line) otherwise."""
+    p = Path(out)
+    if p.suffix.lower() not in REPORT_SUFFIXES:
+        raise ConfigError(f"-o {p}: the report is an HTML page; give a file name ending in .html or .htm "
+                          "(bench report never writes over a run's own files)")
+    files = [f for i in inputs for f in ((Path(i), *_input_files(Path(i))) if Path(i).is_dir() else (Path(i),))]
+    if any(f.resolve() == p.resolve() for f in files):
+        raise ConfigError(f"-o {p}: is one of the report's inputs; give another file name")
+    return p
 
 
 def _capacity_results(doc: dict[str, Any]) -> dict[str, Any]:
@@ -340,6 +359,7 @@ def require_plotly() -> None:
 def write_report(paths: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str],
                  title: str | None = None, extra_sections: Sequence[str] = ()) -> Path:
     """Read the inputs, write the HTML report to ``out`` (atomically); returns its path."""
+    check_out(out, paths)
     require_plotly()
     sources, gates = load_inputs(paths)
     page = build_report(sources, gates, title, extra_sections)

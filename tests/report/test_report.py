@@ -85,3 +85,23 @@ def test_plot_rejects_other_json(tmp_path, capsys) -> None:
     p = tmp_path / "x.json"
     p.write_text("[1, 2]")
     assert main(["plot", str(p)]) == 3
+
+
+def test_report_never_writes_over_a_runs_files(tmp_path, capsys) -> None:
+    """`bench report res -o res/results.json` wrote the HTML over the run's results.json and exited 0: -o must end
+    in .html/.htm and must not be an input; exit 3 with one line, every file untouched."""
+    write_results(RESULTS, tmp_path / "res", formats=("json", "md", "csv"))
+    (tmp_path / "res" / "records.jsonl").write_text("")
+    (tmp_path / "in.html").write_text((tmp_path / "res" / "results.json").read_text())  # a results doc, oddly named
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for args, words in (([tmp_path / "res", "-o", tmp_path / "res" / "results.json"], "ending in .html or .htm"),
+                        ([tmp_path / "res" / "results.json", "-o", tmp_path / "res" / "records.jsonl"], ".html"),
+                        ([tmp_path / "res", "-o", tmp_path / "res" / "results.md"], ".html"),
+                        ([tmp_path / "res", "-o", tmp_path / "elsewhere.json"], ".html"),
+                        ([tmp_path / "in.html", "-o", tmp_path / "in.html"], "is one of the report's inputs")):
+        capsys.readouterr()
+        assert main(["report", *map(str, args)]) == 3
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "elsewhere.json").exists()
