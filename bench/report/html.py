@@ -118,7 +118,8 @@ def _capacity_results(doc: dict[str, Any]) -> dict[str, Any]:
 
 def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], list[tuple[str, dict[str, Any]]]]:
     """Classify each argument: a results file (``cells``; a folder means its results.json), a capacity document
-    (``points``) or a gate document (``verdicts``). Returns ``(sources, gates)``; raises ConfigError otherwise."""
+    (``points``) or a gate document (``verdicts``). Returns ``(sources, gates)``; raises ConfigError otherwise, and
+    for a results file with no cells (and no capacity.json beside it): nothing to report."""
     files = [f for p in paths for f in _input_files(Path(p))]
     docs = [(f, _read_json(f)) for f in files]
     sources: list[Source] = []
@@ -127,6 +128,8 @@ def load_inputs(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[Source], 
     for (f, d), name in zip(res, _names([f for f, _ in res])):
         d = results_from_dict(d, f"results file {f}").to_dict()  # the one validating loader
         sources.append(_source(f, d, name))
+        if not d["cells"] and sources[-1].capacity is None:  # an empty page that exits 0 hides a broken input
+            raise ConfigError(f"no cells in {f}: nothing to report")
         g = f.parent / "gate.json"
         if g.exists() and all(g != x for x in files):
             gates.append((f"{name}/gate.json", load_gate(g).to_dict()))

@@ -105,3 +105,13 @@ def test_report_never_writes_over_a_runs_files(tmp_path, capsys) -> None:
         assert words in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
     assert not (tmp_path / "elsewhere.json").exists()
+
+
+def test_report_of_a_results_file_without_cells_is_refused(tmp_path, capsys) -> None:
+    """`{"cells": [], "schema": 1}` gave an empty page and exit 0; now one line and the bad-input exit."""
+    bad = tmp_path / "bad2.json"
+    bad.write_text('{"cells": [], "schema": 1}')
+    assert main(["report", str(bad), "-o", str(tmp_path / "x.html")]) == 3
+    err = capsys.readouterr().err
+    assert f"no cells in {bad}: nothing to report" in err and err.count("\n") == 1, err
+    assert not (tmp_path / "x.html").exists()
