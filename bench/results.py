@@ -40,7 +40,7 @@ from bench.warns import check_document
 __all__ = [
     "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
     "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
-    "discard_when_failed", "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict",
+    "replace_run", "discard_when_failed", "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict",
     "capacity_from_dict", "gate_from_dict", "load_capacity", "load_gate", "save_capacity", "save_gate", "gate_json",
 ]
 
@@ -642,6 +642,47 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
         return None
     raise ConfigError(f"--out {d}: already holds a run ({', '.join(held)}); --resume continues an interrupted "
                       "run, --overwrite replaces it, or choose another folder")
+
+
+def replace_run(target: str | os.PathLike[str], run_dir: str | os.PathLike[str], results: Results) -> Path:
+    """``bench gate --update-baseline``: make ``target`` (a baseline) the run ``results`` of ``run_dir``; returns
+    what it wrote.
+
+    A results.json with a run's other files beside it gets the run's whole set: ``results`` as its
+    results.json and ``run_dir``'s other :data:`RUN_FILES` (records.jsonl, results.csv, results.md, gate.json...);
+    run files the new run lacks are removed, other files stay. Each is first written to ``.NAME.new`` beside its
+    place and renamed in only when all are there, so a failure (full disk) leaves the old set whole. Any other
+    file (a lone results file) gets ``results`` alone.
+
+    Raises:
+        ConfigError: the new files cannot be written there; the old ones are then left as they were.
+    """
+    p, src = Path(target), Path(run_dir)
+    run_beside = p.name == "results.json" and any((p.parent / n).exists() for n in RUN_FILES if n != p.name)
+    if not run_beside:
+        return write_atomic(p, to_json(results))
+    d = p.parent
+    if d.resolve() == src.resolve():  # the run was written there already
+        return d
+    names = ["results.json"] + [n for n in RUN_FILES if n != "results.json" and (src / n).is_file()]
+    try:
+        for n in names:
+            if n == "results.json":
+                write_atomic(d / f".{n}.new", to_json(results))
+            else:
+                shutil.copyfile(src / n, d / f".{n}.new")
+    except (OSError, ConfigError) as e:
+        for n in names:
+            (d / f".{n}.new").unlink(missing_ok=True)
+        raise ConfigError(f"cannot update {d} (left as it was): {getattr(e, 'strerror', None) or e}") from None
+    try:
+        for n in set(RUN_FILES) - set(names):
+            (d / n).unlink(missing_ok=True)  # the old run's files the new one has not: no mixed folder
+        for n in names:
+            os.replace(d / f".{n}.new", d / n)
+    except OSError as e:
+        raise ConfigError(f"cannot update {d}: {e.strerror or e}") from None
+    return d
 
 
 @contextmanager

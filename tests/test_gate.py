@@ -485,6 +485,38 @@ def test_gate_command_end_to_end(sims, sim_profile, tmp_path, bench_main, capsys
     assert json.loads((cand_dir / "gate.json").read_text())["exit"] == 1
     _typed_gate_file(cand_dir / "gate.json")
     assert baseline.read_text() != before and load_results(baseline).run.id != json.loads(before)["run"]["id"]
+    # the whole run beside it, not results.json alone over the old records and views (a mixed folder)
+    for name in ("records.jsonl", "results.md", "results.csv"):
+        assert (base_dir / name).read_bytes() == (cand_dir / name).read_bytes(), name
+    assert load_results(baseline).run.id == load_results(cand_dir).run.id
+
+
+def test_replace_run_of_a_lone_file_and_on_failure(tmp_path, monkeypatch):
+    """A lone results file gets the results alone; a copy that fails leaves the old set whole (exit 3, one line)."""
+    from bench.results import replace_run, to_json
+
+    new, old = results({"c": {"decode_tok_s": spread(90)}}), results({"c": {"decode_tok_s": spread(100)}})
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "results.json").write_text(to_json(new))
+    (run / "records.jsonl").write_text("new\n")
+    lone = tmp_path / "base.json"
+    lone.write_text(to_json(old))
+    assert replace_run(lone, run, new) == lone and lone.read_text() == to_json(new)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json", "run"]
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "results.json").write_text(to_json(old))
+    (base / "records.jsonl").write_text("old\n")
+
+    def full(*a, **k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("shutil.copyfile", full)
+    with pytest.raises(ConfigError, match=r"\(left as it was\): No space left on device"):
+        replace_run(base / "results.json", run, new)
+    assert sorted(p.name for p in base.iterdir()) == ["records.jsonl", "results.json"]
+    assert (base / "results.json").read_text() == to_json(old) and (base / "records.jsonl").read_text() == "old\n"
 
 
 def test_other_work_beside_a_local_server_leaves_the_gate_undecided(sims, sim_profile, tmp_path, bench_main, capsys):

@@ -165,7 +165,8 @@ def _load_profile(name: str) -> Profile:
 @click.option("--force", is_flag=True, help="Compare even if profile, model or server backend differ, or the "
               "baseline is incomplete.")
 @click.option("--update-baseline", is_flag=True,
-              help="After the run, write its results over the --baseline file (the exit code is still the verdict).")
+              help="After the run, make it the baseline: its results.json, records.jsonl and views replace "
+                   "the --baseline run's (a lone file: its results only). The exit code is still the verdict.")
 @click.option("--budget-waves", type=click.IntRange(0), default=None,
               help="Extra waves beyond the profile's planned ones, in all cells together (default: the profile's "
                    "gate_budget_waves when neither --max-time nor --max-waves is given).")
@@ -236,7 +237,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     from bench.report.console import say
     from bench.report.export import VIEWS
     from bench.report.progress import observed
-    from bench.results import discard_when_failed, to_json, write_atomic
+    from bench.results import discard_when_failed, replace_run, write_atomic
     from bench.session.endpoint import default_out_dir
 
     t0 = time.monotonic()
@@ -280,8 +281,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
                              markdown=markdown_file, elapsed=time.monotonic() - t0, code=code, why=why)
     if update_baseline:
-        write_atomic(baseline_file, to_json(outcome.results))
-        written.append(f"{baseline_file} (baseline updated)")
+        written.append(f"{replace_run(baseline_file, out, outcome.results)} (baseline updated)")
     say(f"results: {out}/results.json, gate.json" + "".join(f"; {w}" for w in written))
     if code != EXIT_OK:
         raise SystemExit(code)
