@@ -648,7 +648,7 @@ def replace_run(target: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """``bench gate --update-baseline``: make ``target`` (a baseline) the run ``results`` of ``run_dir``; returns
     what it wrote.
 
-    A results.json with a run's other files beside it gets the run's whole set: ``results`` as its
+    A folder, or a results.json with a run's other files beside it, gets the run's whole set: ``results`` as its
     results.json and ``run_dir``'s other :data:`RUN_FILES` (records.jsonl, results.csv, results.md, gate.json...);
     run files the new run lacks are removed, other files stay. Each is first written to ``.NAME.new`` beside its
     place and renamed in only when all are there, so a failure (full disk) leaves the old set whole. Any other
@@ -659,9 +659,9 @@ def replace_run(target: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     """
     p, src = Path(target), Path(run_dir)
     run_beside = p.name == "results.json" and any((p.parent / n).exists() for n in RUN_FILES if n != p.name)
-    if not run_beside:
+    if not p.is_dir() and not run_beside:
         return write_atomic(p, to_json(results))
-    d = p.parent
+    d = p if p.is_dir() else p.parent
     if d.resolve() == src.resolve():  # the run was written there already
         return d
     names = ["results.json"] + [n for n in RUN_FILES if n != "results.json" and (src / n).is_file()]

@@ -491,6 +491,28 @@ def test_gate_command_end_to_end(sims, sim_profile, tmp_path, bench_main, capsys
     assert load_results(baseline).run.id == load_results(cand_dir).run.id
 
 
+def test_update_baseline_of_a_folder_keeps_the_verdict(sims, sim_profile, tmp_path, bench_main, capsys):
+    """`--baseline base --update-baseline` with a results folder failed 'cannot write base: Is a directory' (exit 3)
+    after the verdict: the folder now gets the new run's files (stale run files removed, other files kept) and the
+    exit code is the verdict's."""
+    base_dir, cand_dir = tmp_path / "base", tmp_path / "cand"
+    assert bench_main(["run", sims["same"], "-p", str(sim_profile), "--out", str(base_dir), "--json"]) == 0
+    (base_dir / "report.html").write_text("<p>the old run</p>")
+    (base_dir / "notes.txt").write_text("mine")
+    capsys.readouterr()
+    code = bench_main(["gate", sims["slow10"], "-p", str(sim_profile), "--baseline", str(base_dir),
+                       "--out", str(cand_dir), "--update-baseline"])
+    out, err = capsys.readouterr()
+    verdict = json.loads((cand_dir / "gate.json").read_text())["exit"]  # 1; 2 should other work load this host
+    assert code == verdict and verdict in (1, 2), err
+    assert "bench: error" not in err and f"{base_dir} (baseline updated)" in " ".join(err.split())
+    assert load_results(base_dir).run.id == load_results(cand_dir).run.id
+    for name in ("records.jsonl", "results.md", "results.csv", "gate.json"):
+        assert (base_dir / name).read_bytes() == (cand_dir / name).read_bytes(), name
+    assert not (base_dir / "report.html").exists() and (base_dir / "notes.txt").read_text() == "mine"
+    assert not list(base_dir.glob(".*.new"))
+
+
 def test_replace_run_of_a_lone_file_and_on_failure(tmp_path, monkeypatch):
     """A lone results file gets the results alone; a copy that fails leaves the old set whole (exit 3, one line)."""
     from bench.results import replace_run, to_json

@@ -166,7 +166,8 @@ def _load_profile(name: str) -> Profile:
               "baseline is incomplete.")
 @click.option("--update-baseline", is_flag=True,
               help="After the run, make it the baseline: its results.json, records.jsonl and views replace "
-                   "the --baseline run's (a lone file: its results only). The exit code is still the verdict.")
+                   "the --baseline run's, in its folder (a lone file: its results only). The exit code is still "
+                   "the verdict.")
 @click.option("--budget-waves", type=click.IntRange(0), default=None,
               help="Extra waves beyond the profile's planned ones, in all cells together (default: the profile's "
                    "gate_budget_waves when neither --max-time nor --max-waves is given).")
@@ -208,7 +209,7 @@ def gate(url: str | None, baseline_file: str, profile_name: str, junit_file: str
     \b
     Examples:
       bench gate http://gpu:8000/v1 --baseline base/results.json --junit gate.xml
-      bench gate URL -p my-ci.toml --baseline base/results.json --update-baseline
+      bench gate URL -p my-ci.toml --baseline base/ --update-baseline
           (refresh it)
       bench gate URL -p ci-gate --baseline base/results.json --max-time 600 --json
     """
