@@ -234,6 +234,19 @@ def test_overall_exit():
     assert overall_exit([]) == 2  # nothing compared is not a pass
 
 
+def test_summary_line_counts_in_words():
+    """'REGRESSION: 2 regression, 1 inconclusive': the noun takes its plural (the other verdicts are adjectives)."""
+    from bench.report.verdicts import summary_line
+
+    def v(kind: str) -> Verdict:
+        return Verdict(DEC, "c", kind, 1, 1, 1, 1, 1, 0.95, 8, 8)
+
+    assert summary_line([v("regression"), v("regression"), v("inconclusive")]) == \
+        "REGRESSION: 2 regressions, 1 inconclusive"
+    assert summary_line([v("regression"), v("unchanged"), v("unchanged")]) == "REGRESSION: 1 regression, 2 unchanged"
+    assert summary_line([v("unchanged"), v("improved"), v("improved")]) == "PASS: 2 improved, 1 unchanged"
+
+
 def test_compares_change_words_are_the_documented_three():
     from bench.report.verdicts import side_by_side_rows
 

@@ -105,12 +105,12 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> tuple[list[str], list[list[str]
 
 
 def summary_line(verdicts: Sequence[Verdict], code: int | None = None, why: str | None = None) -> str:
-    """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 1 regression, 2 unchanged``. ``code``: the exit the
+    """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 2 regressions, 1 unchanged``. ``code``: the exit the
     command gives when something beside the verdicts decided it (other work on the host), with ``why``:
     ``INCONCLUSIVE (why): 1 regression, 2 unchanged``."""
     own = overall_exit(verdicts)
     counts = verdict_counts(verdicts)
-    parts = [f"{n} {k}" for k, n in counts.items() if n]
+    parts = [f"{n} {k}{'s' if k == 'regression' and n != 1 else ''}" for k, n in counts.items() if n]
     head = OUTCOME[own] if code is None or code == own else f"{OUTCOME[code]} ({why or 'see the warnings'})"
     return f"{head}: " + (", ".join(parts) if parts else "nothing compared")
 
