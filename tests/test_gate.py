@@ -247,6 +247,25 @@ def test_summary_line_counts_in_words():
     assert summary_line([v("unchanged"), v("improved"), v("improved")]) == "PASS: 2 improved, 1 unchanged"
 
 
+def test_summary_line_of_a_verdict_withheld_says_what_was_found():
+    """'INCONCLUSIVE (other work on this host changed between the runs): 1 regression, 2 unchanged' read as a
+    contradiction: the line says what the verdicts found, then why the verdict is withheld (and the cure)."""
+    from bench.report.verdicts import summary_line
+
+    def v(kind: str) -> Verdict:
+        return Verdict(DEC, "c", kind, 1, 1, 1, 1, 1, 0.95, 8, 8)
+
+    why = "other work on this host changed between the runs (cure)"
+    assert summary_line([v("regression"), v("unchanged"), v("unchanged")], 2, why) == \
+        "INCONCLUSIVE: 1 regression found (2 unchanged), but the verdict is withheld: " + why
+    assert summary_line([v("regression"), v("regression")], 2, why) == \
+        "INCONCLUSIVE: 2 regressions found, but the verdict is withheld: " + why
+    assert summary_line([v("unchanged"), v("improved")], 2, why) == \
+        "INCONCLUSIVE: no regression found (1 improved, 1 unchanged), but the verdict is withheld: " + why
+    assert summary_line([v("unchanged")], 2).endswith("but the verdict is withheld: see the warnings")
+    assert summary_line([v("regression")], 1, why) == "REGRESSION: 1 regression"  # the verdicts decided
+
+
 def test_compares_change_words_are_the_documented_three():
     from bench.report.verdicts import side_by_side_rows
 
@@ -572,8 +591,12 @@ def test_other_work_beside_a_local_server_leaves_the_gate_undecided(sims, sim_pr
     out, err = capsys.readouterr()
     assert code == 2, err
     # the printed outcome is the exit's, whatever the verdicts alone would say
-    assert "INCONCLUSIVE (other work on this host changed between the runs)" in " ".join(out.split())
-    assert md.read_text().startswith("### :warning: bench gate: INCONCLUSIVE (other work on this host")
+    said = " ".join(out.split())
+    assert "INCONCLUSIVE: " in said and "found" in said, said
+    assert "but the verdict is withheld: other work on this host changed between the runs (run the baseline" in said
+    assert "bench ab)" in said
+    assert md.read_text().startswith("### :warning: bench gate: INCONCLUSIVE: ")
+    assert "but the verdict is withheld: other work on this host changed" in md.read_text().splitlines()[0]
     assert f"other work on this host kept {load['other_cores'] + 1.6:.2f} cores busy during the baseline" in err
     assert "bench ab" in err
     gate_doc = json.loads((tmp_path / "g1" / "gate.json").read_text())

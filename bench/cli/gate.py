@@ -265,7 +265,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     _warn(_drift_lines(baseline, outcome.results), note=True)
     moved = _moved_beside(baseline, outcome.results)
     code = EXIT_INCONCLUSIVE if "host_load" in moved and outcome.code in (EXIT_OK, EXIT_CHECK_FAILED) else outcome.code
-    why = "other work on this host changed between the runs" if code != outcome.code else None
+    why = ("other work on this host changed between the runs (run the baseline and the gate on a quiet machine, "
+           "or compare live with bench ab)") if code != outcome.code else None
     doc = _gate_json(outcome.verdicts, rules, {"baseline": baseline_file, **_sequential_doc(outcome, budget, t0),
                                                **moved, **({"exit": code} if code != outcome.code else {})})
     write_atomic(out / "gate.json", doc)

@@ -106,13 +106,17 @@ def verdict_rows(verdicts: Sequence[Verdict]) -> tuple[list[str], list[list[str]
 
 def summary_line(verdicts: Sequence[Verdict], code: int | None = None, why: str | None = None) -> str:
     """``PASS: 3 unchanged, 1 improved`` / ``REGRESSION: 2 regressions, 1 unchanged``. ``code``: the exit the
-    command gives when something beside the verdicts decided it (other work on the host), with ``why``:
-    ``INCONCLUSIVE (why): 1 regression, 2 unchanged``."""
+    command gives when something beside the verdicts decided it (other work on the host), with ``why``: what the
+    verdicts found, then that the verdict is withheld and why, e.g. ``INCONCLUSIVE: 1 regression found (2
+    unchanged), but the verdict is withheld: other work on this host changed between the runs (...)``."""
     own = overall_exit(verdicts)
     counts = verdict_counts(verdicts)
-    parts = [f"{n} {k}{'s' if k == 'regression' and n != 1 else ''}" for k, n in counts.items() if n]
-    head = OUTCOME[own] if code is None or code == own else f"{OUTCOME[code]} ({why or 'see the warnings'})"
-    return f"{head}: " + (", ".join(parts) if parts else "nothing compared")
+    parts = {k: f"{n} {k}{'s' if k == 'regression' and n != 1 else ''}" for k, n in counts.items() if n}
+    if code is None or code == own:
+        return f"{OUTCOME[own]}: " + (", ".join(parts.values()) if parts else "nothing compared")
+    found = f"{parts.pop('regression')} found" if "regression" in parts else "no regression found"
+    rest = f" ({', '.join(parts.values())})" if parts else ""
+    return f"{OUTCOME[code]}: {found}{rest}, but the verdict is withheld: {why or 'see the warnings'}"
 
 
 def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> RenderableType:
