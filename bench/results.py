@@ -137,9 +137,8 @@ class CellResult:
 
     @property
     def measures_prefill(self) -> bool:
-        """Whether its prompt tok/s is a prefill figure (docs/metrics.md): a closed-loop cell at a depth. At depth
-        0 the prompt is a few tokens and TTFT mostly overhead; an open-loop cell's TTFT holds its queueing. The table
-        shows "-" elsewhere, and compare / ab do not judge it there."""
+        """Whether its prompt tok/s is a prefill figure: a closed-loop cell at a depth (at depth 0 TTFT is mostly
+        overhead; open loop, queueing). Elsewhere the table shows "-" and compare / ab do not judge it."""
         return bool(self.depth and self.streams and not self.load)
 
     def stat(self, metric: str, which: str = "median") -> float | None:
@@ -646,17 +645,11 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
 
 def replace_run(target: str | os.PathLike[str], run_dir: str | os.PathLike[str], results: Results) -> Path:
     """``bench gate --update-baseline``: make ``target`` (a baseline) the run ``results`` of ``run_dir``; returns
-    what it wrote.
-
-    A folder, or a results.json with a run's other files beside it, gets the run's whole set: ``results`` as its
-    results.json and ``run_dir``'s other :data:`RUN_FILES` (records.jsonl, results.csv, results.md, gate.json...);
-    run files the new run lacks are removed, other files stay. Each is first written to ``.NAME.new`` beside its
-    place and renamed in only when all are there, so a failure (full disk) leaves the old set whole. Any other
-    file (a lone results file) gets ``results`` alone.
-
-    Raises:
-        ConfigError: the new files cannot be written there; the old ones are then left as they were.
-    """
+    what it wrote. A folder, or a results.json with a run's other files beside it, gets the run's whole set
+    (``results`` as results.json, ``run_dir``'s other :data:`RUN_FILES`; run files the new run lacks are removed,
+    other files stay), each written to ``.NAME.new`` and renamed in once all are there, so a failure (full disk)
+    leaves the old set whole. A lone results file gets ``results`` alone. Raises ConfigError when the new files
+    cannot be written (the old ones are then left as they were)."""
     p, src = Path(target), Path(run_dir)
     run_beside = p.name == "results.json" and any((p.parent / n).exists() for n in RUN_FILES if n != p.name)
     if not p.is_dir() and not run_beside:
