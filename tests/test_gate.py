@@ -1085,3 +1085,13 @@ def test_side_by_side_judges_prompt_rate_only_where_it_is_prefill() -> None:
     got = {(v.cell, v.rule.metric): v.verdict for v in main_verdicts(side(50), side(40))}
     assert got[("d4k", "prompt_tok_s")] == "regression" and ("d0", "prompt_tok_s") not in got
     assert ("d0", "decode_tok_s") in got
+
+
+def test_junit_re_measured_names_every_cell_looked_at_again() -> None:
+    """The re-measured property was empty although the gate printed "measured again": it listed only waves beyond
+    the profile's plan, and a sequential gate's later looks can stay within it."""
+    from bench.cli.gate import remeasured_text
+
+    assert remeasured_text({"a": [4], "b": [4, 8]}, {}) == "b (2 looks, 8 waves)"
+    assert remeasured_text({"a": [4, 8, 12]}, {"a": 2}) == "a (3 looks, 12 waves, +2 beyond the plan)"
+    assert remeasured_text({"a": [4]}, {}) is None

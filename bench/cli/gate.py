@@ -277,7 +277,7 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     context = {
         "profile": prof.name, "baseline": baseline_file, "endpoint": base, "model": outcome.results.endpoint.model,
         "backend": outcome.results.server.get("backend"),
-        "re-measured": ", ".join(f"{k} (+{v} waves)" for k, v in outcome.remeasured.items()) or None,
+        "re-measured": remeasured_text(outcome.looks, outcome.remeasured),
         "results": str(out / "results.json"), "GPUs": "; ".join(moved.get("gpu_notes", [])) or None,
     }
     written = _write_reports(outcome.verdicts, title="bench gate", context=context, junit=junit_file,
@@ -331,6 +331,14 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
                "does not fail on them; bench gate measures more waves until they are decided"], note=True)
     if overall_exit(verdicts) == EXIT_CHECK_FAILED:
         raise SystemExit(EXIT_CHECK_FAILED)
+
+
+def remeasured_text(looks: dict[str, list[int]], extra: dict[str, int]) -> str | None:
+    """The cells measured again after their first look (the progress line's "measured again"): looks, waves in
+    all, and the waves beyond the profile's plan; None when none was."""
+    again = [f"{cid} ({len(ws)} looks, {ws[-1]} waves" + (f", +{extra[cid]} beyond the plan)" if extra.get(cid)
+                                                          else ")") for cid, ws in looks.items() if len(ws) > 1]
+    return ", ".join(again) or None
 
 
 @click.command("ab")
