@@ -480,7 +480,8 @@ def _plan_text(p: Mapping[str, Any], cost: tuple[float, float]) -> str:
     if p["planned_mde_pct"] is None:
         return f"{p['name']}: cannot plan ({p['note']})"
     head = (f"{p['name']}: expected MDE {p['planned_mde_pct']:.1f} % at {p['waves_max']} waves in {p['looks']} "
-            f"look(s) (allowance {p['max_change_pct']:g} %, baseline {p['baseline_waves']} waves)")
+            f"look(s) (allowance {p['max_change_pct']:g} %, baseline {p['baseline_waves']} waves; if the candidate is "
+            "as steady as the baseline)")
     need = p["waves_needed"]
     if need is None:
         both = p["waves_needed_both"]

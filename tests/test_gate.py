@@ -952,6 +952,7 @@ def test_sequential_verdict_fields_and_plan():
     assert "d131072-s16-prose: 1.25 s a wave, looks at 8/12/18/24 waves" in text and "of the 300 s left" in text
     assert f"plan: {p1['name']}: expected MDE" in text and f"plan: {p2['name']}: expected MDE" in text
     assert "record the baseline with about" in " ".join(t.strip() for t in lines)
+    assert "if the candidate is as steady as the baseline" in " ".join(t.strip() for t in lines)  # an assumption
 
 
 def test_gate_schedules_fit_the_budget():
