@@ -1,9 +1,9 @@
 """``bench history``: keep every run (SQLite or PostgreSQL) and find change points over them.
 
 ``add`` stores results.json files (folders are searched for them), ``check`` finds change points in each series
-of one metric, a series being one cell of one setup (profile, model, endpoint URL), and exits 1 when a regression
-beyond the rule's allowance starts within the last ``--recent`` runs of its setup; ``runs`` lists the stored runs
-and their setups, ``export --csv`` writes one row per run x cell x metric. The store is
+of one metric, a series being one cell of one setup (profile and settings, model, endpoint URL), and exits 1 when
+a regression beyond the rule's allowance starts within the last ``--recent`` runs of its setup; ``runs`` lists the
+stored runs and their setups, ``export --csv`` writes one row per run x cell x metric. The store is
 :mod:`bench.history.store`; the detector :mod:`bench.history.changepoints`; docs/history.md has the details.
 Register with ``cli.add_command(history)``; :func:`add_finished` is ``bench run --history``'s hook.
 """
@@ -248,8 +248,9 @@ def check(db: str, metric: str, stat: str | None, cells: tuple[str, ...], recent
           method: str, profile: str | None, model: str | None, endpoint: str | None, as_json: bool) -> None:
     """Find change points in each series of METRIC over the stored runs.
 
-    A series is one cell of one setup (profile, model, endpoint URL): runs of another profile, model or server
-    are never mixed into it. Prints, per change, the run where it starts, its size with an interval, and the runs
+    A series is one cell of one setup (profile and its settings, overrides such as
+    --max-tokens included; model; endpoint URL): runs of another profile, other
+    settings, another model or server are never mixed into it. Prints, per change, the run where it starts, its size with an interval, and the runs
     on each side; series too short or too noisy say so. Exit 1 when a regression beyond the rule's allowance
     starts within the last --recent runs of its setup, else 0.
     """
@@ -292,15 +293,12 @@ def _change_lines(c: dict[str, Any], ind: str) -> list[str]:
 def _check_lines(doc: dict[str, Any], width: int) -> list[str]:
     """The check's text: per setup (named when there are several), its series, then its changes; the verdict (on
     its own line when the line would pass ``width``)."""
-    from bench.history.store import Setup
-
     multi = len(doc["setups"]) > 1
     ind = "  " if multi else ""
     out: list[str] = []
     for su in doc["setups"]:
         if multi:
-            label = Setup(su["profile"], su["model"], su["endpoint_url"]).label()
-            out.append(f"setup {su['setup']}, {runs_text(su['runs'])}: {label}")
+            out.append(f"setup {su['setup']}, {runs_text(su['runs'])}: {su['label']}")
         for s in doc["series"]:
             out += _series_lines(s, ind) if s["setup"] == su["setup"] else []
         for c in doc["changes"]:
@@ -348,15 +346,18 @@ def _table(head: list[str], rows: list[list[str]], width: int) -> list[str]:
 def _runs_lines(runs: list[Any], setups: list[tuple[Any, int]], width: int) -> list[str]:
     """``bench history runs``' table, then the setups (numbered when several: the table's ``setup`` column), folded
     to ``width``."""
+    from bench.history.store import setup_labels
+
+    labels = setup_labels(runs)
     number = {su: i + 1 for i, (su, _) in enumerate(setups)}
     multi = len(setups) > 1
     head = ["#", "run id", "started (UTC)", "commit", "branch", *(["setup"] if multi else []), "source"]
     rows = [[str(i), r.run_id, _when(r.started), (r.commit_sha or "-")[:10], _fit(r.branch or "-", 16),
              *([str(number[r.setup])] if multi else []), r.source or "-"] for i, r in enumerate(runs)]
     if multi:
-        legend = [f"setup {number[su]}, {runs_text(n)}: {su.label()}" for su, n in setups]
+        legend = [f"setup {number[su]}, {runs_text(n)}: {labels[su]}" for su, n in setups]
     else:
-        legend = [f"{runs_text(n)} of {su.label()}" for su, n in setups]
+        legend = [f"{runs_text(n)} of {labels[su]}" for su, n in setups]
     return _table(head, rows, width) + [_wrap(line, width) for line in legend]
 
 
@@ -364,7 +365,8 @@ def _runs_lines(runs: list[Any], setups: list[tuple[Any, int]], width: int) -> l
 @click.option("--db", default="bench-history.db", show_default=True, help=_DB_HELP)
 @click.option("--json", "as_json", is_flag=True, help="One JSON list on stdout.")
 def runs(db: str, as_json: bool) -> None:
-    """List the stored runs in the order they were made, and the setups (profile, model, endpoint) they measured."""
+    """List the stored runs in the order they were made, and the setups (profile and settings, model, endpoint)
+    they measured."""
 
     with open_existing(db) as store:
         stored = store.runs()
@@ -382,10 +384,13 @@ def runs(db: str, as_json: bool) -> None:
 def trend_views(store: Any) -> list[Any]:
     """``bench report --history``: the stores to draw trends of, one per setup when it holds several (each setup's
     series apart, :meth:`bench.history.store.HistoryStore.view`), else the store itself; a note when it is empty."""
+    from bench.history.store import setup_labels
+
     setups = store.setups()
     if not setups:
         _note(f"no runs stored in {store.where}")
-    return [store.view(su) for su, _ in setups] if len(setups) > 1 else [store]
+    labels = setup_labels(store.runs())
+    return [store.view(su, labels[su]) for su, _ in setups] if len(setups) > 1 else [store]
 
 
 def trends_page(views: list[Any], title: str) -> str:
@@ -400,7 +405,7 @@ def trends_page(views: list[Any], title: str) -> str:
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
             f"<body><h1>{html.escape(title)}</h1>{''.join(trend_section(v) for v in views)}<p class='muted'>made "
-            "by bench from its run history, one section per setup (profile, model, endpoint); opens offline "
+            "by bench from its run history, one section per setup (profile and settings, model, endpoint); opens offline "
             "(plotly.js inline).</p></body></html>")
 
 
@@ -420,7 +425,7 @@ def export(db: str, as_csv: bool, out_file: str | None) -> None:
     buf = io.StringIO()
     cols = ["run_index", "run_id", "started", "commit", "branch", "profile", "model", "backend", "hostname",
             "source", "cell", "metric", "n", "mean", "median", "p10", "p90", "p99", "min", "max", "median_lo",
-            "median_hi", "endpoint_url"]
+            "median_hi", "endpoint_url", "settings_key"]
     w = csv.DictWriter(buf, fieldnames=cols, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)

@@ -1,7 +1,7 @@
 """``bench history check``: change points in every stored series of one metric, judged against the gate's rule.
 
-A series is one cell of one *setup* (profile, model, endpoint URL: runs of another profile or server measure
-something else and are never mixed in): one statistic (the rule's, else the median) of the metric over that
+A series is one cell of one *setup* (profile, model, endpoint URL and the settings run with: runs of another
+profile, other settings or another server measure something else and are never mixed in): one statistic (the rule's, else the median) of the metric over that
 setup's stored runs in the order they were made. :func:`bench.history.changepoints.detect` finds its change
 points; each is a *regression* or an *improvement* by the metric's direction (throughputs higher-better,
 latencies lower-better).
@@ -19,7 +19,7 @@ from typing import Any
 from bench.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from bench.history import runs_text
 from bench.history.changepoints import METHODS, Change, detect
-from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow, Setup, setup_url
+from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow, Setup, setup_labels, setup_url
 
 __all__ = ["CheckSettings", "check_history", "higher_better", "allowance_for"]
 
@@ -75,11 +75,13 @@ def _side(points: Sequence[Point], span: tuple[int, int]) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class _SetupRuns:
-    """One setup's runs, in the order made, and its number among the store's setups (1-based)."""
+    """One setup's runs, in the order made, its number among the store's setups (1-based) and its one-line name
+    (:func:`bench.history.store.setup_labels`)."""
 
     setup: Setup
     number: int
     runs: list[RunRow]
+    label: str = ""
 
     def fields(self) -> dict[str, Any]:
         return {"setup": self.number, **self.setup.to_dict()}
@@ -111,11 +113,12 @@ def _setups(runs: Sequence[RunRow], s: CheckSettings, where: str) -> list[_Setup
     by: dict[Setup, list[RunRow]] = {}
     for r in runs:
         by.setdefault(r.setup, []).append(r)
-    out = [_SetupRuns(k, i + 1, v) for i, (k, v) in enumerate(by.items()) if _matches(k, s)]
+    labels = setup_labels(runs)
+    out = [_SetupRuns(k, i + 1, v, labels[k]) for i, (k, v) in enumerate(by.items()) if _matches(k, s)]
     if not out:
         given = ", ".join(f"{o} {v}" for o, v in (("--profile", s.profile), ("--model", s.model),
                                                    ("--endpoint", s.endpoint)) if v is not None)
-        stored = "; ".join(k.label() for k in by)
+        stored = "; ".join(labels.values())
         raise ConfigError(f"history {where}: no stored run matches {given} (stored: {stored})")
     return out
 
@@ -176,7 +179,7 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
         notes += n
         changes += c
         if n:
-            checked.append({**sr.fields(), "runs": len(sr.runs)})
+            checked.append({**sr.fields(), "runs": len(sr.runs), "label": sr.label})
     if not notes:
         what = f" in cell(s) {', '.join(s.cells)}" if s.cells else ""
         raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({runs_text(len(runs))} stored)")

@@ -6,12 +6,12 @@ A store is named by a URL: a plain path or ``sqlite:///path`` is an SQLite file 
 
     schema_version  version, applied, about        one row per migration applied (MIGRATIONS below)
     runs            one row per results.json: run id and start, commit, branch, server, model, profile, machine,
-                    the profile's gate rules (JSON), the file it came from
+                    the profile's gate rules (JSON), the file it came from, the settings it ran with (JSON)
     stats           one row per run x cell x metric: n, mean, median, p10, p90, p99, min, max and the 95 %
                     bootstrap interval of the median (median_lo, median_hi; NULL without raw samples)
 
-A run's *setup* (:class:`Setup`: profile, model, endpoint URL) says what it measured; a series is one cell of one
-setup. A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
+A run's *setup* (:class:`Setup`: profile, model, endpoint URL and a digest of the settings it measured with,
+command-line overrides included) says what it measured; a series is one cell of one setup. A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
 again is refused (:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
 one transaction each, and a store written by a newer bench (a version above :data:`SCHEMA_VERSION`) is refused.
 """
@@ -33,7 +33,8 @@ from bench.redaction import redact
 from bench.results import CellResult, Results
 
 __all__ = ["HistoryStore", "open_store", "RunRow", "Point", "Setup", "MIGRATIONS", "SCHEMA_VERSION",
-           "STAT_METRICS", "STAT_COLUMNS", "DEFAULT_DB", "run_key", "sqlite_file", "setup_url", "FREE_PORTS_FROM"]
+           "STAT_METRICS", "STAT_COLUMNS", "DEFAULT_DB", "run_key", "sqlite_file", "setup_url", "FREE_PORTS_FROM",
+           "measured_settings", "settings_key", "setup_labels"]
 
 DEFAULT_DB = "bench-history.db"
 
@@ -45,7 +46,7 @@ STAT_COLUMNS = ("mean", "median", "p10", "p90", "p99", "min", "max")
 
 _RUN_COLUMNS = ("run_key", "run_id", "started", "created", "duration_s", "complete", "interrupted", "bench_version",
                 "results_schema", "profile", "endpoint_url", "endpoint_kind", "model", "backend", "server_version",
-                "hostname", "commit_sha", "branch", "gate_rules", "source", "added")
+                "hostname", "commit_sha", "branch", "gate_rules", "source", "added", "settings")
 
 MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
     (1, "runs and per-cell statistics", (
@@ -65,6 +66,9 @@ MIGRATIONS: tuple[tuple[int, str, tuple[str, ...]], ...] = (
         "CREATE INDEX stats_series ON stats (metric, cell)",
         "CREATE INDEX runs_started ON runs (started)",
     )),
+    (3, "the settings each run measured with (its profile's, command-line overrides included): part of its setup", (
+        "ALTER TABLE runs ADD COLUMN settings TEXT",
+    )),
 )
 SCHEMA_VERSION = MIGRATIONS[-1][0]
 
@@ -80,6 +84,53 @@ def run_key(results: Results) -> str:
 
 def _started(results: Results) -> str:
     return results.run.started or results.created
+
+
+_UNMEASURED = frozenset({"description", "gate", "overrides", "requests", "requests_by_depth", "min_waves",
+                         "max_waves", "target_ci", "gate_budget_waves", "overhead_probes"})
+"""Profile settings that do not change what a request measures: words, the gate's rules (they judge), the flags'
+names (their values are the settings), and how many requests are sampled (the figures' precision, not their
+level)."""
+_UNMEASURED_LOAD = frozenset({"seed", "duration_s", "requests"})  # an open-loop load's sample: its size and draw
+
+
+def _settings_json(results: Results) -> str:
+    """What the ``settings`` column holds: the profile's settings as results.json records them (overrides applied;
+    the gate rules are ``gate_rules``) and the open-loop load (``results.load``), JSON."""
+    prof = results.profile.settings if isinstance(results.profile.settings, dict) else {}
+    doc = {"profile": {k: v for k, v in prof.items() if k != "gate"}, "load": results.load}
+    return redact(json.dumps(doc, sort_keys=True, ensure_ascii=False, default=str))
+
+
+def measured_settings(stored: Any) -> dict[str, Any] | None:
+    """The settings that say what a run measured, from its stored ``settings`` (:func:`_settings_json`): the
+    profile's, less :data:`_UNMEASURED` (a sweep's ``requests`` too), and the open-loop load as ``open_loop`` (less
+    its seed, duration and request count). None for a run stored before they were (schema version 3)."""
+    try:
+        doc = json.loads(stored) if stored else None
+    except ValueError:
+        doc = None
+    if not isinstance(doc, dict):
+        return None
+    prof = doc.get("profile")
+    out = {k: v for k, v in prof.items() if k not in _UNMEASURED} if isinstance(prof, dict) else {}
+    if isinstance(out.get("sweeps"), list):
+        out["sweeps"] = [{k: v for k, v in sw.items() if k != "requests"} if isinstance(sw, dict) else sw
+                         for sw in out["sweeps"]]
+    if isinstance(doc.get("load"), dict):
+        out["open_loop"] = {k: v for k, v in doc["load"].items() if k not in _UNMEASURED_LOAD}
+    return out
+
+
+def settings_key(measured: dict[str, Any] | None) -> str:
+    """8 hex digits of the SHA-256 of :func:`measured_settings` (``""``: not recorded): runs of one profile made with
+    other settings (``--max-tokens 64`` after 16) have another key, so another setup."""
+    import hashlib
+
+    if measured is None:
+        return ""
+    text = json.dumps(measured, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 FREE_PORTS_FROM = 32768
@@ -106,17 +157,20 @@ def setup_url(url: str) -> str:
 @dataclass(frozen=True)
 class Setup:
     """What a series is measured on: the profile, the model and the endpoint of a run (the ``runs`` columns
-    ``profile``, ``model``, ``endpoint_url``; the URL as :func:`setup_url` reads it). A series is one cell of one
-    setup: runs of another profile (other max_tokens, requests...), model or server measure something else, and
-    are never mixed into it."""
+    ``profile``, ``model``, ``endpoint_url``; the URL as :func:`setup_url` reads it) and the settings it ran with
+    (:func:`settings_key`; ``""`` for a run stored before they were recorded). A series is one cell of one setup:
+    runs of another profile or other settings (``--max-tokens``, ``--depths``...), model or server measure something
+    else, and are never mixed into it."""
 
     profile: str
     model: str
     endpoint_url: str
+    settings_key: str = ""
 
     def to_dict(self) -> dict[str, str]:
         """The JSON form."""
-        return {"profile": self.profile, "model": self.model, "endpoint_url": self.endpoint_url}
+        return {"profile": self.profile, "model": self.model, "endpoint_url": self.endpoint_url,
+                "settings_key": self.settings_key}
 
     def label(self) -> str:
         """One line: ``profile P, model M, URL``."""
@@ -139,17 +193,61 @@ class RunRow:
     gate_rules: list[dict[str, Any]] = field(default_factory=list)
     source: str = ""
     endpoint_url: str = ""
+    settings: dict[str, Any] | None = None  # :func:`measured_settings`; None: stored before they were recorded
+    settings_key: str = ""  # :func:`settings_key` of ``settings``
 
     @property
     def setup(self) -> Setup:
         """The setup the run measured (its series are this setup's)."""
-        return Setup(self.profile, self.model, setup_url(self.endpoint_url))
+        return Setup(self.profile, self.model, setup_url(self.endpoint_url), self.settings_key)
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (``gate_rules`` left out)."""
+        """The JSON form (``gate_rules`` and ``settings`` left out)."""
         return {"run_id": self.run_id, "started": self.started, "commit": self.commit_sha, "branch": self.branch,
                 "profile": self.profile, "model": self.model, "backend": self.backend, "hostname": self.hostname,
-                "source": self.source, "endpoint_url": self.endpoint_url}
+                "source": self.source, "endpoint_url": self.endpoint_url, "settings_key": self.settings_key}
+
+
+def setup_labels(runs: Sequence[RunRow]) -> dict[Setup, str]:
+    """Each setup of ``runs`` named in one line: :meth:`Setup.label`; where several share profile, model and URL
+    (other settings), each also gets its settings' key and the settings that tell them apart, at most three:
+    ``..., settings 1a2b3c4d (max_tokens 16)``; ``settings not recorded`` for runs stored before they were."""
+    first: dict[Setup, RunRow] = {}
+    for r in runs:
+        first.setdefault(r.setup, r)
+    groups: dict[tuple[str, str, str], list[Setup]] = {}
+    for su in first:
+        groups.setdefault((su.profile, su.model, su.endpoint_url), []).append(su)
+    out = {}
+    for su, run in first.items():
+        sibs = groups[(su.profile, su.model, su.endpoint_url)]
+        if len(sibs) == 1:
+            out[su] = su.label()
+        elif run.settings is None:
+            out[su] = f"{su.label()}, settings not recorded"
+        else:
+            flats = [_flat(first[s].settings) for s in sibs if first[s].settings is not None]
+            keys = sorted({k for f in flats for k in f if any(g.get(k, None) != f.get(k) for g in flats)})
+            mine = _flat(run.settings)
+            shown = [f"{k} {json.dumps(mine[k], default=str) if k in mine else '-'}" for k in keys[:3]]
+            more = f", {len(keys) - 3} more" if len(keys) > 3 else ""
+            which = f" ({', '.join(shown)}{more})" if shown else ""
+            out[su] = f"{su.label()}, settings {su.settings_key}{which}"
+    return out
+
+
+def _flat(v: Any, path: str = "") -> dict[str, Any]:
+    """A JSON value's leaves by path: ``{"sweeps[0].depths": [0], "max_tokens": 16}`` (lists of plain values whole)."""
+    out: dict[str, Any] = {}
+    if isinstance(v, dict):
+        for k, x in v.items():
+            out.update(_flat(x, f"{path}.{k}" if path else str(k)))
+    elif isinstance(v, list) and any(isinstance(x, dict | list) for x in v):
+        for i, x in enumerate(v):
+            out.update(_flat(x, f"{path}[{i}]"))
+    else:
+        out[path] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -201,7 +299,7 @@ def _run_values(results: Results, source: str, commit: str | None, branch: str |
             results.profile.name, redact(results.endpoint.url), results.endpoint.kind, results.endpoint.model,
             str(server.get("backend") or ""), str(server.get("version") or "") or None,
             str(results.machine.get("hostname") or ""), commit, branch, json.dumps(gate or []), source,
-            datetime.now(UTC).isoformat(timespec="seconds"))
+            datetime.now(UTC).isoformat(timespec="seconds"), _settings_json(results))
 
 
 class HistoryStore:
@@ -262,6 +360,8 @@ class HistoryStore:
                     self._exec("BEGIN")
                 for s in statements:
                     self._exec(s)
+                if version == 3:
+                    self._backfill_settings()
                 self._exec("INSERT INTO schema_version (version, applied, about) VALUES (?, ?, ?)",
                            (version, datetime.now(UTC).isoformat(timespec="seconds"), about))
                 self.conn.commit()
@@ -272,6 +372,20 @@ class HistoryStore:
         except self.errors as e:  # the driver's error (sqlite3.Error, psycopg.Error): one line
             self.conn.rollback()
             raise self._db_error(e, "reading or migrating its schema") from None
+
+    def _backfill_settings(self) -> None:
+        """Migration 3's data step: a run stored before it whose results file is still where it was read from, and
+        is still that run (its :func:`run_key`), gets its settings; the others keep none (``settings not
+        recorded``: one setup per profile, model and URL, as before)."""
+        from bench.results import load_results
+
+        for pk, key, source in self._exec("SELECT pk, run_key, source FROM runs WHERE settings IS NULL").fetchall():
+            try:
+                results = load_results(source) if source and os.path.isfile(source) else None
+            except (ConfigError, OSError):
+                continue
+            if results is not None and run_key(results) == key:
+                self._exec("UPDATE runs SET settings = ? WHERE pk = ?", (_settings_json(results), pk))
 
     def schema_versions(self) -> list[int]:
         """The migrations applied, in order."""
@@ -336,20 +450,24 @@ class HistoryStore:
 
     # --- reading ----------------------------------------------------------------------------------------------
 
-    def view(self, setup: Setup) -> HistoryStore:
+    def view(self, setup: Setup, label: str | None = None) -> HistoryStore:
         """The same store seen through one setup: :meth:`runs`, :meth:`series`, :meth:`export_rows` hold its runs
-        only (positions count its runs); ``where`` names the setup. Shares the connection: close the store."""
+        only (positions count its runs); ``where`` names the setup (``label``, else :meth:`Setup.label`). Shares
+        the connection: close the store."""
         v = copy.copy(self)
         v.only = setup
-        v.where = f"{self.where}: {setup.label()}"
+        v.where = f"{self.where}: {label or setup.label()}"
         return v
 
     def runs(self) -> list[RunRow]:
         """Every stored run (a view's: its setup's), in the order they were made (``started``, then when added)."""
         rows = self._exec("SELECT pk, run_id, started, commit_sha, branch, profile, model, backend, hostname, "
-                          "gate_rules, source, endpoint_url FROM runs ORDER BY started, pk").fetchall()
-        out = [RunRow(int(r[0]), r[1], r[2], r[3], r[4], r[5] or "", r[6] or "", r[7] or "", r[8] or "",
-                      _json_list(r[9]), r[10] or "", r[11] or "") for r in rows]
+                          "gate_rules, source, endpoint_url, settings FROM runs ORDER BY started, pk").fetchall()
+        out = []
+        for r in rows:
+            measured = measured_settings(r[12])
+            out.append(RunRow(int(r[0]), r[1], r[2], r[3], r[4], r[5] or "", r[6] or "", r[7] or "", r[8] or "",
+                              _json_list(r[9]), r[10] or "", r[11] or "", measured, settings_key(measured)))
         return out if self.only is None else [r for r in out if r.setup == self.only]
 
     def setups(self) -> list[tuple[Setup, int]]:

@@ -20,6 +20,7 @@ import pytest
 
 from bench.cli import main
 from bench.results import CellResult, EndpointInfo, ProfileInfo, Results, RunInfo, save_results
+from tests.paths import FIXTURES
 
 pytest.importorskip("ruptures", reason="bench history needs pip install 'bench[history]'")
 
@@ -34,9 +35,10 @@ def _stat(values: list[float]) -> dict:
 
 
 def make_results(i: int, decode: float, ttft: float = 100.0, *, seed: int = 0, cells: tuple[str, ...] = CELLS,
-                 gate: list | None = None, profile: str = "t", url: str = "http://h/v1", model: str = "m") -> Results:
+                 gate: list | None = None, profile: str = "t", url: str = "http://h/v1", model: str = "m",
+                 settings: dict | None = None) -> Results:
     """Run ``i`` (started i minutes after midnight) whose cells decode at ``decode`` tok/s (8 samples, 0.1 % spread),
-    of ``profile`` against ``model`` at ``url``."""
+    of ``profile`` (with ``settings``, as results.json's ``profile.settings``) against ``model`` at ``url``."""
     rng = np.random.default_rng(seed * 1000 + i)
     out = []
     for c in cells:
@@ -44,7 +46,8 @@ def make_results(i: int, decode: float, ttft: float = 100.0, *, seed: int = 0, c
         tt = list(ttft * np.exp(rng.normal(0, 0.001, 8)))
         out.append(CellResult(id=c, requests_ok=8, waves=8, decode_tok_s=_stat(dec), ttft_ms=_stat(tt),
                               samples={"decode_tok_s": dec, "ttft_ms": tt}))
-    return Results(profile=ProfileInfo(profile, settings={"gate": gate or []}), endpoint=EndpointInfo(url, model),
+    return Results(profile=ProfileInfo(profile, settings={**(settings or {}), "gate": gate or []}),
+                   endpoint=EndpointInfo(url, model),
                    run=RunInfo(id=f"{i:08x}", started=f"2026-12-01T{i // 60:02d}:{i % 60:02d}:00+00:00",
                                complete=True), cells=out, machine={"hostname": "vm"}, server={"backend": "sim"})
 
@@ -233,6 +236,49 @@ def test_migrations_are_versioned_and_applied_once(tmp_path) -> None:
     assert isinstance(HistoryStore, type)
 
 
+def test_a_store_made_before_settings_were_stored_opens_and_keeps_its_series(tmp_path, capsys) -> None:
+    """A store of schema version 2 (made by bench before the setup had settings: tests/fixtures/history) opens,
+    gets version 3, and keeps its runs as one series; runs added now, with their settings, are another setup."""
+    from bench.history.store import SCHEMA_VERSION, open_store
+
+    db = tmp_path / "v2.db"
+    conn = sqlite3.connect(db)
+    conn.executescript((FIXTURES / "history" / "store-v2.sql").read_text())
+    conn.close()
+    with open_store(db) as s:
+        assert s.schema_versions() == list(range(1, SCHEMA_VERSION + 1)) and SCHEMA_VERSION >= 3
+        old = s.runs()
+        assert len(old) == 7 and {(r.settings, r.settings_key, r.commit_sha) for r in old} == {(None, "", "abc123")}
+        assert len(s.series("decode_tok_s")["d0-s1-prose"]) == 7
+    files = write_series(tmp_path / "new", [50.0] * 6, first=100, settings={"max_tokens": 32})
+    assert run_cli(capsys, "history", "add", *map(str, files), "--db", str(db))[0] == 0
+    rc, out, err = run_cli(capsys, "history", "check", "--db", str(db), "--json")
+    assert rc == 0, err
+    doc = json.loads(out)
+    assert [(su["runs"], su["settings_key"] == "") for su in doc["setups"]] == [(7, True), (6, False)]
+    assert doc["setups"][0]["label"] == "profile t, model m, http://h/v1, settings not recorded"
+    assert {s["status"] for s in doc["series"]} == {"ok"}
+
+
+def test_the_migration_reads_the_settings_of_stored_runs_whose_files_are_still_there(tmp_path, monkeypatch) -> None:
+    """Version 3 fills in the settings of a run stored before it from its results file, when the file is where it
+    was read from and is still that run (the same figures); the rest stay without."""
+    from bench.history.store import open_store
+
+    monkeypatch.chdir(tmp_path)  # the fixture's runs were read from old/run000/results.json...
+    files = write_series(tmp_path / "old", [50.0] * 7, settings={"max_tokens": 16})
+    files[5].unlink()
+    edited = make_results(6, 50.0)
+    edited.cells[0].decode_tok_s["median"] = 40.0  # another run now: not the stored one's settings
+    save_results(edited, files[6])
+    conn = sqlite3.connect(tmp_path / "v2.db")
+    conn.executescript((FIXTURES / "history" / "store-v2.sql").read_text())
+    conn.close()
+    with open_store(tmp_path / "v2.db") as s:
+        got = [r.settings for r in s.runs()]
+    assert got == [{"max_tokens": 16}] * 5 + [None, None]
+
+
 def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(tmp_path, monkeypatch) -> None:
     import bench.history.store as st
     from bench.errors import HistoryError
@@ -240,15 +286,16 @@ def test_a_migration_that_fails_half_way_leaves_the_store_as_it_was(tmp_path, mo
     db = tmp_path / "h.db"
     with st.open_store(db) as s:
         s.add(make_results(0, 50.0))
-    broken = (3, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
+    last = st.SCHEMA_VERSION
+    broken = (last + 1, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
     monkeypatch.setattr(st, "MIGRATIONS", (*st.MIGRATIONS, broken))
-    monkeypatch.setattr(st, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(st, "SCHEMA_VERSION", last + 1)
     with pytest.raises(HistoryError, match="migrating"):
         st.open_store(db)
     conn = sqlite3.connect(db)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     assert "extra" not in tables  # the first statement of the failed migration was rolled back with it
-    assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+    assert conn.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == last
     assert conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
     conn.close()
 
@@ -495,14 +542,15 @@ def test_postgresql_migration_that_fails_half_way_is_rolled_back(pg_db, monkeypa
 
     with st.open_store(pg_db) as s:
         s.add(make_results(0, 50.0))
-    broken = (3, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
+    last = st.SCHEMA_VERSION
+    broken = (last + 1, "half of it fails", ("CREATE TABLE extra (x INTEGER)", "CREATE TABLE runs (x INTEGER)"))
     monkeypatch.setattr(st, "MIGRATIONS", (*st.MIGRATIONS, broken))
-    monkeypatch.setattr(st, "SCHEMA_VERSION", 3)
+    monkeypatch.setattr(st, "SCHEMA_VERSION", last + 1)
     with pytest.raises(HistoryError, match="migrating"):
         st.open_store(pg_db)
     with psycopg.connect(pg_db) as c:
         assert c.execute("SELECT to_regclass('extra')").fetchone()[0] is None
-        assert c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 2
+        assert c.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == last
         assert c.execute("SELECT COUNT(*) FROM runs").fetchone()[0] == 1
 
 

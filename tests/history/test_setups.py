@@ -98,6 +98,48 @@ def test_a_local_server_on_a_new_free_port_each_run_is_one_setup(tmp_path, capsy
     assert rc == 1 and [su["runs"] for su in json.loads(out)["setups"]] == [12]  # a run's own URL finds its setup
 
 
+def _quick(max_tokens: int, requests: int = 2) -> dict:
+    """profile.settings as results.json records them for ``-p quick --max-tokens N --repeats R`` (overrides on)."""
+    sweep = {"name": "decode", "depths": [0], "streams": [1], "prompts": ["prose"], "max_tokens": None,
+             "requests": None}
+    return {"name": "quick", "description": "short decode", "max_tokens": max_tokens, "requests": requests,
+            "sweeps": [sweep, {**sweep, "name": "depth", "requests": 2}], "temperature": 0.0, "load": [],
+            "overrides": ["--depths", "--streams", "--max-tokens", "--repeats"]}
+
+
+QUICK = {"profile": "quick", "url": "http://127.0.0.1:8123/v1", "model": "bench-sim"}
+
+
+def test_runs_of_one_profile_with_other_settings_are_other_series(tmp_path, capsys, monkeypatch) -> None:
+    """The trial: 10 runs with --max-tokens 16, then runs with --max-tokens 64 (E2E, here TTFT, quadruples) against
+    the same server: two setups, no change point. Other --repeats (the sample's size) is the same setup."""
+    db = tmp_path / "h.db"
+    _add(capsys, db, *write_series(tmp_path / "m16", [50.0] * 10, ttft=[326.0] * 10, settings=_quick(16), **QUICK))
+    _add(capsys, db, *write_series(tmp_path / "m64", [50.0] * 2, ttft=[1288.0] * 2, first=10, settings=_quick(64),
+                                   **QUICK))
+    _add(capsys, db, *write_series(tmp_path / "m64r5", [50.0] * 2, ttft=[1288.0] * 2, first=12,
+                                   settings=_quick(64, requests=5), **QUICK))
+    rc, out, err = run_cli(capsys, "history", "check", "--db", str(db), "--metric", "ttft_ms", "--json")
+    assert rc == 0, (out, err)
+    doc = json.loads(out)
+    assert doc["changes"] == [] and doc["failing"] == 0
+    setups = doc["setups"]
+    assert [(su["setup"], su["profile"], su["runs"]) for su in setups] == [(1, "quick", 10), (2, "quick", 4)]
+    keys = [su["settings_key"] for su in setups]
+    assert len(set(keys)) == 2 and all(re.fullmatch(r"[0-9a-f]{8}", k) for k in keys)
+    assert {s["settings_key"] for s in doc["series"]} == set(keys)
+    assert [su["label"] for su in setups] == [
+        f"profile quick, model bench-sim, http://127.0.0.1:8123/v1, settings {keys[0]} (max_tokens 16)",
+        f"profile quick, model bench-sim, http://127.0.0.1:8123/v1, settings {keys[1]} (max_tokens 64)"]
+    monkeypatch.setenv("COLUMNS", "120")
+    rc, out, _ = run_cli(capsys, "history", "check", "--db", str(db), "--metric", "ttft_ms")
+    assert rc == 0 and f"setup 2, 4 runs: {setups[1]['label']}" in out.splitlines()
+    rc, out, _ = run_cli(capsys, "history", "runs", "--db", str(db))
+    assert rc == 0 and f"setup 1, 10 runs: {setups[0]['label']}" in out.splitlines()
+    rc, out, _ = run_cli(capsys, "history", "runs", "--db", str(db), "--json")
+    assert [r["settings_key"] for r in json.loads(out)] == [keys[0]] * 10 + [keys[1]] * 4
+
+
 def test_check_filters_by_profile_model_endpoint(tmp_path, capsys) -> None:
     db = _two_profiles(tmp_path, capsys)
     rc, out, _ = run_cli(capsys, "history", "check", "--db", str(db), "--profile", "mid", "--json")
