@@ -303,13 +303,37 @@ def _check_lines(doc: dict[str, Any], width: int) -> list[str]:
             out += _series_lines(s, ind) if s["setup"] == su["setup"] else []
         for c in doc["changes"]:
             out += _change_lines(c, ind + "  ") if c["setup"] == su["setup"] else []
-    last = f"the last {runs_text(doc['recent'])}{' of each setup' if multi else ''}"
-    verdict = (f"{doc['failing']} regression(s) beyond the allowance within {last}" if doc["failing"]
-               else f"no regression beyond the allowance within {last}")
+    verdict = _verdict(doc, f"the last {runs_text(doc['recent'])}{' of each setup' if multi else ''}")
     runs = sum(su["runs"] for su in doc["setups"])
     where = f" in {len(doc['setups'])} setups" if multi else ""
     total = f"{runs_text(runs)}{where}; {len(doc['changes'])} change point(s)"
     return out + ([f"{total}; {verdict}"] if len(total) + len(verdict) + 2 <= width else [total, verdict])
+
+
+def _verdict(doc: dict[str, Any], last: str) -> str:
+    """The check's last words: the regressions found, else none, else (no series judged) ``nothing judged`` and
+    why; the series not judged named by cause (``1 series too short (fewer than 6 runs)``)."""
+    skipped = [s for s in doc["series"] if s["status"] != "ok"]
+    causes: dict[str, list[dict[str, Any]]] = {}
+    for s in skipped:
+        causes.setdefault(s["status"], []).append(s)
+    need = max((s.get("min_runs") or 0 for s in causes.get("too short", [])), default=0)
+    if skipped and len(skipped) == len(doc["series"]):
+        if list(causes) == ["too short"]:
+            return f"nothing judged: every series has fewer than {need} runs (need {need})"
+        return f"nothing judged: {_causes(causes, need)}"
+    found = (f"{doc['failing']} regression(s) beyond the allowance within {last}" if doc["failing"]
+             else f"no regression beyond the allowance within {last}")
+    return f"{found}; not judged: {_causes(causes, need)}" if skipped else found
+
+
+def _causes(causes: dict[str, list[dict[str, Any]]], need: int) -> str:
+    """``2 series too short (fewer than 6 runs), 1 too noisy``: the series not judged, by cause."""
+    parts = []
+    for i, (status, ss) in enumerate(causes.items()):
+        what = f"{status} (fewer than {need} runs)" if status == "too short" else status
+        parts.append(f"{len(ss)}{' series' if i == 0 else ''} {'with ' if status == 'bad values' else ''}{what}")
+    return ", ".join(parts)
 
 
 def _when(started: str) -> str:

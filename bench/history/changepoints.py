@@ -63,13 +63,15 @@ class Change:
 
 @dataclass
 class SeriesResult:
-    """What :func:`detect` found: ``status`` is ``ok``, ``too short`` or ``too noisy`` (then no changes)."""
+    """What :func:`detect` found: ``status`` is ``ok``, ``too short``, ``too noisy`` or ``bad values`` (then no
+    changes); ``need``: the runs the method needs to judge the series."""
 
     n: int
     status: str
     noise_pct: float | None
     changes: list[Change] = field(default_factory=list)
     note: str = ""
+    need: int = 0
 
 
 def noise_sigma(logx: np.ndarray) -> float:
@@ -149,18 +151,18 @@ def detect(values: Sequence[float] | np.ndarray, *, method: str = "pelt", min_si
         raise ValueError(f"method {method!r}: one of {', '.join(METHODS)}")
     xs = np.asarray([float(v) for v in values], dtype=float)
     n = int(xs.size)
-    if n and (not np.all(np.isfinite(xs)) or np.any(xs <= 0)):
-        return SeriesResult(n, "bad values", None, note="a value is zero, negative or not finite")
     need = window + 1 if method == "threshold" else 2 * min_size
+    if n and (not np.all(np.isfinite(xs)) or np.any(xs <= 0)):
+        return SeriesResult(n, "bad values", None, note="a value is zero, negative or not finite", need=need)
     if n < need:
-        return SeriesResult(n, "too short", None, note=f"{runs_text(n)}; at least {need} are needed")
+        return SeriesResult(n, "too short", None, note=f"{runs_text(n)}; at least {need} are needed", need=need)
     logx = np.log(xs)
     sigma = noise_sigma(logx)
     noise_pct = _pct(sigma)
     if noise_pct > max_noise_pct:
         return SeriesResult(n, "too noisy", noise_pct, note=f"run-to-run noise {noise_pct:.1f} % is above "
-                            f"{max_noise_pct:g} %")
+                            f"{max_noise_pct:g} %", need=need)
     if method == "threshold":
-        return SeriesResult(n, "ok", noise_pct, _threshold(logx, window))
+        return SeriesResult(n, "ok", noise_pct, _threshold(logx, window), need=need)
     bkps = _segment(logx / sigma, method, min_size, beta)
-    return SeriesResult(n, "ok", noise_pct, _tested(logx, bkps, alpha))
+    return SeriesResult(n, "ok", noise_pct, _tested(logx, bkps, alpha), need=need)

@@ -141,6 +141,7 @@ def _check_setup(store: HistoryStore, s: CheckSettings, sr: _SetupRuns, cells: S
             continue
         res = detect([p.value for p in pts], method=s.method)
         notes.append({"cell": cell, "metric": s.metric, "stat": stat, "runs": res.n, "status": res.status,
+                      "min_runs": res.need,
                       "noise_pct": None if res.noise_pct is None else round(res.noise_pct, 3), "note": res.note,
                       "allowance_pct": allowance, "rule": where, "changes": len(res.changes), **sr.fields(),
                       "setup_runs": len(sr.runs)})
@@ -149,7 +150,8 @@ def _check_setup(store: HistoryStore, s: CheckSettings, sr: _SetupRuns, cells: S
 
 
 def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
-    """The check's document (``--json``): ``changes``, ``series`` notes, ``setups``, ``exit``.
+    """The check's document (``--json``): ``changes``, ``series`` notes, ``setups``, the number of series
+    ``judged`` and ``not_judged`` (too short, too noisy, bad values), ``exit`` (0 also when nothing was judged).
 
     A series is one cell of one setup (:class:`bench.history.store.Setup`: profile, model, endpoint URL); change
     points are searched in each on its own, and "recent" counts the runs of the change's setup.
@@ -184,6 +186,7 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
         what = f" in cell(s) {', '.join(s.cells)}" if s.cells else ""
         raise ConfigError(f"history {store.where}: no stored {s.metric}{what} ({runs_text(len(runs))} stored)")
     failing = [c for c in changes if c["direction"] == "regression" and c["recent"] and c["beyond_allowance"]]
+    judged = sum(n["status"] == "ok" for n in notes)
     return {"db": store.where, "metric": s.metric, "method": s.method, "recent": s.recent, "runs": len(runs),
             "changes": changes, "series": notes, "setups": checked, "failing": len(failing),
-            "exit": EXIT_CHECK_FAILED if failing else EXIT_OK}
+            "judged": judged, "not_judged": len(notes) - judged, "exit": EXIT_CHECK_FAILED if failing else EXIT_OK}

@@ -366,14 +366,20 @@ def test_check_says_when_a_series_is_too_short_or_too_noisy(tmp_path, capsys) ->
     assert run_cli(capsys, "history", "add", *map(str, files), "--db", str(db))[0] == 0
     rc, doc = _check(capsys, db)
     assert rc == 0 and not doc["changes"]
-    assert {s["status"] for s in doc["series"]} == {"too short"}
+    assert {s["status"] for s in doc["series"]} == {"too short"} and {s["min_runs"] for s in doc["series"]} == {6}
+    assert (doc["judged"], doc["not_judged"]) == (0, len(CELLS))
     rc, out, _ = run_cli(capsys, "history", "check", "--db", str(db))
     assert rc == 0 and "too short (4 runs; at least 6 are needed)" in out
+    # nothing was judged: the verdict says so, and no all-clear (exit 0 still: a new history starts short)
+    assert out.splitlines()[-1].endswith("; nothing judged: every series has fewer than 6 runs (need 6)")
+    assert "no regression" not in out
     db2 = tmp_path / "h2.db"
     files = write_series(tmp_path / "b", stepped(20, 10, -10.0, noise=0.4, seed=5))
     assert run_cli(capsys, "history", "add", *map(str, files), "--db", str(db2))[0] == 0
     rc, doc = _check(capsys, db2)
     assert rc == 0 and {s["status"] for s in doc["series"]} == {"too noisy"} and not doc["changes"]
+    rc, out, _ = run_cli(capsys, "history", "check", "--db", str(db2))
+    assert rc == 0 and out.splitlines()[-1].endswith("; nothing judged: 2 series too noisy") and "no regression" not in out
 
 
 def test_check_bad_options_exit_3(tmp_path, capsys) -> None:

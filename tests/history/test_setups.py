@@ -53,7 +53,9 @@ def test_runs_of_two_profiles_are_two_series_and_no_regression(tmp_path, capsys,
     assert "setup 2, 3 runs: profile mid, model bench-sim, http://127.0.0.1:8000/v1" in lines
     assert "  d0-s1-prose ttft_ms p90: too short (3 runs; at least 6 are needed)" in lines
     assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
-    assert lines[-1] == "no regression beyond the allowance within the last 5 runs of each setup"
+    assert " ".join(ln.strip() for ln in lines[-2:]) == ("no regression beyond the allowance within the last 5 "
+                                                          "runs of each setup; not judged: 2 series too short "
+                                                          "(fewer than 6 runs)")  # the judged and the others
 
 
 def test_a_step_inside_one_setup_is_found_among_interleaved_setups(tmp_path, capsys) -> None:
@@ -264,7 +266,7 @@ def test_check_lines_fit_80_columns_and_say_1_run(tmp_path, capsys, monkeypatch)
     rc, out, _ = run_cli(capsys, "history", "check", "--db", str(one))
     assert rc == 0 and "too short (1 run; at least 6 are needed)" in out and "1 runs" not in out
     assert out.splitlines()[-2:] == ["1 run; 0 change point(s)",
-                                     "no regression beyond the allowance within the last 5 runs"]
+                                     "nothing judged: every series has fewer than 6 runs (need 6)"]
     monkeypatch.setenv("COLUMNS", "120")  # wider: one line
     rc, out, _ = run_cli(capsys, "history", "check", "--db", str(one))
-    assert out.splitlines()[-1] == "1 run; 0 change point(s); no regression beyond the allowance within the last 5 runs"
+    assert out.splitlines()[-1] == "1 run; 0 change point(s); nothing judged: every series has fewer than 6 runs (need 6)"
