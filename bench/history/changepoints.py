@@ -145,17 +145,22 @@ def _threshold(logx: np.ndarray, window: int, k: float = 3.0) -> list[Change]:
 
 
 def detect(values: Sequence[float] | np.ndarray, *, method: str = "pelt", min_size: int = MIN_SIZE, beta: float = BETA,
-           alpha: float = ALPHA, max_noise_pct: float = MAX_NOISE_PCT, window: int = 10) -> SeriesResult:
-    """Change points in ``values`` (positive numbers, oldest first); see the module docstring."""
+           alpha: float = ALPHA, max_noise_pct: float = MAX_NOISE_PCT, window: int = 10,
+           judge_last: int = 1) -> SeriesResult:
+    """Change points in ``values`` (positive numbers, oldest first); see the module docstring. ``judge_last``: the
+    newest runs that must be judged (``threshold`` judges a run only with ``window`` runs before it, so a series of
+    fewer than ``window + judge_last`` is ``too short`` for it: a step among its first runs would go unseen)."""
     if method not in METHODS:
         raise ValueError(f"method {method!r}: one of {', '.join(METHODS)}")
     xs = np.asarray([float(v) for v in values], dtype=float)
     n = int(xs.size)
-    need = window + 1 if method == "threshold" else 2 * min_size
+    need = window + max(judge_last, 1) if method == "threshold" else 2 * min_size
     if n and (not np.all(np.isfinite(xs)) or np.any(xs <= 0)):
         return SeriesResult(n, "bad values", None, note="a value is zero, negative or not finite", need=need)
     if n < need:
-        return SeriesResult(n, "too short", None, note=f"{runs_text(n)}; at least {need} are needed", need=need)
+        why = f" ({window} before each of the last {max(judge_last, 1)})" if method == "threshold" else ""
+        return SeriesResult(n, "too short", None, note=f"{runs_text(n)}; at least {need} are needed{why}",
+                            need=need)
     logx = np.log(xs)
     sigma = noise_sigma(logx)
     noise_pct = _pct(sigma)

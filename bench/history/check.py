@@ -139,7 +139,7 @@ def _check_setup(store: HistoryStore, s: CheckSettings, sr: _SetupRuns, cells: S
         pts = cache[stat].get((sr.setup, cell), [])
         if not pts:
             continue
-        res = detect([p.value for p in pts], method=s.method)
+        res = detect([p.value for p in pts], method=s.method, judge_last=s.recent)
         notes.append({"cell": cell, "metric": s.metric, "stat": stat, "runs": res.n, "status": res.status,
                       "min_runs": res.need,
                       "noise_pct": None if res.noise_pct is None else round(res.noise_pct, 3), "note": res.note,

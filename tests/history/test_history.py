@@ -382,6 +382,32 @@ def test_check_says_when_a_series_is_too_short_or_too_noisy(tmp_path, capsys) ->
     assert rc == 0 and out.splitlines()[-1].endswith("; nothing judged: 2 series too noisy") and "no regression" not in out
 
 
+def test_the_threshold_method_calls_a_series_too_short_when_its_recent_runs_lack_10_runs_before_them(
+        tmp_path, capsys) -> None:
+    """The trial: a -20 % step after 8 runs, 12 runs in all. The threshold method judges a run against the 10 before
+    it, so it cannot see that step: too short for it (with the runs it needs), not "0 changes, no regression"."""
+    db = tmp_path / "h.db"
+    assert run_cli(capsys, "history", "add", *map(str, write_series(tmp_path / "a", stepped(12, 8, -20.0, seed=3))),
+                   "--db", str(db))[0] == 0
+    rc, doc = _check(capsys, db)
+    assert rc == 1 and doc["failing"] == len(CELLS)  # pelt finds it
+    rc, doc = _check(capsys, db, "--method", "threshold")
+    assert rc == 0 and doc["judged"] == 0 and not doc["changes"]
+    assert {(s["status"], s["min_runs"]) for s in doc["series"]} == {("too short", 15)}  # 10 before each of 5
+    rc, out, _ = run_cli(capsys, "history", "check", "--db", str(db), "--method", "threshold")
+    assert "too short (12 runs; at least 15 are needed (10 before each of the last 5))" in out
+    assert "no regression" not in out and "0 change(s)" not in out
+    assert out.splitlines()[-1].endswith("nothing judged: every series has fewer than 15 runs (need 15)")
+    rc, doc = _check(capsys, db, "--method", "threshold", "--recent", "2")  # the last 2 have 10 runs before them
+    assert rc == 0 and {(s["status"], s["min_runs"]) for s in doc["series"]} == {("ok", 12)}  # the step is older
+    # with 10 runs before the step, the threshold sees it
+    db2 = tmp_path / "h2.db"
+    assert run_cli(capsys, "history", "add", *map(str, write_series(tmp_path / "b", stepped(15, 10, -20.0, seed=3))),
+                   "--db", str(db2))[0] == 0
+    rc, doc = _check(capsys, db2, "--method", "threshold")
+    assert rc == 1 and {c["setup_run_index"] for c in doc["changes"]} == {10}
+
+
 def test_check_bad_options_exit_3(tmp_path, capsys) -> None:
     files = write_series(tmp_path, [50.0] * 6)
     db = tmp_path / "h.db"
