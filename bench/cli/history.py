@@ -203,6 +203,8 @@ def _to_add(loaded: list[tuple[Path, Any]], store: Any, where: str, skip_existin
         starts.setdefault(start, str(f))
         plan.todo.append((f, r))
     if not plan.todo and not (skip_existing and plan.stored):
+        for n in plan.notes:  # each file skipped and why, then the error
+            _note(n)
         why = f" ({plan.incomplete} incomplete run(s) skipped)" if plan.incomplete else ""
         raise HistoryError(f"history {where}: nothing to add{why}")
     return plan

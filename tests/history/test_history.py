@@ -164,6 +164,14 @@ def test_incomplete_runs_are_skipped_with_a_note_by_cause(tmp_path, capsys) -> N
     assert err.count("skipped") == 2  # each note once
     rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "c"), "--db", str(tmp_path / "n.db"))
     assert rc == 3 and "nothing to add (1 incomplete run(s) skipped)" in err and not (tmp_path / "n.db").exists()
+    # nothing left to add: each file skipped is still named with its reason, before the one error line
+    rc, _, err = run_cli(capsys, "history", "add", str(tmp_path / "a"), str(tmp_path / "c"), "--db",
+                         str(tmp_path / "h.db"))
+    lines = err.strip().splitlines()
+    assert rc == 3 and len(lines) == 3 and lines[-1].startswith("bench: error:"), err
+    assert lines[0].startswith(f"skipped {tmp_path / 'a' / 'results.json'}: the run was interrupted")
+    assert lines[1].startswith(f"skipped {tmp_path / 'c' / 'results.json'}: the run is incomplete: it stopped early")
+    assert "nothing to add (2 incomplete run(s) skipped)" in lines[-1]
 
 
 def test_older_results_files_are_imported(tmp_path, capsys) -> None:
