@@ -236,7 +236,8 @@ def add_finished(results: Any, out: Path, db: str) -> None:
               help="The statistic of each run (default: the gate rule's, else the median).")
 @click.option("--cell", "cells", multiple=True, help="Only this cell (repeatable; default every cell).")
 @click.option("--recent", type=int, default=5, show_default=True, help="Exit 1 when a regression beyond the "
-              "allowance starts within the last K runs (a change is seen 3 runs after it at the earliest).")
+              "allowance starts within the last K runs; at least 3 (a change is seen 3 runs after it at the "
+              "earliest), with --method threshold 1.")
 @click.option("--allowance", "allowance_pct", type=click.FloatRange(min=0), default=None, help="The allowed "
               "worsening in % (default: the newest run's gate rule for the metric, else the default rule).")
 @click.option("--method", default="pelt", show_default=True, type=click.Choice(["pelt", "binseg", "threshold"]),

@@ -18,7 +18,7 @@ from typing import Any
 
 from bench.errors import EXIT_CHECK_FAILED, EXIT_OK, ConfigError
 from bench.history import runs_text
-from bench.history.changepoints import METHODS, Change, detect
+from bench.history.changepoints import METHODS, MIN_SIZE, Change, detect
 from bench.history.store import STAT_COLUMNS, HistoryStore, Point, RunRow, Setup, setup_labels, setup_url
 
 __all__ = ["CheckSettings", "check_history", "higher_better", "allowance_for"]
@@ -157,7 +157,8 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
     points are searched in each on its own, and "recent" counts the runs of the change's setup.
 
     Raises:
-        ConfigError: an unknown method or statistic, ``recent`` < 1, no stored run (of the setups asked for), or
+        ConfigError: an unknown method or statistic, ``recent`` below what the method can see (3 runs for
+            ``pelt`` and ``binseg``, 1 for ``threshold``), no stored run (of the setups asked for), or
             no stored series of the metric.
     """
     if s.method not in METHODS:
@@ -167,8 +168,11 @@ def check_history(store: HistoryStore, s: CheckSettings) -> dict[str, Any]:
         import scipy  # noqa: F401
     except ImportError:
         raise ConfigError("bench history check needs ruptures and scipy: pip install 'bench[history]'") from None
-    if s.recent < 1:
+    if s.method == "threshold" and s.recent < 1:
         raise ConfigError(f"--recent {s.recent}: must be at least 1")
+    if s.method != "threshold" and s.recent < MIN_SIZE:  # a change needs MIN_SIZE runs after it to be found
+        raise ConfigError(f"--recent {s.recent}: must be at least {MIN_SIZE} (--method {s.method} sees a change "
+                          f"{MIN_SIZE} runs after it at the earliest)")
     runs = store.runs()
     setups = _setups(runs, s, store.where)
     cells = list(s.cells) or store.cells()

@@ -420,9 +420,15 @@ def test_check_bad_options_exit_3(tmp_path, capsys) -> None:
     files = write_series(tmp_path, [50.0] * 6)
     db = tmp_path / "h.db"
     assert run_cli(capsys, "history", "add", *map(str, files), "--db", str(db))[0] == 0
-    for extra in (["--metric", "no_such_metric"], ["--recent", "0"], ["--cell", "d9-s9-x"]):
+    for extra in (["--metric", "no_such_metric"], ["--recent", "0"], ["--cell", "d9-s9-x"], ["--recent", "2"],
+                  ["--recent", "1", "--method", "binseg"], ["--recent", "0", "--method", "threshold"]):
         rc, _, err = run_cli(capsys, "history", "check", "--db", str(db), *extra)
         assert rc == 3 and len(err.strip().splitlines()) == 1, (extra, err)
+    # a change is seen 3 runs after it at the earliest: --recent below 3 could never fire (the threshold's: 1 run)
+    rc, _, err = run_cli(capsys, "history", "check", "--db", str(db), "--recent", "2")
+    assert "--recent 2: must be at least 3 (--method pelt sees a change 3 runs after it at the earliest)" in err
+    rc, _, err = run_cli(capsys, "history", "check", "--db", str(db), "--recent", "1", "--method", "threshold")
+    assert rc == 0, err
 
 
 # --- export -------------------------------------------------------------------------------------------------------
