@@ -287,7 +287,7 @@ def _change_lines(c: dict[str, Any], ind: str) -> list[str]:
     return [f"{ind}{c['cell']} {c['metric']} {c['stat']}: {c['change_pct']:+.2f} % {c['direction']} at run "
             f"{c['run_index']}{flag}",
             f"{ind}    99 % interval {c['ci_pct'][0]:+.2f} .. {c['ci_pct'][1]:+.2f} %, p {c['p_value']:.2g}",
-            f"{ind}    run {c['run_id']}, started {c['started']}, commit {(c['commit'] or '?')[:12]}",
+            f"{ind}    run {c['run_id']}, started {c['started']}, commit {(c['commit'] or '-')[:12]}",
             f"{ind}    before: runs {b['first_run_index']}-{b['last_run_index']} ({b['runs']}, median "
             f"{b['median']:.4g}); after: runs {a['first_run_index']}-{a['last_run_index']} ({a['runs']}, median "
             f"{a['median']:.4g})"]

@@ -35,7 +35,7 @@ def _median(xs: Sequence[float]) -> float:
 def _hover(p: Point) -> str:
     r = p.run
     return (f"run {p.index}: {html.escape(r.run_id)}<br>{html.escape(r.started)}<br>commit "
-            f"{html.escape((r.commit_sha or '?')[:12])} {html.escape(r.branch or '')}<br>value {p.value:.4g}")
+            f"{html.escape((r.commit_sha or '-')[:12])} {html.escape(r.branch or '')}<br>value {p.value:.4g}")
 
 
 def _points_trace(go: Any, pts: Sequence[Point]) -> Any:

@@ -247,6 +247,8 @@ def test_runs_is_a_table_that_fits_80_columns(tmp_path, capsys, monkeypatch) -> 
 
 def test_check_lines_fit_80_columns_and_say_1_run(tmp_path, capsys, monkeypatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
+    for k in ("GITHUB_SHA", "CI_COMMIT_SHA", "BUILDKITE_COMMIT", "GIT_COMMIT"):
+        monkeypatch.delenv(k, raising=False)  # no commit known
     db = tmp_path / "h.db"
     files = write_series(tmp_path / "r", stepped(24, 18, -10.0, seed=1), cells=("d2048-s1-prose",))
     _add(capsys, db, *files)
@@ -257,7 +259,9 @@ def test_check_lines_fit_80_columns_and_say_1_run(tmp_path, capsys, monkeypatch)
     assert lines[1] == "    allowance 5 % (default rule max_drop_pct = 5)"
     assert lines[2].startswith("  d2048-s1-prose decode_tok_s median: -") and lines[2].endswith(
         " % regression at run 18 FAIL")
-    assert lines[4].startswith("      run 00000012, started 2026-12-01T00:18:00+00:00, commit ")
+    assert lines[4] == "      run 00000012, started 2026-12-01T00:18:00+00:00, commit -"  # none: as history runs
+    rc, out, _ = run_cli(capsys, "history", "runs", "--db", str(db))
+    assert out.splitlines()[1].split()[4] == "-"  # the commit column
     assert lines[-2:] == ["24 runs; 1 change point(s)",
                           "1 regression(s) beyond the allowance within the last 6 runs"]
     one = tmp_path / "one.db"
