@@ -92,6 +92,9 @@ _UNMEASURED = frozenset({"description", "gate", "overrides", "requests", "reques
 names (their values are the settings), and how many requests are sampled (the figures' precision, not their
 level)."""
 _UNMEASURED_LOAD = frozenset({"seed", "duration_s", "requests"})  # an open-loop load's sample: its size and draw
+_CELL_LISTS = frozenset({"name", "requests", "depths", "streams", "prompts"})
+"""A sweep's keys that only say which cells it has (a cell's id names its depth, streams and prompt) or how many
+requests each gets: adding ``--depths 0,32k`` to a profile keeps the depth-0 cells' series."""
 
 
 def _settings_json(results: Results) -> str:
@@ -104,7 +107,7 @@ def _settings_json(results: Results) -> str:
 
 def measured_settings(stored: Any) -> dict[str, Any] | None:
     """The settings that say what a run measured, from its stored ``settings`` (:func:`_settings_json`): the
-    profile's, less :data:`_UNMEASURED` (a sweep's ``requests`` too), and the open-loop load as ``open_loop`` (less
+    profile's, less :data:`_UNMEASURED` (a sweep's :data:`_CELL_LISTS` too), and the open-loop load as ``open_loop`` (less
     its seed, duration and request count). None for a run stored before they were (schema version 3)."""
     try:
         doc = json.loads(stored) if stored else None
@@ -115,8 +118,9 @@ def measured_settings(stored: Any) -> dict[str, Any] | None:
     prof = doc.get("profile")
     out = {k: v for k, v in prof.items() if k not in _UNMEASURED} if isinstance(prof, dict) else {}
     if isinstance(out.get("sweeps"), list):
-        out["sweeps"] = [{k: v for k, v in sw.items() if k != "requests"} if isinstance(sw, dict) else sw
-                         for sw in out["sweeps"]]
+        kept = {json.dumps({k: v for k, v in sw.items() if k not in _CELL_LISTS} if isinstance(sw, dict) else sw,
+                           sort_keys=True, default=str) for sw in out["sweeps"]}
+        out["sweeps"] = [json.loads(x) for x in sorted(kept)]  # the distinct settings of the sweeps
     if isinstance(doc.get("load"), dict):
         out["open_loop"] = {k: v for k, v in doc["load"].items() if k not in _UNMEASURED_LOAD}
     return out

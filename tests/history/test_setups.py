@@ -140,6 +140,16 @@ def test_runs_of_one_profile_with_other_settings_are_other_series(tmp_path, caps
     assert rc == 0 and f"setup 1, 10 runs: {setups[0]['label']}" in out.splitlines()
     rc, out, _ = run_cli(capsys, "history", "runs", "--db", str(db), "--json")
     assert [r["settings_key"] for r in json.loads(out)] == [keys[0]] * 10 + [keys[1]] * 4
+    # which cells a sweep has (a cell's id names them) is not a setting: adding a depth keeps the d0 series
+    from bench.history.store import measured_settings, settings_key
+
+    def key(settings: dict) -> str:
+        return settings_key(measured_settings(json.dumps({"profile": settings, "load": None})))
+
+    wider = _quick(16)
+    wider["sweeps"][1] = {**wider["sweeps"][1], "depths": [0, 32768], "streams": [1, 4]}
+    assert key(wider) == key(_quick(16)) == keys[0]
+    assert key({**wider, "sweeps": [{**wider["sweeps"][0], "max_tokens": 64}, wider["sweeps"][1]]}) != keys[0]
 
 
 def test_check_filters_by_profile_model_endpoint(tmp_path, capsys) -> None:
