@@ -601,6 +601,9 @@ def open_store(url: str | os.PathLike[str] | None = None, option: str = "--db") 
         return _open_postgres(os.fspath(url or ""), option)
     if os.path.isdir(path):
         raise HistoryError(f"{option} {path}: is a folder (give a file, e.g. {os.path.join(path, DEFAULT_DB)})")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise HistoryError(f"{option} {path}: its folder {parent} does not exist (make it, or give another path)")
     try:
         conn = sqlite3.connect(path, timeout=30)
         conn.execute("PRAGMA foreign_keys = ON")

@@ -495,6 +495,9 @@ def test_run_history_adds_the_finished_run(tmp_path, capsys) -> None:
     rc, _, err = run_cli(capsys, "run", "http://127.0.0.1:9/v1", "--profile", str(prof), "--out", str(tmp_path / "r2"),
                          "--history", str(tmp_path))
     assert rc == 3 and "is a folder" in err  # a bad store fails before the run, not after it
+    rc, _, err = run_cli(capsys, "run", "http://127.0.0.1:9/v1", "--profile", str(prof), "--out", str(tmp_path / "r3"),
+                         "--history", str(tmp_path / "none" / "h.db"))
+    assert rc == 3 and f"its folder {tmp_path / 'none'} does not exist" in err  # not "cannot open it as SQLite"
 
 
 # --- PostgreSQL: a real server, started here ----------------------------------------------------------------------
