@@ -204,15 +204,17 @@ def _load_line(load: dict[str, Any] | None) -> str | None:
 
 
 def _settings_line(st: dict[str, Any], cells: Sequence[dict[str, Any]], open_loop: bool = False) -> str:
-    """The profile's settings; ``images`` and ``image_size`` only when every cell ran them (a sweep's cells each
-    name their own); an open-loop run's without the waves' ``requests`` and ``warmup`` (its load says what ran)."""
-    keys = ["max_tokens", "requests", "warmup", "endpoint", "thinking", "prefix_cache", "images", "image_size",
-            "tools", "tool_choice"]
+    """The profile's settings; ``images`` and ``image_size`` as the cells ran them, only when every cell ran the
+    same images (a sweep's cells each name their own; a run without images has none to show); an open-loop run's
+    without the waves' ``requests`` and ``warmup`` (its load says what ran)."""
+    keys = ["max_tokens", "requests", "warmup", "endpoint", "thinking", "prefix_cache", "tools", "tool_choice"]
     if open_loop:
         keys = [k for k in keys if k not in ("requests", "warmup")]
-    if len({(c.get("images"), c.get("image_size")) for c in cells}) > 1:
-        keys = [k for k in keys if k not in ("images", "image_size")]
-    return ", ".join(f"{k}={st[k]}" for k in keys if st.get(k) not in (None, ""))
+    shown = {k: st[k] for k in keys if st.get(k) not in (None, "")}
+    imgs = {(c.get("images") or 0, c.get("image_size") or "") for c in cells}
+    if len(imgs) == 1 and (one := next(iter(imgs)))[0]:
+        shown.update(images=one[0], image_size=one[1])
+    return ", ".join(f"{k}={v}" for k, v in shown.items())
 
 
 def _spec_line(spec: dict[str, Any]) -> str:

@@ -315,3 +315,17 @@ def test_report_sections_in_the_browser(width: int, run_dir: Path, capacity_dir:
         finally:
             browser.close()
     assert len(list(shots.glob(f"*-{width}-*.png"))) >= 4
+
+
+def test_settings_row_shows_images_as_the_cells_ran_them() -> None:
+    """A run without images showed 'images=0, image_size=512x512' (the profile's defaults) and a run of
+    --images 2 --image-size 64x64 (a sweep's cells) showed none."""
+    from bench.report.html import _settings_line
+
+    st = {"max_tokens": 16, "requests": 2, "images": 0, "image_size": "512x512"}
+    assert _settings_line(st, [{"images": 0, "image_size": ""}]) == "max_tokens=16, requests=2"
+    two = [{"images": 2, "image_size": "64x64"}] * 2
+    assert _settings_line(st, two) == "max_tokens=16, requests=2, images=2, image_size=64x64"
+    mixed = [{"images": 0, "image_size": ""}, {"images": 2, "image_size": "64x64"}]
+    assert _settings_line(st, mixed) == "max_tokens=16, requests=2"  # each cell names its own
+    assert _settings_line(st, two, open_loop=True) == "max_tokens=16, images=2, image_size=64x64"
