@@ -127,11 +127,12 @@ def _report_options(f: Any) -> Any:
     return f
 
 
-def _print_verdicts(verdicts: Sequence[Verdict], title: str, code: int | None = None, why: str | None = None) -> None:
+def _print_verdicts(verdicts: Sequence[Verdict], title: str, code: int | None = None, why: str | None = None,
+                    sides: tuple[str, str] = ("baseline", "candidate")) -> None:
     from bench.report.console import say, stdout
     from bench.report.verdicts import gate_table, resolution_notes, summary_line
 
-    stdout.print(gate_table(verdicts, title))
+    stdout.print(gate_table(verdicts, title, sides))
     say(summary_line(verdicts, code, why), stdout, soft_wrap=False)
     _warn(resolution_notes(verdicts), note=True)  # the rules the noise cannot resolve, and the waves that would
 
@@ -319,7 +320,7 @@ def compare(file_a: str, file_b: str, profile_name: str | None, junit_file: str 
     main = main_verdicts(a, b)
     stdout.print(side_by_side_table(main, f"bench compare: A = {file_a}, B = {file_b}"))
     verdicts = compare_results(a, b, rules)
-    _print_verdicts(verdicts, "gate rules (B against A)")
+    _print_verdicts(verdicts, "gate rules (B against A)", sides=("A", "B"))
     context = {"A (baseline)": file_a, "B (candidate)": file_b, "profile": a.profile.name, "model": b.endpoint.model}
     written = _write_reports(verdicts, title="bench compare", context=context, junit=junit_file,
                              markdown=markdown_file, side=side_by_side_rows(main))
@@ -454,5 +455,5 @@ def _print_ab(ra: Results, rb: Results, rules: Sequence[Rule], base_a: str, base
         verdicts = sequential_compare(ra, rb, rules, rounds.look_map(), seed=rounds.seed)
     else:
         verdicts = compare_results(ra, rb, rules)
-    _print_verdicts(verdicts, "gate rules (B against A)")
+    _print_verdicts(verdicts, "gate rules (B against A)", sides=("A", "B"))
     return verdicts

@@ -119,14 +119,17 @@ def summary_line(verdicts: Sequence[Verdict], code: int | None = None, why: str 
     return f"{OUTCOME[code]}: {found}{rest}, but the verdict is withheld: {why or 'see the warnings'}"
 
 
-def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate") -> RenderableType:
+def gate_table(verdicts: Sequence[Verdict], title: str = "bench gate",
+               sides: tuple[str, str] = ("baseline", "candidate")) -> RenderableType:
     """The verdicts for the terminal: a rich table, one line per verdict (verdict, metric, cell, baseline, candidate,
     ratio [lo, hi], limit, MDE, n) where the console is wide enough for every value whole; narrower, one block per
     verdict (``verdict  cell``, then ``label: value`` fields wrapped between fields), so cell names and verdicts are
-    never folded. The layout is chosen when printed, for the console's width."""
+    never folded. The layout is chosen when printed, for the console's width. ``sides``: the two columns' names
+    (``bench ab``: A and B)."""
     head, rows = verdict_rows(verdicts)
+    head = [dict(zip(("baseline", "candidate"), sides)).get(h, h) for h in head]
     styles = [_STYLE.get(v.verdict, "") for v in verdicts]
-    return _Fitted(title, head, rows, styles, right=("baseline", "candidate", "ratio", "MDE", "n"), key=(0, 3))
+    return _Fitted(title, head, rows, styles, right=(*sides, "ratio", "MDE", "n"), key=(0, 3))
 
 
 def _table(title: str, head: Sequence[str], rows: Sequence[Sequence[str]], styles: Sequence[str],

@@ -43,6 +43,14 @@ def test_gate_table_keeps_cell_names_and_verdicts_whole(width) -> None:
         assert any(line.startswith("  metric: ") for line in lines)
 
 
+@pytest.mark.parametrize("width", [60, 220])
+def test_ab_and_compare_name_their_sides_a_and_b(width) -> None:
+    """bench ab / compare label their sides A and B; their gate rules' lines said baseline / candidate."""
+    text = "\n".join(_render(gate_table(_mixed_verdicts(), "gate rules (B against A)", ("A", "B")), width))
+    assert "baseline" not in text and "candidate" not in text
+    assert ("A: " in text and "; B: " in text) if width == 60 else ("┃ A " in text or " A ┃" in text)
+
+
 @pytest.mark.parametrize("width", [60, 80, 100, 220])
 def test_side_by_side_table_keeps_cells_whole(width) -> None:
     verdicts = _mixed_verdicts()
