@@ -79,6 +79,8 @@ __all__ = [
     "POWER",
     "overall_exit",
     "check_comparable",
+    "setting_diffs",
+    "REQUEST_SETTINGS",
     "profile_rules",
     "main_verdicts",
     "cell_samples",
@@ -383,8 +385,8 @@ def _ident(results: Results) -> dict[str, Any]:
 
 def check_comparable(baseline: Results, candidate: Results, force: bool = False, *,
                      ignore_interrupted: bool = False) -> list[str]:
-    """Check that two runs can be compared: same profile name, model and server backend, both complete (a run
-    that was interrupted or killed before its end is incomplete).
+    """Check that two runs can be compared: same profile name, model and server backend, the same requests
+    (:func:`setting_diffs`), both complete (a run that was interrupted or killed before its end is incomplete).
 
     Returns the differences found (one line each; empty when comparable). With ``force`` differences are returned
     instead of raised, for the caller to print as warnings.
@@ -397,6 +399,7 @@ def check_comparable(baseline: Results, candidate: Results, force: bool = False,
     for k in ("profile", "model", "backend"):
         if a[k] != b[k]:
             diffs.append(f"{k} differs: baseline {a[k]!r}, candidate {b[k]!r}")
+    diffs += setting_diffs(baseline, candidate)
     for name, res in (("baseline", baseline), ("candidate", candidate)):
         if ignore_interrupted:
             break
@@ -407,6 +410,27 @@ def check_comparable(baseline: Results, candidate: Results, force: bool = False,
     if diffs and not force:
         raise ConfigError("runs are not comparable: " + "; ".join(diffs) + " (--force compares anyway)")
     return diffs
+
+
+REQUEST_SETTINGS = ("temperature", "thinking", "endpoint", "tools", "tool_choice", "prefix_cache")
+"""Profile settings that change what each request is (``max_tokens`` is compared per cell, as the cells ran it)."""
+
+
+def setting_diffs(baseline: Results, candidate: Results) -> list[str]:
+    """What the two runs' requests differ in (a baseline of ``--max-tokens 48`` gated with 16 passed): each common
+    cell's ``max_tokens``, images and image size, and the profiles' :data:`REQUEST_SETTINGS`; one line each."""
+    out = []
+    sa, sb = (r.profile.settings if isinstance(r.profile.settings, dict) else {} for r in (baseline, candidate))
+    for k in REQUEST_SETTINGS:
+        if sa.get(k) != sb.get(k):
+            out.append(f"{k} differs: baseline {sa.get(k)!r}, candidate {sb.get(k)!r}")
+    cand = {c.id: c for c in candidate.cells}
+    for c in baseline.cells:
+        other = cand.get(c.id)
+        for k in ("max_tokens", "images", "image_size"):
+            if other is not None and getattr(c, k, None) != getattr(other, k, None):
+                out.append(f"{c.id}: {k} differs: baseline {getattr(c, k)!r}, candidate {getattr(other, k)!r}")
+    return out
 
 
 def cell_samples(cell: CellResult, metric: str) -> list[float]:

@@ -1096,3 +1096,16 @@ def test_junit_re_measured_names_every_cell_looked_at_again() -> None:
     assert remeasured_text({"a": [4], "b": [4, 8]}, {}) == "b (2 looks, 8 waves)"
     assert remeasured_text({"a": [4, 8, 12]}, {"a": 2}) == "a (3 looks, 12 waves, +2 beyond the plan)"
     assert remeasured_text({"a": [4]}, {}) is None
+
+
+def test_runs_with_other_requests_are_not_comparable() -> None:
+    """A baseline of --max-tokens 48 gated with 16 passed ('3 unchanged'): the cells' max_tokens and the profiles'
+    request settings must match, else the one line names each difference (--force compares anyway)."""
+    base, cand = results({"c": {"decode_tok_s": spread(100)}}), results({"c": {"decode_tok_s": spread(100)}})
+    assert check_comparable(base, cand) == []
+    base.cells[0].max_tokens, cand.cells[0].max_tokens = 48, 16
+    cand.profile.settings["temperature"] = 0.7
+    with pytest.raises(ConfigError, match=r"temperature differs: baseline None, candidate 0.7; c: max_tokens differs: "
+                                          r"baseline 48, candidate 16 \(--force"):
+        check_comparable(base, cand)
+    assert len(check_comparable(base, cand, force=True)) == 2
