@@ -412,8 +412,7 @@ def check_comparable(baseline: Results, candidate: Results, force: bool = False,
     return diffs
 
 
-REQUEST_SETTINGS = ("temperature", "thinking", "endpoint", "tools", "tool_choice", "prefix_cache")
-"""Profile settings that change what each request is (``max_tokens`` is compared per cell, as the cells ran it)."""
+REQUEST_SETTINGS = ("temperature", "thinking", "endpoint", "tools", "tool_choice", "prefix_cache")  # per request
 
 
 def setting_diffs(baseline: Results, candidate: Results) -> list[str]:
@@ -425,8 +424,7 @@ def setting_diffs(baseline: Results, candidate: Results) -> list[str]:
         if sa.get(k) != sb.get(k):
             out.append(f"{k} differs: baseline {sa.get(k)!r}, candidate {sb.get(k)!r}")
     cand = {c.id: c for c in candidate.cells}
-    for c in baseline.cells:
-        other = cand.get(c.id)
+    for c, other in ((c, cand.get(c.id)) for c in baseline.cells):
         for k in ("max_tokens", "images", "image_size"):
             if other is not None and getattr(c, k, None) != getattr(other, k, None):
                 out.append(f"{c.id}: {k} differs: baseline {getattr(c, k)!r}, candidate {getattr(other, k)!r}")
