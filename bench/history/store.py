@@ -284,6 +284,8 @@ def _stat_rows(results: Results) -> list[tuple[Any, ...]]:
             s = getattr(cell, metric, None)
             if not isinstance(s, dict) or not s.get("n"):
                 continue
+            if metric.startswith("prompt_tok_s") and not cell.measures_prefill:  # not prefill's: the table's "-"
+                continue
             vals = [cell.stat(metric, c) for c in STAT_COLUMNS]
             if all(v is None for v in vals):
                 continue

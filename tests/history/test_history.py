@@ -678,3 +678,19 @@ def test_report_history_draws_in_headless_chromium(tmp_path, capsys, trend_db) -
     assert len(drawn) == len(CELLS) * 2 and all(marks > 0 for marks, _ in drawn), drawn
     # the decode figures carry a change-point line and the allowance band (two shapes)
     assert sum(1 for _, shapes in drawn if shapes >= 2) >= len(CELLS), drawn
+
+
+def test_prompt_rate_is_stored_only_where_it_measures_prefill() -> None:
+    """history check --metric prompt_tok_s judged depth-0 cells (a few prompt tokens over TTFT: overhead), where the
+    run table shows "-": a slower decode step read as a -16 % prompt-rate regression."""
+    from types import SimpleNamespace
+
+    from bench.history.store import _stat_rows
+    from bench.results import CellResult
+
+    stat = {"n": 4, "mean": 50.0, "median": 50.0, "p10": 49.0, "p90": 51.0, "p99": 51.0, "min": 49.0, "max": 51.0}
+    cells = [CellResult(id=cid, depth=d, streams=1, prompt_tok_s=dict(stat), decode_tok_s=dict(stat))
+             for cid, d in (("d0-s1-prose", 0), ("d4096-s1-prose", 4096))]
+    rows = {(r[0], r[1]) for r in _stat_rows(SimpleNamespace(cells=cells))}  # type: ignore[arg-type]
+    assert ("d4096-s1-prose", "prompt_tok_s") in rows and ("d0-s1-prose", "prompt_tok_s") not in rows
+    assert ("d0-s1-prose", "decode_tok_s") in rows
