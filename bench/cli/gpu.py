@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 
@@ -14,6 +14,7 @@ __all__ = ["gpu_options", "GPU_KEYS", "pop_gpu_options", "no_gpu_in_open_loop", 
            "no_gpu_options"]
 
 GPU_KEYS = ("gpu_telemetry", "gpu_metrics", "gpu_interval", "gpu_devices")
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 
 def gpu_options(f: Any) -> Any:
@@ -33,7 +34,7 @@ def gpu_options(f: Any) -> Any:
     return f
 
 
-def no_gpu_options(command: str) -> Any:
+def no_gpu_options(command: str) -> Callable[[_F], _F]:
     """Hidden ``--gpu-*`` flags for a command that does not sample GPUs yet: given, they are refused with one line
     saying so (exit 3), not click's bare "No such option"."""
     def refuse(ctx: click.Context, param: click.Parameter, value: Any) -> None:
@@ -41,7 +42,7 @@ def no_gpu_options(command: str) -> Any:
             raise ConfigError(f"{command} does not sample GPUs yet: --{str(param.name).replace('_', '-')} applies "
                               "to bench run (concurrency cells) and bench gate")
 
-    def deco(f: Any) -> Any:
+    def deco(f: _F) -> _F:
         for key in GPU_KEYS:
             f = click.option(f"--{key.replace('_', '-')}", key, hidden=True, expose_value=False, default=None,
                              callback=refuse)(f)
