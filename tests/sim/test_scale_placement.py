@@ -45,3 +45,20 @@ def _is_sim(pid: int, url: str) -> bool:
         return False
     port = url.rsplit(":", 1)[1].split("/")[0].encode()
     return b"bench.sim" in cmd and port in cmd
+
+
+def test_merged_reads_counts_late_events_stamped_with_their_next() -> None:
+    """An event read in one read with the stream's next one carries the later one's stamp: its error is a whole
+    step. merged_reads counts those among the events over the worst-event goal (not the sims' flagged ones)."""
+    from bench.records import Event, RequestRecord
+
+    ms = 1_000_000
+    evs = [Event(t_ns=10 * ms, content="a", write_ns=1_000 + 10 * ms),
+           Event(t_ns=110 * ms, content="b", write_ns=1_000 + 60 * ms),  # read late (50 ms), alone
+           Event(t_ns=200 * ms, content="c", write_ns=1_000 + 140 * ms),  # 60 ms late, read with d
+           Event(t_ns=200 * ms, content="d", write_ns=1_000 + 190 * ms),  # 10 ms late
+           Event(t_ns=300 * ms, content="e", write_ns=1_000 + 250 * ms)]  # 50 ms late, flagged by its sim
+    rec = RequestRecord(request_id="r", endpoint="chat", model="m", sent_ns=1_000, events=evs)
+    line = _module().merged_reads([rec], late={1_000 + 250 * ms})
+    assert line.endswith("not flagged by the sims: 3; of them read together with their stream's next event (one "
+                         "stamp for both): 1")
