@@ -185,13 +185,17 @@ def side_by_side_rows(main: Sequence[Verdict],
     """Rows of the side-by-side table: per cell and main metric, both medians, ratio, CI and a change word.
 
     ``main`` are verdicts of zero-allowance median rules (``worse`` / ``better`` when the whole CI is on one side of
-    1, ``~`` when it holds 1).
+    1, ``~`` when it holds 1; ``worse (< 0.1 %)`` when all of it is within 0.1 % of 1, where "[1.000, 1.000]; worse"
+    read as a contradiction).
     """
     a, b = names
     head = ["cell", "metric", a, b, f"{b}/{a}", "CI", "change"]
     rows = []
     for v in main:
         word = _CHANGE.get(v.verdict, v.verdict) if v.lo is not None else (v.note or "-")
+        if v.lo is not None and v.hi is not None and word in ("worse", "better") and max(abs(v.lo - 1),
+                                                                                      abs(v.hi - 1)) < 0.001:
+            word += " (< 0.1 %)"  # the whole CI off 1, but by less than its 3 decimals show
         rows.append([v.cell, v.rule.metric, fmt_value(v.baseline), fmt_value(v.candidate), fmt_ratio(v.ratio),
                      _ci(v), word])
     return head, rows

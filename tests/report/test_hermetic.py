@@ -89,3 +89,15 @@ def test_a_callers_terminal_does_not_reach_the_tests(caller, tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(probe)],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_side_by_side_says_when_a_change_is_under_its_decimals() -> None:
+    """A deterministic sim's TPOT read 'B/A 1.000; CI [1.000, 1.000]; change: worse': true (the whole CI above 1) but
+    not readable; the word now says the change is under 0.1 %."""
+    from dataclasses import replace
+
+    v = next(x for x in _mixed_verdicts() if x.lo is not None)
+    tiny = replace(v, verdict="regression", ratio=1.0002, lo=1.0001, hi=1.0003)
+    big = replace(v, verdict="regression", ratio=1.05, lo=1.04, hi=1.06)
+    assert side_by_side_rows([tiny, big])[1][0][-1] == "worse (< 0.1 %)"
+    assert side_by_side_rows([tiny, big])[1][1][-1] == "worse"
