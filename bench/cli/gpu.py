@@ -108,7 +108,8 @@ def _no_source_for(opts: dict[str, Any], base_url: str) -> None:
                        if opts[k] is not None)
     if opts["gpu_telemetry"] == "off":
         raise ConfigError(f"{flags} with --gpu-telemetry off: nothing samples GPUs (drop one of them)")
-    why = "NVML sees no GPU on this host, or is not installed" if is_local_url(base_url) else "the endpoint is not on this host"
+    why = ("NVML sees no GPU on this host, or is not installed" if is_local_url(base_url)
+           else "the endpoint is not on this host")
     say(f"note: no GPU source ({why}): {flags} ignored; --gpu-telemetry nvml or --gpu-metrics URL names one",
         soft_wrap=True)
 

@@ -253,9 +253,10 @@ def check(db: str, metric: str, stat: str | None, cells: tuple[str, ...], recent
 
     A series is one cell of one setup (profile and its settings, overrides such as
     --max-tokens included; model; endpoint URL): runs of another profile, other
-    settings, another model or server are never mixed into it. Prints, per change, the run where it starts, its size with an interval, and the runs
-    on each side; series too short or too noisy say so. Exit 1 when a regression beyond the rule's allowance
-    starts within the last --recent runs of its setup, else 0.
+    settings, another model or server are never mixed into it. Prints, per change,
+    the run where it starts, its size with an interval, and the runs on each side;
+    series too short or too noisy say so. Exit 1 when a regression beyond the rule's
+    allowance starts within the last --recent runs of its setup, else 0.
     """
     from bench.history.check import CheckSettings, check_history
 
@@ -432,8 +433,8 @@ def trends_page(views: list[Any], title: str) -> str:
     return ("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
             f"<title>{html.escape(title)}</title><style>{_CSS}</style><script>{get_plotlyjs()}</script></head>"
             f"<body><h1>{html.escape(title)}</h1>{''.join(trend_section(v) for v in views)}<p class='muted'>made "
-            "by bench from its run history, one section per setup (profile and settings, model, endpoint); opens offline "
-            "(plotly.js inline).</p></body></html>")
+            "by bench from its run history, one section per setup (profile and settings, model, endpoint); opens "
+            "offline (plotly.js inline).</p></body></html>")
 
 
 @history.command()

@@ -11,8 +11,9 @@ A store is named by a URL: a plain path or ``sqlite:///path`` is an SQLite file 
                     bootstrap interval of the median (median_lo, median_hi; NULL without raw samples)
 
 A run's *setup* (:class:`Setup`: profile, model, endpoint URL and a digest of the settings it measured with,
-command-line overrides included) says what it measured; a series is one cell of one setup. A run is identified by ``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it
-again is refused (:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
+command-line overrides included) says what it measured; a series is one cell of one setup. A run is identified by
+``run.id``, ``run.started`` and a digest of its cells (``run_key``, unique): adding it again is refused
+(:class:`bench.errors.HistoryError`, exit 3). Migrations are numbered; opening a store applies the missing ones in
 one transaction each, and a store written by a newer bench (a version above :data:`SCHEMA_VERSION`) is refused.
 """
 
@@ -107,8 +108,9 @@ def _settings_json(results: Results) -> str:
 
 def measured_settings(stored: Any) -> dict[str, Any] | None:
     """The settings that say what a run measured, from its stored ``settings`` (:func:`_settings_json`): the
-    profile's, less :data:`_UNMEASURED` (a sweep's :data:`_CELL_LISTS` too), and the open-loop load as ``open_loop`` (less
-    its seed, duration and request count). None for a run stored before they were (schema version 3)."""
+    profile's, less :data:`_UNMEASURED` (a sweep's :data:`_CELL_LISTS` too), and the open-loop load as
+    ``open_loop`` (less its seed, duration and request count). None for a run stored before they were (schema
+    version 3)."""
     try:
         doc = json.loads(stored) if stored else None
     except ValueError:

@@ -241,7 +241,8 @@ def test_probe_says_when_the_server_thought_by_default():
 
     with running_sim(SimConfig(decode_step_ms=1.0, reasoning_tokens=3)) as url:
         runs = [subprocess.run([sys.executable, "-m", "bench", "probe", url, "--json", "--max-tokens", "8", *x],
-                               capture_output=True, text=True, cwd=ROOT, timeout=120) for x in ([], ["--thinking", "off"])]
+                               capture_output=True, text=True, cwd=ROOT, timeout=120)
+                for x in ([], ["--thinking", "off"])]
     assert "note: the server thought by default (3 reasoning tokens)" in runs[0].stderr, runs[0].stderr
     assert "thought by default" not in runs[1].stderr
 
