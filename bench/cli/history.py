@@ -417,8 +417,10 @@ def trend_views(store: Any) -> list[Any]:
     setups = store.setups()
     if not setups:
         _note(f"no runs stored in {store.where}")
-    labels = setup_labels(store.runs())
-    return [store.view(su, labels[su]) for su, _ in setups] if len(setups) > 1 else [store]
+    if len(setups) <= 1:
+        return [store]
+    labels = setup_labels(store.runs())  # only where several setups are named apart
+    return [store.view(su, labels[su]) for su, _ in setups]
 
 
 def trends_page(views: list[Any], title: str) -> str:
