@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from bench.config.profile import Profile
 
 __all__ = ["endpoint", "client_options", "settings_from_options", "echo", "workload_options", "workload_overrides",
-           "checked_images", "client_options_noting", "single_workload",
+           "checked_images", "client_options_noting", "single_workload", "unused_out",
            "WORKLOAD_KEYS"]
 
 WORKLOAD_KEYS = ("images", "image_size", "image_format", "image_source", "tools", "tool_choice")
@@ -81,6 +81,21 @@ def checked_images(profile: Any) -> Any:
 
         image_files(profile.image_source)
     return profile
+
+
+def unused_out(command: str, *folders: Any) -> None:
+    """Refuse ``--out`` for a command that never writes over a run (``bench gate``, ``bench ab``: they have no
+    ``--overwrite``) when one of ``folders`` already holds a run's files: the baseline given as ``--out`` would be
+    replaced by the candidate."""
+    from pathlib import Path
+
+    from bench.results import RUN_FILES
+
+    for d in map(Path, folders):
+        held = [n for n in RUN_FILES if (d / n).exists()]
+        if held:
+            raise ConfigError(f"--out: {d} already holds a run ({', '.join(held)}); {command} never writes over one: "
+                              "choose another folder")
 
 
 def echo(text: str, err: bool = False, nl: bool = True) -> None:

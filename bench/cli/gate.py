@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from bench.cli.common import checked_url, client_options, endpoint, engine_size
+from bench.cli.common import checked_url, client_options, endpoint, engine_size, unused_out
 from bench.cli.common import settings_from_options as _settings
 from bench.cli.gpu import gpu_options, gpu_sampler, no_gpu_options, pop_gpu_options
 from bench.config.profile import Profile
@@ -245,6 +245,8 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     t0 = time.monotonic()
     baseline = load_results(baseline_file)
     prof = _load_profile(profile_name)
+    out = Path(out_dir) if out_dir else default_out_dir(prof)
+    unused_out("bench gate", out)
     rules, from_profile = profile_rules(prof.gate)
     if not from_profile and not as_json:
         say("note: the profile has no [[gate]] tables; using the default rules (decode_tok_s median drop <= 5 %, "
@@ -252,7 +254,6 @@ def _gate(url: str | None, baseline_file: str, profile_name: str, junit_file: st
     model = client.pop("model")
     gpu_kw = pop_gpu_options(client)
     settings = _settings(**client)
-    out = Path(out_dir) if out_dir else default_out_dir(prof)
     observer, log = _observer(len(prof.cells()), quiet=as_json)
     parallel, ctx = engine_size(prof, url)
     deadline = t0 + budget["max_time"] - SUMMARY_RESERVE_S if budget["max_time"] else None
@@ -391,6 +392,8 @@ def ab(url_a: str, url_b: str, profile_name: str, model_b: str | None, junit_fil
     if max_time is not None or max_waves is not None:
         rounds = ABRounds(rules, t0 + max_time - SUMMARY_RESERVE_S if max_time else None, max_waves)
     out_a, out_b = (Path(out_dir) / "a", Path(out_dir) / "b") if out_dir else (None, None)
+    if out_dir:
+        unused_out("bench ab", out_dir, out_a, out_b)
     with discard_when_failed(out_dir or "."):
         ra, rb = asyncio.run(observed(observer, run_ab(base_a, base_b, prof, settings, model_a=model,
                                                        model_b=model_b or model, observer=observer, out_a=out_a,

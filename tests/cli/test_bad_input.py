@@ -159,6 +159,11 @@ def test_out_holding_a_run_is_refused_then_overwritten_or_resumed(tmp_path, sim_
     assert _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--json").returncode == 0
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out))
     assert r.returncode == 3 and "--resume" in r.stderr and "--overwrite" in r.stderr
+    kept = (out / "results.json").read_bytes()  # gate and ab have no --overwrite: the baseline as --out is refused
+    for args in (["gate", sim_url, "--baseline", str(out / "results.json")], ["ab", sim_url, sim_url]):
+        r = _bench(*args, "-p", str(prof), "--out", str(out))
+        assert r.returncode == 3 and "already holds a run" in r.stderr and "never writes over one" in r.stderr, r
+        assert len(r.stderr.strip().splitlines()) == 1 and (out / "results.json").read_bytes() == kept
     r = _bench("run", sim_url, "-p", str(prof), "--out", str(out), "--resume")
     assert r.returncode == 3 and "complete" in r.stderr
     # make it look interrupted after its first cell, then resume: the first cell is kept as it was
