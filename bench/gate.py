@@ -57,38 +57,11 @@ from bench.errors import EXIT_CHECK_FAILED, EXIT_INCONCLUSIVE, EXIT_OK, ConfigEr
 from bench.results import CellResult, Results
 from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 
-__all__ = [
-    "HOST_LOAD_CHANGE_CORES",
-    "host_load_change",
-    "HIGHER_BETTER",
-    "LOWER_BETTER",
-    "METRICS",
-    "MAIN_METRICS",
-    "VERDICTS",
-    "Rule",
-    "Verdict",
-    "parse_rules",
-    "default_rules",
-    "rules_from_results",
-    "check_rule_cells",
-    "compare",
-    "compare_samples",
-    "classify",
-    "min_detectable_pct",
-    "waves_needed",
-    "POWER",
-    "overall_exit",
-    "check_comparable",
-    "setting_diffs",
-    "REQUEST_SETTINGS",
-    "profile_rules",
-    "main_verdicts",
-    "cell_samples",
-    "inconclusive_cells",
-    "verdict_counts",
-    "uncovered_cells",
-    "require_common_cells",
-]
+__all__ = ["HOST_LOAD_CHANGE_CORES", "host_load_change", "HIGHER_BETTER", "LOWER_BETTER", "METRICS", "MAIN_METRICS",
+           "VERDICTS", "Rule", "Verdict", "parse_rules", "default_rules", "rules_from_results", "check_rule_cells",
+           "compare", "compare_samples", "classify", "min_detectable_pct", "waves_needed", "POWER", "overall_exit",
+           "check_comparable", "setting_diffs", "REQUEST_SETTINGS", "OPEN_LOOP_SAMPLE", "profile_rules", "main_verdicts", "cell_samples",
+           "inconclusive_cells", "verdict_counts", "uncovered_cells", "require_common_cells"]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
                  "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate", "tokens_per_joule")
@@ -412,17 +385,26 @@ def check_comparable(baseline: Results, candidate: Results, force: bool = False,
     return diffs
 
 
-REQUEST_SETTINGS = ("temperature", "thinking", "endpoint", "tools", "tool_choice", "prefix_cache")  # per request
+# The profile's settings that shape every request (a cell's max_tokens, images and image size are compared per cell).
+# tests/test_gate.py checks that every Profile field is here, per cell, or named as not shaping a request, and that
+# the history's setups (bench.history.store.measured_settings) tell apart at least the runs these do.
+REQUEST_SETTINGS = ("temperature", "thinking", "endpoint", "tools", "tool_choice", "prefix_cache", "force_length",
+                    "image_format", "image_source", "warmup")
+OPEN_LOOP_SAMPLE = frozenset({"seed", "duration_s", "requests"})  # an open-loop load's sample, its size and draw
 
 
 def setting_diffs(baseline: Results, candidate: Results) -> list[str]:
     """What the two runs' requests differ in (a baseline of ``--max-tokens 48`` gated with 16 passed): each common
-    cell's ``max_tokens``, images and image size, and the profiles' :data:`REQUEST_SETTINGS`; one line each."""
+    cell's ``max_tokens``, images and image size, the profiles' :data:`REQUEST_SETTINGS` and the open-loop load
+    (``results.load``) less its sample (:data:`OPEN_LOOP_SAMPLE`); one line each."""
     out = []
     sa, sb = (r.profile.settings if isinstance(r.profile.settings, dict) else {} for r in (baseline, candidate))
-    for k in REQUEST_SETTINGS:
-        if sa.get(k) != sb.get(k):
-            out.append(f"{k} differs: baseline {sa.get(k)!r}, candidate {sb.get(k)!r}")
+    for k in (k for k in REQUEST_SETTINGS if k in sa and k in sb):  # a run stored before k was recorded: not judged
+        if sa[k] != sb[k]:
+            out.append(f"{k} differs: baseline {sa[k]!r}, candidate {sb[k]!r}")
+    la, lb = ({k: v for k, v in (r.load or {}).items() if k not in OPEN_LOOP_SAMPLE} for r in (baseline, candidate))
+    out += [f"load {k} differs: baseline {la.get(k)!r}, candidate {lb.get(k)!r}" for k in sorted(set(la) | set(lb))
+            if la.get(k) != lb.get(k)]
     cand = {c.id: c for c in candidate.cells}
     for c, other in ((c, cand.get(c.id)) for c in baseline.cells):
         for k in ("max_tokens", "images", "image_size"):

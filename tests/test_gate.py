@@ -1103,9 +1103,45 @@ def test_runs_with_other_requests_are_not_comparable() -> None:
     request settings must match, else the one line names each difference (--force compares anyway)."""
     base, cand = results({"c": {"decode_tok_s": spread(100)}}), results({"c": {"decode_tok_s": spread(100)}})
     assert check_comparable(base, cand) == []
+    cand.profile.settings["force_length"] = False  # the baseline was stored before it was recorded: not judged
+    assert check_comparable(base, cand) == []
     base.cells[0].max_tokens, cand.cells[0].max_tokens = 48, 16
-    cand.profile.settings["temperature"] = 0.7
-    with pytest.raises(ConfigError, match=r"temperature differs: baseline None, candidate 0.7; c: max_tokens differs: "
+    base.profile.settings["temperature"], cand.profile.settings["temperature"] = 0.0, 0.7
+    with pytest.raises(ConfigError, match=r"temperature differs: baseline 0.0, candidate 0.7; c: max_tokens differs: "
                                           r"baseline 48, candidate 16 \(--force"):
         check_comparable(base, cand)
     assert len(check_comparable(base, cand, force=True)) == 2
+
+
+def test_open_loop_runs_with_another_load_are_not_comparable() -> None:
+    """Two rate runs differ in their arrivals or sizes (not their seed or length): not comparable."""
+    base, cand = results({"rate-5": {"ttft_ms": spread(100)}}), results({"rate-5": {"ttft_ms": spread(100)}})
+    base.load = {"mode": "rate", "rate": 5.0, "arrival": "poisson", "seed": 1, "duration_s": 30.0}
+    cand.load = {**base.load, "seed": 2, "duration_s": 60.0}
+    assert check_comparable(base, cand) == []
+    cand.load["arrival"] = "gamma"
+    with pytest.raises(ConfigError, match="load arrival differs: baseline 'poisson', candidate 'gamma'"):
+        check_comparable(base, cand)
+
+
+# Profile fields that do not shape a request: words, sample sizes, the gate's own rules, where the profile came
+# from; the sweeps are compared through their cells (ids, and each cell's max_tokens, images, image size); the
+# open-loop load through results.load.
+NOT_REQUEST = {"name", "description", "requests", "min_waves", "max_waves", "target_ci", "requests_by_depth",
+               "overhead_probes", "gate", "gate_budget_waves", "source", "overrides", "sweeps", "mode", "load"}
+PER_CELL = {"max_tokens", "images", "image_size"}
+
+
+def test_every_profile_field_is_judged_by_the_gate_or_named_as_not_shaping_requests() -> None:
+    """The gate's list of request settings had drifted from the profile (force_length, image_format, image_source
+    were missing): a new Profile field must be placed here. And the history's setups (a digest of the settings
+    less a denylist) must tell apart every run the gate refuses to compare."""
+    from dataclasses import fields
+
+    from bench.config.profile import Profile
+    from bench.gate import REQUEST_SETTINGS
+    from bench.history.store import _UNMEASURED
+
+    names = {f.name for f in fields(Profile)}
+    assert names == set(REQUEST_SETTINGS) | PER_CELL | NOT_REQUEST, names ^ (set(REQUEST_SETTINGS) | PER_CELL | NOT_REQUEST)
+    assert not (set(REQUEST_SETTINGS) | PER_CELL) & _UNMEASURED

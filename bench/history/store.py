@@ -30,6 +30,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.errors import ConfigError, HistoryError
+from bench.gate import OPEN_LOOP_SAMPLE
 from bench.redaction import redact
 from bench.results import CellResult, Results
 
@@ -92,7 +93,6 @@ _UNMEASURED = frozenset({"description", "gate", "overrides", "requests", "reques
 """Profile settings that do not change what a request measures: words, the gate's rules (they judge), the flags'
 names (their values are the settings), and how many requests are sampled (the figures' precision, not their
 level)."""
-_UNMEASURED_LOAD = frozenset({"seed", "duration_s", "requests"})  # an open-loop load's sample: its size and draw
 _CELL_LISTS = frozenset({"name", "requests", "depths", "streams", "prompts"})
 """A sweep's keys that only say which cells it has (a cell's id names its depth, streams and prompt) or how many
 requests each gets: adding ``--depths 0,32k`` to a profile keeps the depth-0 cells' series."""
@@ -124,7 +124,7 @@ def measured_settings(stored: Any) -> dict[str, Any] | None:
                            sort_keys=True, default=str) for sw in out["sweeps"]}
         out["sweeps"] = [json.loads(x) for x in sorted(kept)]  # the distinct settings of the sweeps
     if isinstance(doc.get("load"), dict):
-        out["open_loop"] = {k: v for k, v in doc["load"].items() if k not in _UNMEASURED_LOAD}
+        out["open_loop"] = {k: v for k, v in doc["load"].items() if k not in OPEN_LOOP_SAMPLE}
     return out
 
 
