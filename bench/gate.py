@@ -60,8 +60,9 @@ from bench.stats import bootstrap_ratio_ci, expanded_tail, make_estimator
 __all__ = ["HOST_LOAD_CHANGE_CORES", "host_load_change", "HIGHER_BETTER", "LOWER_BETTER", "METRICS", "MAIN_METRICS",
            "VERDICTS", "Rule", "Verdict", "parse_rules", "default_rules", "rules_from_results", "check_rule_cells",
            "compare", "compare_samples", "classify", "min_detectable_pct", "waves_needed", "POWER", "overall_exit",
-           "check_comparable", "setting_diffs", "REQUEST_SETTINGS", "OPEN_LOOP_SAMPLE", "profile_rules", "main_verdicts", "cell_samples",
-           "inconclusive_cells", "verdict_counts", "uncovered_cells", "require_common_cells"]
+           "check_comparable", "setting_diffs", "REQUEST_SETTINGS", "OPEN_LOOP_SAMPLE", "profile_rules",
+           "main_verdicts", "cell_samples", "inconclusive_cells", "verdict_counts", "uncovered_cells",
+           "require_common_cells"]
 
 HIGHER_BETTER = ("decode_tok_s", "aggregate_decode_tok_s", "prompt_tok_s", "prompt_tok_s_corrected",
                  "server_prefill_tok_s", "server_decode_tok_s", "spec_acceptance_rate", "tokens_per_joule")

@@ -1142,6 +1142,6 @@ def test_every_profile_field_is_judged_by_the_gate_or_named_as_not_shaping_reque
     from bench.gate import REQUEST_SETTINGS
     from bench.history.store import _UNMEASURED
 
-    names = {f.name for f in fields(Profile)}
-    assert names == set(REQUEST_SETTINGS) | PER_CELL | NOT_REQUEST, names ^ (set(REQUEST_SETTINGS) | PER_CELL | NOT_REQUEST)
+    names, placed = {f.name for f in fields(Profile)}, set(REQUEST_SETTINGS) | PER_CELL | NOT_REQUEST
+    assert names == placed, names ^ placed
     assert not (set(REQUEST_SETTINGS) | PER_CELL) & _UNMEASURED
