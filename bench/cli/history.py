@@ -398,7 +398,7 @@ def runs(db: str, as_json: bool) -> None:
 
     with open_existing(db) as store:
         stored = store.runs()
-        setups = store.setups()
+        setups = store.setups(stored)
         where = store.where
     if not stored:
         _note(f"no runs stored in {where}")
@@ -414,12 +414,13 @@ def trend_views(store: Any) -> list[Any]:
     series apart, :meth:`bench.history.store.HistoryStore.view`), else the store itself; a note when it is empty."""
     from bench.history.store import setup_labels
 
-    setups = store.setups()
+    stored = store.runs()
+    setups = store.setups(stored)
     if not setups:
         _note(f"no runs stored in {store.where}")
     if len(setups) <= 1:
         return [store]
-    labels = setup_labels(store.runs())  # only where several setups are named apart
+    labels = setup_labels(stored)  # only where several setups are named apart
     return [store.view(su, labels[su]) for su, _ in setups]
 
 

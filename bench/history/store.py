@@ -478,10 +478,11 @@ class HistoryStore:
                               _json_list(r[9]), r[10] or "", r[11] or "", measured, settings_key(measured)))
         return out if self.only is None else [r for r in out if r.setup == self.only]
 
-    def setups(self) -> list[tuple[Setup, int]]:
-        """Every setup with stored runs and its number of runs, in the order of its first run."""
+    def setups(self, runs: Sequence[RunRow] | None = None) -> list[tuple[Setup, int]]:
+        """Every setup with stored runs and its number of runs, in the order of its first run (of ``runs`` when the
+        caller has read them already)."""
         count: dict[Setup, int] = {}
-        for r in self.runs():
+        for r in self.runs() if runs is None else runs:
             count[r.setup] = count.get(r.setup, 0) + 1
         return list(count.items())
 
