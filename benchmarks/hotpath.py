@@ -27,9 +27,13 @@ CPU-s* is then the client's capacity. With one sim the sim can be the slower sid
 client competing) *events/s* is bounded by the sim and *events per CPU-s* is the client's capacity.
 
 ``--source blast`` replaces the sims with ``benchmarks/blastserver.py``: the same bytes, pre-rendered and written
-many events per write, faster than any client; the client is then the slower side (*client CPU %* near 100) and
-*events/s* is what one process ingests, wall-clock, with reads of many events each (the best case; one event per
-read is the worst, what the ``fidelity.py`` waves at 20 events/s per stream have).
+many events per write; when the client is the slower side (*client CPU %* near 100), *events/s* is what one
+process ingests, wall-clock, with reads of many events each (the best case; one event per read is the worst, what
+the ``fidelity.py`` waves at 20 events/s per stream have). One blast process is not always faster than the
+client: with ``--sims 1`` the client was 69-83 % busy (an H200 device machine, the 2-core VM), and ``--sims 2``
+fed it 12-14 % more events/s on the VM (benchmarks/results/hotpath-blast-sims-2026-12-06-vm.md). A row whose
+client was under ``SOURCE_BOUND_PCT`` % busy is followed by a note: it waited on its source (or, on a small
+shared machine, for a core), so that row is not the client's limit.
 
 ``--split`` adds, per variant, the client's CPU per event in chunked framing (``ChunkedDecoder.feed``), SSE decoding
 (the client's SSE sink: ``bench.transport.sse``), the end-of-stream parse (JSON and records: ``bench.client.events``)
@@ -290,6 +294,9 @@ def host_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "cpu_s": sum(r["cpu_s"] for r in rows), "failed": sum(r["failed"] for r in rows)}
 
 
+SOURCE_BOUND_PCT = 90  # a client less busy than this waited on its source (the note after its row)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", type=int, default=16)
@@ -323,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{v:16s} {r['events']:8d} events  {r['events_per_s']:9.0f} events/s  "
                   f"{r['events_per_cpu_s']:9.0f} events per CPU-s  client CPU {r['client_cpu_pct']:3.0f} %  "
                   f"failed {r['failed']}  {r['stamp_source']}", flush=True)
+            if r["client_cpu_pct"] < SOURCE_BOUND_PCT:
+                print(f"    note: the client was {r['client_cpu_pct']:.0f} % busy: it waited on its source (or for a "
+                      "core), so this is not its limit (more --sims)")
             if "split_ns" in r:
                 print("    CPU per event (ns): " + "  ".join(f"{k} {v:.0f}" for k, v in r["split_ns"].items()))
             if "profile" in r:
@@ -362,6 +372,10 @@ def write_md(path: Path, rows: list[dict[str, Any]], a: argparse.Namespace,
         lines.append("| " + (f"{r['proc']} | " if host else "") + f"{r['variant']} | {','.join(r['stamp_source'])} | "
                      f"{r['events']} | {r['events_per_s']:.0f} | {r['events_per_cpu_s']:.0f} | "
                      f"{r['client_cpu_pct']:.0f} | {r['failed']} |")
+    slow = [r for r in rows if r["client_cpu_pct"] < SOURCE_BOUND_PCT]
+    if slow:
+        lines += ["", f"{len(slow)} of {len(rows)} rows had the client under {SOURCE_BOUND_PCT} % busy: it waited on "
+                  "its source (or for a core), so those rows are not its limit (more --sims)."]
     if host:
         lines += ["", f"Host: {host['procs']} processes, {host['events']} events from the first wave's start to the "
                   f"last one's end ({host['span_s']:.3f} s): **{host['events_per_s']:.0f} events/s**; all waves ran "
