@@ -164,6 +164,7 @@ class RequestRecord:
             for e in self.events
         ]
         d["ok"] = self.ok
+        d["node"] = self.meta.get("node")  # the Ray node that sent it (None without --ray), as readers look for it
         for k in _DERIVED:
             v = getattr(self, k)
             d[k] = None if v is None else round(v, 6)
@@ -174,6 +175,7 @@ class RequestRecord:
         """Inverse of :meth:`to_dict`. Raises KeyError/TypeError on a malformed dict."""
         d = dict(d)
         d.pop("ok", None)
+        d.pop("node", None)  # written from meta.node
         for k in _DERIVED:
             d.pop(k, None)
         evs = [Event(int(round(e[0] * 1e6)), e[1], e[2], e[3], e[4], e[5], e[6]) for e in d.pop("events")]

@@ -80,6 +80,16 @@ def test_records_round_trip_and_truncated_line(tmp_path) -> None:
     assert request_metrics(back[0]).to_dict() == request_metrics(r).to_dict()
 
 
+def test_a_record_names_its_node_at_the_top() -> None:
+    """Issue 30's interface: every measured record of a --ray run has `node` (the Ray node id, also meta.node);
+    read back, it comes from meta again."""
+    r = rec([(10, " a")])
+    assert r.to_dict()["node"] is None
+    r.meta["node"] = "abc123"
+    d = r.to_dict()
+    assert d["node"] == "abc123" and RequestRecord.from_dict(d).meta["node"] == "abc123"
+
+
 def test_record_to_dict_is_asdicts_with_compact_events() -> None:
     """RequestRecord.to_dict builds its dict field by field (asdict made a dict of every event only to drop it):
     the same keys in the same order, the same values, deep copies of the containers."""
@@ -101,6 +111,7 @@ def test_record_to_dict_is_asdicts_with_compact_events() -> None:
     ref["events"] = [[round(e.t_ns / 1e6, 6), e.content, e.reasoning, e.tool, e.sched_ns, e.write_ns, e.tokens]
                      for e in r.events]
     ref["ok"] = r.ok
+    ref["node"] = None  # no Ray node
     for k in _DERIVED:
         v = getattr(r, k)
         ref[k] = None if v is None else round(v, 6)

@@ -48,6 +48,9 @@ def bench(*args: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
 
 
 def measured(out: Path) -> list[RequestRecord]:
+    """The measured records; each line's top-level ``node`` (issue 30's interface) is its ``meta.node``."""
+    lines = [json.loads(x) for x in (out / "records.jsonl").read_text().splitlines() if x.strip()]
+    assert all(d["node"] == d["meta"].get("node") for d in lines)
     return [r for r in read_records(out / "records.jsonl") if r.meta.get("phase") == "measure"]
 
 
