@@ -37,12 +37,11 @@ from bench.errors import ConfigError
 from bench.redaction import redact
 from bench.warns import check_document
 
-__all__ = [
-    "SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
-    "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder", "RUN_FILES",
-    "replace_run", "discard_when_failed", "cell_from_dict", "Capacity", "CapacityPoint", "Gate", "GateVerdict",
-    "capacity_from_dict", "gate_from_dict", "load_capacity", "load_gate", "save_capacity", "save_gate", "gate_json",
-]
+__all__ = ["SCHEMA_VERSION", "Results", "ProfileInfo", "EndpointInfo", "RunInfo", "CellResult", "Stat",
+           "load_results", "results_from_dict", "save_results", "write_atomic", "to_json", "prepare_folder",
+           "RUN_FILES", "run_files_in", "replace_run", "discard_when_failed", "cell_from_dict", "Capacity",
+           "CapacityPoint", "Gate", "GateVerdict", "capacity_from_dict", "gate_from_dict", "load_capacity",
+           "load_gate", "save_capacity", "save_gate", "gate_json"]
 
 SCHEMA_VERSION = 1
 
@@ -597,24 +596,27 @@ def save_results(results: Results, path: str | os.PathLike[str]) -> Path:
 RUN_FILES = ("records.jsonl", "results.json", "results.csv", "results.md", "report.html", "gate.json")
 
 
+def run_files_in(folder: str | os.PathLike[str]) -> list[str]:
+    """The :data:`RUN_FILES` that ``folder`` holds: a run is there when any is (none for a missing folder)."""
+    return [n for n in RUN_FILES if (Path(folder) / n).exists()]
+
+
 def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
                    resume: bool = False) -> Results | None:
     """Make ``out_dir`` ready for a run; returns the run to continue with ``resume``, else None.
 
     A folder that already holds a run is refused unless ``resume`` (an interrupted run is continued: finished cells
-    kept, the unfinished one measured again) or ``overwrite`` (its run files are removed first).
-
-    Raises:
-        ConfigError: ``--out`` is a file, lies under a file, cannot be written, or holds a run (naming the flags);
-            ``resume`` with ``overwrite``, or with no run in ``out_dir``.
-    """
+    kept, the unfinished one measured again) or ``overwrite`` (its run files are removed first). Raises ConfigError
+    when ``--out`` is a file, lies under a file, cannot be written, or holds a run (naming the flags); for
+    ``resume`` with ``overwrite``, or with no run in ``out_dir``."""
     d = Path(out_dir)
     if d.exists() and not d.is_dir():
         raise ConfigError(f"--out {d}: is a file, not a folder")
     if resume and overwrite:
         raise ConfigError(f"--resume and --overwrite: choose one (--resume continues the run in {d}, --overwrite "
                           "replaces it)")
-    if resume and not any((d / n).exists() for n in RUN_FILES):
+    held = run_files_in(d)
+    if resume and not held:
         raise ConfigError(f"--resume: {d} holds no run to continue; give --out the folder of the interrupted run "
                           "(or drop --resume to start one)")
     try:
@@ -624,7 +626,6 @@ def prepare_folder(out_dir: str | os.PathLike[str], *, overwrite: bool = False,
         probe.unlink()
     except OSError as e:
         raise ConfigError(f"--out {d}: cannot write there ({e.strerror or e})") from None
-    held = [n for n in RUN_FILES if (d / n).exists()]
     if not held:
         return None
     if resume:
@@ -651,7 +652,7 @@ def replace_run(target: str | os.PathLike[str], run_dir: str | os.PathLike[str],
     leaves the old set whole. A lone results file gets ``results`` alone. Raises ConfigError when the new files
     cannot be written (the old ones are then left as they were)."""
     p, src = Path(target), Path(run_dir)
-    run_beside = p.name == "results.json" and any((p.parent / n).exists() for n in RUN_FILES if n != p.name)
+    run_beside = p.name == "results.json" and any(n != p.name for n in run_files_in(p.parent))
     if not p.is_dir() and not run_beside:
         return write_atomic(p, to_json(results))
     d = p if p.is_dir() else p.parent

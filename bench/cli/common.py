@@ -87,13 +87,10 @@ def unused_out(command: str, *folders: Any) -> None:
     """Refuse ``--out`` for a command that never writes over a run (``bench gate``, ``bench ab``: they have no
     ``--overwrite``) when one of ``folders`` already holds a run's files: the baseline given as ``--out`` would be
     replaced by the candidate."""
-    from pathlib import Path
+    from bench.results import run_files_in
 
-    from bench.results import RUN_FILES
-
-    for d in map(Path, folders):
-        held = [n for n in RUN_FILES if (d / n).exists()]
-        if held:
+    for d in folders:
+        if held := run_files_in(d):
             raise ConfigError(f"--out: {d} already holds a run ({', '.join(held)}); {command} never writes over one: "
                               "choose another folder")
 
