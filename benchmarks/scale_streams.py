@@ -32,10 +32,11 @@ preempted by a sim reads its event a whole gap late, and the kernel hands it ove
 worker processes) measures the client as it runs beside a server on another host; both sets are printed with the
 table.
 
-Prints a table, a line counting the events over the worst-event goal that were read together with their stream's
-next event (:func:`merged_reads`: one read, one stamp), then two lines: the sims' garbage collections of ``LATE_WRITE_MS`` or more that began while a
-measured wave ran (how many, the full ones, the longest: bench.sim.collector keeps full ones for idle moments)
-and the failed requests by kind, with any other line the sims wrote to stderr. ``--out FILE.md`` also writes it
+Prints a table, then three lines: the sims' garbage collections of ``LATE_WRITE_MS`` or more that began while a
+measured wave ran (how many, the full ones, the longest: bench.sim.collector keeps full ones for idle moments),
+the events over the worst-event goal not flagged by the sims and how many of them were read together with their
+stream's next event (:func:`merged_reads`: one read, one stamp), and the failed requests by kind, with any other
+line the sims wrote to stderr. ``--out FILE.md`` also writes it
 all with the date, machine and command (``benchmarks/results/``).
 """
 

@@ -2,9 +2,9 @@
 
 A series is one cell of one *setup* (profile, model, endpoint URL and the settings run with: runs of another
 profile, other settings or another server measure something else and are never mixed in): one statistic (the
-rule's, else the median) of the metric over that setup's stored runs in the order they were made. :func:`bench.history.changepoints.detect` finds its change
-points; each is a *regression* or an *improvement* by the metric's direction (throughputs higher-better,
-latencies lower-better).
+rule's, else the median) of the metric over that setup's stored runs in the order they were made.
+:func:`bench.history.changepoints.detect` finds its change points; each is a *regression* or an *improvement* by
+the metric's direction (throughputs higher-better, latencies lower-better).
 The check fails (exit 1) when a regression larger than the rule's allowance (``max_drop_pct`` /
 ``max_rise_pct`` of the setup's newest run's profile, else the gate's default rule, else 0) starts within the
 last ``recent`` runs of its setup.
