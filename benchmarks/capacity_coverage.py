@@ -126,6 +126,31 @@ def _budget(flag: str, arrival: str) -> float | None:
     return default_time_budget("rate", *ARRIVALS[arrival]) if flag == "default" else float(flag)
 
 
+HEADER = ("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | mean err | calibrated | coverage "
+          "| coverage (all) | median width | median time s | max time s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+
+def _row(case: str, truths: list[float], rows: list[dict[str, Any]]) -> str:
+    """One case's line of the table: its searches ``rows`` scored on the mean of ``truths``."""
+    shape, metric, _ = case.split("-")
+    t = statistics.fmean(truths)
+    sm = summarize(rows, t)
+    return (f"| {case} | {SHAPES[shape][3][metric][0]} | {t:.3f} ({', '.join(f'{x:.3f}' for x in truths)}) "
+            f"| {_pct(sm['within_2pct'], 0)} | {_pct(sm['median_abs_err'])} | {_pct(sm['mean_err'])} "
+            f"| {sm['calibrated']}/{sm['n']} | {_pct(sm['coverage'], 0)} | {_pct(sm['coverage_all'], 0)} "
+            f"| {_pct(sm['median_width'])} | {sm['median_time_s']:.0f} | {sm['max_time_s']:.0f} |")
+
+
+def pooled(files: list[Path]) -> int:
+    """``--pool``: one table over the searches of several ``--json`` outputs, case by case."""
+    docs = [json.loads(f.read_text()) for f in files]
+    print(HEADER)
+    for case in docs[0]["cases"]:
+        have = [d["cases"][case] for d in docs if case in d["cases"]]
+        print(_row(case, have[0]["truth"], [r for h in have for r in h["searches"]]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--searches", type=int, default=20, help="per case (0: only compute, store and print the truths)")
@@ -143,7 +168,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=Path, help="write every search and the table here")
     ap.add_argument("--truth-cache", type=Path, help="read the truths from this JSON file if it exists, else write "
                     "them there")
+    ap.add_argument("--pool", type=Path, nargs="+", help="run nothing: print one table of the searches of these "
+                    "--json files together, case by case (for example two seed sets)")
     a = ap.parse_args(argv)
+    if a.pool:
+        return pooled(a.pool)
     cases = [(s, m, ar) for s in SHAPES for m in ("ttft", "tpot") for ar in ARRIVALS]
     if a.cases != "all":
         want = set(a.cases.split(","))
@@ -164,18 +193,12 @@ def main(argv: list[str] | None = None) -> int:
                 for seed in range(0, a.searches * a.seed_step, a.seed_step)]
         results = list(pool.map(one_search, jobs, chunksize=2))
     out: dict[str, Any] = {"argv": sys.argv, "cases": {}}
-    print("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | mean err | calibrated | coverage "
-          "| coverage (all) | median width | median time s | max time s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print(HEADER)
     for c in cases:
         rows = [r for j, r in zip(jobs, results) if j[:3] == c]
-        t = statistics.fmean(truths[c])
-        sm = summarize(rows, t)
-        out["cases"]["-".join(c)] = {"truth": truths[c], "summary": sm, "searches": rows}
-        print(f"| {'-'.join(c)} | {SHAPES[c[0]][3][c[1]][0]} | {t:.3f} ({', '.join(f'{x:.3f}' for x in truths[c])}) "
-              f"| {_pct(sm['within_2pct'], 0)} | {_pct(sm['median_abs_err'])} | {_pct(sm['mean_err'])} "
-              f"| {sm['calibrated']}/{sm['n']} | {_pct(sm['coverage'], 0)} | {_pct(sm['coverage_all'], 0)} "
-              f"| {_pct(sm['median_width'])} | {sm['median_time_s']:.0f} | {sm['max_time_s']:.0f} |", flush=True)
+        out["cases"]["-".join(c)] = {"truth": truths[c], "summary": summarize(rows, statistics.fmean(truths[c])),
+                                     "searches": rows}
+        print(_row("-".join(c), truths[c], rows), flush=True)
     print(f"(wall {time.time() - t0:.0f} s for {len(jobs)} searches)")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")

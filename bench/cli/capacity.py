@@ -194,7 +194,7 @@ def run_open_loop(url: str | None, prof: Profile, ls: LoadSettings, settings: Cl
               "final bracket.")
 @click.option("--max-points", type=click.IntRange(1), default=40, show_default=True, help="Budget of points.")
 @click.option("--time-budget", type=float, help="Seconds the search may take; when the next point would end later, "
-              "the answer is the interval earned so far (default for --by rate: 170, or 170 / B for gamma arrivals of "
+              "the answer is the interval earned so far (default for --by rate: 170, or 170 / B^2 for gamma arrivals of "
               "--burstiness B < 1, at most 680; none for concurrency). A first "
               "probe longer than it is refused (a low --start stretches it); a concurrency point is cut where it "
               "ends.")

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Point", "saturated", "resaturate", "point_entry", "FLAT_SHARE", "confidence", "point_settings",
-           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S", "shares_rise", "default_time_budget", "RATE_TIME_BUDGET_S",
+           "REFINE_WARMUP_SHARE", "REFINE_COOLDOWN_S", "default_time_budget", "RATE_TIME_BUDGET_S",
            "BURSTY_BUDGET_CAP"]
 
 REFINE_WARMUP_SHARE = 0.25
@@ -20,13 +20,15 @@ BURSTY_BUDGET_CAP = 4.0  # burstier gamma arrivals: at most this many times RATE
 
 def default_time_budget(by: str, arrival: str, burstiness: float) -> float | None:
     """``--time-budget`` when none is given: none for ``--by concurrency``; for ``--by rate``, ``RATE_TIME_BUDGET_S``
-    divided by the gamma burstiness when that is under 1 (at most ``BURSTY_BUDGET_CAP`` times it). A point's count
-    of arrivals varies about ``1 / burstiness`` times as much as under Poisson arrivals, so the same precision
-    takes that many times the seconds (measured: benchmarks/results/capacity_coverage-2026-12-05f-vm.md)."""
+    divided by the square of the gamma burstiness when that is under 1 (at most ``BURSTY_BUDGET_CAP`` times it). A
+    point's count of arrivals varies about ``1 / burstiness`` times as much as under Poisson arrivals, and the share
+    over the limit rises more slowly with the load (on the sim, B-ttft: 3.5 in probit per log rate at burstiness
+    0.5, 5-10 under Poisson arrivals): at 2 x 170 s B-ttft-gamma0.5's interval was 10.5 % wide, at 4 x 170 s 7.4 %
+    (benchmarks/results/capacity_coverage-2026-12-06b-vm.md)."""
     if by != "rate":
         return None
     if arrival == "gamma" and 0 < burstiness < 1:
-        return RATE_TIME_BUDGET_S * min(1.0 / burstiness, BURSTY_BUDGET_CAP)
+        return RATE_TIME_BUDGET_S * min(1.0 / burstiness ** 2, BURSTY_BUDGET_CAP)
     return RATE_TIME_BUDGET_S
 
 
@@ -144,14 +146,3 @@ def point_settings(ls: Any, load: float, by: str, seed: int, duration_s: float |
             pls = replace(pls, warmup_s=min(pls.warmup_s, REFINE_WARMUP_SHARE * refine_s))
         pls = replace(pls, duration_s=refine_s)
     return pls
-
-
-def shares_rise(points: list[Point]) -> bool:
-    """Every objective's refine shares rise with the load (as with constant arrivals, where a point's share is
-    all but a function of its load)."""
-    ref = sorted((p for p in points if p.phase == "refine" and p.summary.get("slo_model")), key=lambda p: p.load)
-    for key in (ref[0].summary["slo_model"] if ref else {}):
-        shares = [float(p.summary["slo_model"][key]["share"] or 0.0) for p in ref]
-        if any(b < a for a, b in zip(shares, shares[1:])):
-            return False
-    return True

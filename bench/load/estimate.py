@@ -284,7 +284,8 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     has the prior ``SLOPE_PRIOR`` +- ``SLOPE_PRIOR_SD`` (two points alone fix a line through their noise). The
     dispersion is the points' Pearson chi-square over points - 2 when that exceeds 1 (Student-t with points - 2
     degrees of freedom then, the normal quantile otherwise); Fieller's interval as in :func:`fit_boundary`, the
-    intercept's variance plus ``SHIFT_SD ** 2`` (a bias common to all points, which their scatter cannot show)."""
+    intercept's variance plus ``(b SHIFT_LOG_SD) ** 2`` (a bias common to all points, which their scatter cannot
+    show, of ``SHIFT_LOG_SD`` in log rate)."""
     x = np.log(np.asarray(rates, dtype=float))
     n = np.asarray(ns, dtype=float)
     s = np.clip(np.asarray(shares, dtype=float), 0.0, 1.0)
@@ -304,7 +305,7 @@ def fit_shares(rates: Sequence[float], shares: Sequence[float], variances: Seque
     df = float(df_pts) if phi > 1.0 else math.inf
     tq = t_quantile(0.5 + level / 2, df)
     cov = np.linalg.inv(info) * phi
-    cov[0, 0] += SHIFT_SD ** 2  # a shift common to every point's probit: no scatter between points shows it
+    cov[0, 0] += (b * SHIFT_LOG_SD) ** 2  # a shift of the load common to every point: no scatter shows it
     L = NormalDist().inv_cdf(alpha)
     lo, hi = _fieller(L - a, b, cov[0, 0], cov[1, 1], cov[0, 1], tq)
     theta = (L - a) / b if b > 0 else None
@@ -361,12 +362,14 @@ def _probit_fit(x: np.ndarray, s: np.ndarray, v: np.ndarray, n: np.ndarray, *, p
     return beta, info, var
 
 
-# The sd (probit) of a bias shared by every refine point's share, which :func:`fit_shares` adds to the intercept's
-# variance: each point starts from an empty engine (its window's share sits a little under the long-run share),
-# and probit(share) bends across the loads tried (the fitted line is a chord). On the sim's engine model the logit
-# form measured 0.13-0.19 (A-ttft-poisson), 0.08-0.10 (B-ttft-poisson) (benchmarks/results/
-# capacity_coverage-2026-12-04c-vm.md); a probit is about 1/1.7 of a logit near a share of 0.1.
-SHIFT_SD = 0.07
+# The sd, in log rate, of a bias shared by every refine point, which :func:`fit_shares` adds to the intercept's
+# variance as ``(b SHIFT_LOG_SD) ** 2``: each point starts from an empty engine (its window's share sits a little
+# under the long-run share, as if the load were a little lower), and probit(share) bends across the loads tried (the
+# fitted line is a chord). Measured on the sim's engine model as a boundary error: +0.65 % on A-ttft-poisson at
+# 600 s (benchmarks/results/capacity_coverage-2026-12-04c-vm.md), +0.4 % on B-ttft-gamma0.5 at 340 s
+# (capacity_coverage-2026-12-06-vm.md). In log rate, not in probit: the same shift of the load moves a steep share
+# curve's probit more than a shallow one's (before, 0.07 in probit: 0.6 % of load at slope 11, 2 % at slope 3.5).
+SHIFT_LOG_SD = 0.01
 # The slope's prior, probit(share) per log(rate) near the boundary: on the sim 10-12 (A-ttft-poisson), 12-14
 # (A-tpot-poisson), 5-10 (B-ttft-poisson) (benchmarks/capacity_share_curve.py; docs/load.md, "How", step 4).
 SLOPE_PRIOR = 11.0

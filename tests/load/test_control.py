@@ -10,7 +10,7 @@ import pytest
 
 from bench.load import estimate as E
 from bench.load.control import BIN_EDGES_U, QUEUE_SPEEDS, Process, features
-from bench.load.estimate import SHIFT_SD, VAR_FLOOR, fit_shares
+from bench.load.estimate import SHIFT_LOG_SD, VAR_FLOOR, fit_shares
 
 
 def test_queue_features_are_the_lindley_recursion() -> None:
@@ -51,13 +51,16 @@ def test_fit_shares_recovers_a_known_crossing() -> None:
 
 def test_fit_shares_interval_allows_a_shift_common_to_all_points() -> None:
     # exact shares with tiny variances: the points' scatter says nothing, yet every point may share a bias (start-up
-    # transient, curvature across the loads tried); the interval keeps +-z SHIFT_SD / slope in log rate
+    # transient, curvature across the loads tried); the interval keeps +-z SHIFT_LOG_SD in log rate, whatever the
+    # slope (a shift of the load, not of the probit: a shallow share curve is not given a wider allowance)
     rates = [9.0, 9.3, 10.7, 11.0]
-    fit = fit_shares(rates, _probit_shares(rates, 20.0), [1e-8] * 4, [10**6] * 4, 0.1, 0.95)
-    assert fit is not None and fit.lo is not None and fit.hi is not None and fit.b == pytest.approx(20.0, rel=1e-3)
-    half = 1.959964 * SHIFT_SD / 20
-    assert math.log(10.0 / fit.lo) > 0.95 * half and math.log(fit.hi / 10.0) > 0.95 * half
-    assert math.log(fit.hi / fit.lo) < 2.2 * half
+    half = 1.959964 * SHIFT_LOG_SD
+    for slope in (20.0, 4.0):
+        fit = fit_shares(rates, _probit_shares(rates, slope), [1e-8] * 4, [10**6] * 4, 0.1, 0.95)
+        assert fit is not None and fit.lo is not None and fit.hi is not None
+        assert fit.b == pytest.approx(slope, rel=1e-3)
+        assert math.log(10.0 / fit.lo) > 0.95 * half and math.log(fit.hi / 10.0) > 0.95 * half
+        assert math.log(fit.hi / fit.lo) < 2.2 * half
 
 
 def test_two_points_lean_on_the_slope_prior_not_on_a_low_points_noise() -> None:
