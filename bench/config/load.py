@@ -63,6 +63,9 @@ class LoadSettings:
             raise ConfigError("--sessions and --turns must be >= 1, --think and stagger_s >= 0")
         if self.mode == "trace" and not self.trace:
             raise ConfigError("--trace FILE is needed in trace mode")
+        if self.mode == "rate" and self.burstiness != 1.0 and self.arrival != "gamma":
+            raise ConfigError(f"--burstiness {self.burstiness:g} applies to --arrival gamma only (--arrival "
+                              f"{self.arrival} ignores it): add --arrival gamma, or leave --burstiness out")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise ConfigError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         for name in ("warmup_s", "cooldown_s"):

@@ -554,11 +554,9 @@ class _RateSearch(_Bracketing):
         return self.answer(lo, hi, note)
 
     def bisecting(self) -> bool:
-        """The refine points bisect and their bracket is the answer: only under constant arrivals, where a point's
-        share is all but a function of its load. Random arrivals never: a refine point's side is read from a noisy
-        share, so the tightest bracket of sides can miss the boundary (before, points that scattered under 0.1 x
-        binomial or shares that rose with the load were bisected: on the sim, B-tpot-poisson brackets as narrow as
-        0 % stated no level and missed the truth in 8 of 20 searches at 1,360 s)."""
+        """The refine points bisect and their bracket is the answer: only under constant arrivals (a share all but
+        a function of the load). Random arrivals never: a side read from a noisy share can put the bracket beside
+        the boundary (docs/load.md: B-tpot-poisson's bisected brackets missed it in 8 of 20 searches)."""
         return self.constant()
 
     def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float | None, float | None]:
@@ -578,7 +576,7 @@ class _RateSearch(_Bracketing):
         """capacity.json's ``method``: the name and settings of the search, and (``fitted``) the fits per objective
         (None when not fitted: an interrupted search does not fit its finished points)."""
         fits = {k: (f.to_dict() if isinstance(f, Fit) else f) for k, f in self.fits().items()} if fitted else None
-        return {"name": "probe (escalate x factor, bisect), refine around the estimate, fit logit(share over the "
+        return {"name": "probe (escalate x factor, bisect), refine around the estimate, fit probit(share over the "
                 "limit) vs log(rate) across points", "factor": self.ss.factor,
                 "probe_resolution": self.ss.probe_resolution, "target_width": self.ss.target_width,
                 "spread": self.ss.spread, "refine_points": sum(1 for p in self.points if p.phase == "refine"),
@@ -598,16 +596,14 @@ class _RateSearch(_Bracketing):
         low, top = self.refine_bracket()
         if fitted < MIN_CALIBRATED and (low is None or top is None):
             side = "under" if top is None else "over"
-            return (f"every refine point was {side} the limit: the boundary is extrapolated beyond them along the "
-                    "fitted slope, so no level is stated and the interval reaches at least the nearest probe beyond "
-                    "them (raise --time-budget)")
+            return (f"every refine point was {side} the limit (by its control-variate share where it has one): the "
+                    "boundary is extrapolated beyond them along the fitted slope, so no level is stated and the "
+                    "interval reaches at least the nearest probe beyond them (raise --time-budget)")
         return None
 
     def _to_probes(self, ilo: float, ihi: float) -> tuple[float, float]:
-        """A fit that states no level, widened on the side beyond the refine points when they all lie on one side
-        of the limit: up to the nearest probe above them that missed (every one under), down to the nearest probe
-        below them that held (every one over). The fit's slope there is extrapolated (on the sim, B-tpot-poisson
-        with both refine points under the limit had said [6.38, 7.71] req/s for a truth of 9.13)."""
+        """A fit stating no level, refine points all on one side of the limit: widened beyond them to the nearest
+        probe that missed above (held below) them, its slope being extrapolated there (docs/load.md)."""
         low, top = self.refine_bracket()
         probes = [p for p in self.points if p.phase == "probe"]
         if top is None and low is not None:
@@ -621,8 +617,7 @@ class _RateSearch(_Bracketing):
         closed by the nearest probe beyond it that missed (held), else left open; no refine point: the probes'."""
         low, top = self.refine_bracket()
         if low is not None and top is not None:
-            return low, top, ("refine points (constant arrivals: a share all but a function of the load, "
-                              "bisected)" if self.constant() else "refine points (no fit)")
+            return low, top, "refine points (" + ("constant arrivals, bisected)" if self.constant() else "no fit)")
         if low is None and top is None:
             return (*self.bracket(), "single probe points")
         probes = [p for p in self.points if p.phase == "probe"]
@@ -643,6 +638,9 @@ class _RateSearch(_Bracketing):
                 ilo, ihi = self._to_probes(ilo, ihi)
                 doc["confidence"] = None
                 note = (note + "; " if note else "") + why
+            elif note and ihi / ilo - 1 > self.ss.target_width:  # stopped by a budget short of the target width
+                note += (f" ({100 * (ihi / ilo - 1):.1f} % wide, over --target-width {self.ss.target_width:g}: a "
+                         "longer --time-budget narrows it)")
             doc.update({"boundary": round(b, 6), "interval": [round(ilo, 6), round(ihi, 6)], "safe": round(ilo, 6)})
         elif fits and b is not None and not self.bisecting():
             olo, ohi = self.outer_range(ilo, ihi)
@@ -651,8 +649,10 @@ class _RateSearch(_Bracketing):
                         "confidence": None})
             note = (note + "; " if note else "") + (
                 "the fit does not bound the boundary at this level: the interval is the range of the refine "
-                "loads tried (lowest under the limit to highest over it), with no stated confidence"
-                + ("; open above: no refine point went over the limit" if ohi is None else ""))
+                "loads tried (lowest under the limit to highest over it), with no stated confidence" + (
+                    "" if self.refine_bracket()[1] is not None else "; no refine point went over the limit: "
+                    + ("open above" if ohi is None else "above, the lowest probe that missed")
+                    + " (raise --time-budget)"))
         else:
             blo, bhi, kind = self._answer_bracket()
             if lo is None and blo is None:

@@ -81,6 +81,11 @@ def _table(tmp: Path, sim_url: str) -> list[tuple[list[str], int, str]]:
         (["run", sim_url, "--rate", "inf", "--duration", "3"], 3, "--rate must be a finite number > 0"),
         (["run", sim_url, "--rate", "nan", "--duration", "3"], 3, "--rate must be a finite number > 0"),
         (["run", sim_url, "--rate", "5", "--duration", "inf"], 3, "--duration must be a finite number > 0"),
+        # --burstiness shapes gamma gaps only: with Poisson arrivals it was ignored while the run recorded it
+        (["run", sim_url, "--rate", "5", "--duration", "3", "--burstiness", "0.5"], 3,
+         "--burstiness 0.5 applies to --arrival gamma only (--arrival poisson ignores it)"),
+        (["capacity", sim_url, "--slo", "ttft_p90=300ms", "--burstiness", "0.5", "--out", str(tmp / "capb")], 3,
+         "add --arrival gamma, or leave --burstiness out"),
         (["run", "--depths", "16k", "--streams", "1"], 3, "embedded endpoint's model"),  # said before it starts
         (["run", sim_url, "--streams", "1,,2"], 3, "'1,,2' is not a comma list of integers"),  # was taken as 1,2
         (["run", sim_url, "--images", "1", "--endpoint", "completions"], 3, "command line: images need the chat"),

@@ -708,3 +708,31 @@ def test_the_time_budget_counts_the_drain_of_a_point_above_the_throughput_seen()
     assert s._refine_length(5.657) == pytest.approx(29.0 / (5.657 / 4.5))
     s.points[1].summary["throughput"]["completed_rps"] = 2.5
     assert s._refine_length(5.657) is None
+
+
+def test_a_budget_stop_says_when_the_interval_missed_the_target_width() -> None:
+    # a default search stopped by its budget at 7.5 % said only "the interval is what those points earned"
+    s = C._RateSearch(SearchSettings(target_width=0.05), None, lambda: 0.0)  # type: ignore[arg-type]
+    s.points = [_probe(8.0, True), _probe(16.0, False), _refine_point(9.4, 0.08, adjusted=0.08),
+                _refine_point(9.9, 0.12, adjusted=0.12)]
+    fit = E.Fit(9.6, 9.3, 10.0, 0.0, 10.0, 2, 1.0, math.inf, adjusted=True, link="probit", prior=True)
+    s.fits = lambda: {"ttft_p90": fit}  # type: ignore[method-assign]
+    note = s.answer(8.0, 16.0, "stopped by --time-budget 170 s after 8 points (167 s)")["note"]
+    assert "(7.5 % wide, over --target-width 0.05: a longer --time-budget narrows it)" in note
+    fit = E.Fit(9.6, 9.5, 9.7, 0.0, 10.0, 2, 1.0, math.inf, adjusted=True, link="probit", prior=True)
+    assert "wide, over" not in s.answer(8.0, 16.0, "stopped by --time-budget 170 s")["note"]
+
+
+def test_a_range_answer_says_which_end_is_a_probe() -> None:
+    # B-tpot on the sim: both refine points under the limit, the fit unbounded: the interval [8.00, 11.31] read
+    # "lowest under the limit to highest over it" where 11.31 was a probe that missed
+    s = C._RateSearch(SearchSettings(), None, lambda: 0.0)  # type: ignore[arg-type]
+    s.points = [_probe(5.66, True), _probe(8.0, True), _probe(11.31, False), _refine_point(8.0, 0.05, adjusted=0.053),
+                _refine_point(8.99, 0.07, adjusted=0.071)]
+    fit = E.Fit(10.46, None, None, 0.0, 1.25, 2, 1.0, math.inf, adjusted=True, link="probit", prior=False)
+    s.fits = lambda: {"tpot_p90": fit}  # type: ignore[method-assign]
+    s.bracket = lambda: (8.99, 11.31)  # type: ignore[method-assign]  # the probes' bracket, as the search left it
+    doc = s.answer(8.0, 11.31, "")
+    assert doc["interval"] == [8.0, 11.31] and doc["confidence"] is None
+    assert "no refine point went over the limit: above, the lowest probe that missed (raise --time-budget)" in doc[
+        "note"]
