@@ -130,11 +130,10 @@ HEADER = ("| case | SLO | truth req/s (seeds) | within 2 % | median abs err | me
           "| coverage (all) | median width | median time s | max time s |\n|---|---|---|---|---|---|---|---|---|---|---|---|")
 
 
-def _row(case: str, truths: list[float], rows: list[dict[str, Any]]) -> str:
-    """One case's line of the table: its searches ``rows`` scored on the mean of ``truths``."""
+def _row(case: str, truths: list[float], sm: dict[str, Any]) -> str:
+    """One case's line of the table: ``sm``, its searches' :func:`summarize` on the mean of ``truths``."""
     shape, metric, _ = case.split("-")
     t = statistics.fmean(truths)
-    sm = summarize(rows, t)
     return (f"| {case} | {SHAPES[shape][3][metric][0]} | {t:.3f} ({', '.join(f'{x:.3f}' for x in truths)}) "
             f"| {_pct(sm['within_2pct'], 0)} | {_pct(sm['median_abs_err'])} | {_pct(sm['mean_err'])} "
             f"| {sm['calibrated']}/{sm['n']} | {_pct(sm['coverage'], 0)} | {_pct(sm['coverage_all'], 0)} "
@@ -147,7 +146,8 @@ def pooled(files: list[Path]) -> int:
     print(HEADER)
     for case in docs[0]["cases"]:
         have = [d["cases"][case] for d in docs if case in d["cases"]]
-        print(_row(case, have[0]["truth"], [r for h in have for r in h["searches"]]))
+        truths = have[0]["truth"]
+        print(_row(case, truths, summarize([r for h in have for r in h["searches"]], statistics.fmean(truths))))
     return 0
 
 
@@ -196,9 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     print(HEADER)
     for c in cases:
         rows = [r for j, r in zip(jobs, results) if j[:3] == c]
-        out["cases"]["-".join(c)] = {"truth": truths[c], "summary": summarize(rows, statistics.fmean(truths[c])),
-                                     "searches": rows}
-        print(_row("-".join(c), truths[c], rows), flush=True)
+        sm = summarize(rows, statistics.fmean(truths[c]))
+        out["cases"]["-".join(c)] = {"truth": truths[c], "summary": sm, "searches": rows}
+        print(_row("-".join(c), truths[c], sm), flush=True)
     print(f"(wall {time.time() - t0:.0f} s for {len(jobs)} searches)")
     if a.json:
         a.json.write_text(json.dumps(out, indent=1) + "\n")

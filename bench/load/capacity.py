@@ -554,9 +554,8 @@ class _RateSearch(_Bracketing):
         return self.answer(lo, hi, note)
 
     def bisecting(self) -> bool:
-        """The refine points bisect and their bracket is the answer: only under constant arrivals (a share all but
-        a function of the load). Random arrivals never: a side read from a noisy share can put the bracket beside
-        the boundary (docs/load.md: B-tpot-poisson's bisected brackets missed it in 8 of 20 searches)."""
+        """Only constant arrivals bisect, answering their refine bracket: under random arrivals a side read from
+        a noisy share can put it beside the boundary (docs/load.md: 8 of 20 B-tpot-poisson brackets missed)."""
         return self.constant()
 
     def outer_range(self, ilo: float | None, ihi: float | None) -> tuple[float | None, float | None]:
@@ -601,16 +600,21 @@ class _RateSearch(_Bracketing):
                     "interval reaches at least the nearest probe beyond them (raise --time-budget)")
         return None
 
-    def _to_probes(self, ilo: float, ihi: float) -> tuple[float, float]:
-        """A fit stating no level, refine points all on one side of the limit: widened beyond them to the nearest
-        probe that missed above (held below) them, its slope being extrapolated there (docs/load.md)."""
-        low, top = self.refine_bracket()
+    def _closed_by_probes(self, low: float | None, top: float | None) -> tuple[float | None, float | None]:
+        """``(low, top)`` with an open side closed by the nearest probe beyond that missed (held); else left None."""
         probes = [p for p in self.points if p.phase == "probe"]
         if top is None and low is not None:
-            ihi = max(ihi, min((p.load for p in probes if not self.passes(p) and p.load > low), default=ihi))
-        if low is None and top is not None:
-            ilo = min(ilo, max((p.load for p in probes if self.passes(p) and p.load < top), default=ilo))
-        return ilo, ihi
+            top = min((p.load for p in probes if not self.passes(p) and p.load > low), default=None)
+        elif low is None and top is not None:
+            low = max((p.load for p in probes if self.passes(p) and p.load < top), default=None)
+        return low, top
+
+    def _to_probes(self, ilo: float, ihi: float) -> tuple[float, float]:
+        """A no-level fit past refine points all on one side of the limit, widened to the probe beyond them."""
+        low, top = self.refine_bracket()
+        plo, phi = self._closed_by_probes(low, top)
+        return (min(ilo, plo) if low is None and plo is not None else ilo,
+                max(ihi, phi) if top is None and phi is not None else ihi)
 
     def _answer_bracket(self) -> tuple[float | None, float | None, str]:
         """The bracket an answer without a bounding fit states, and what it is: the refine bracket; an open side
@@ -620,11 +624,7 @@ class _RateSearch(_Bracketing):
             return low, top, "refine points (" + ("constant arrivals, bisected)" if self.constant() else "no fit)")
         if low is None and top is None:
             return (*self.bracket(), "single probe points")
-        probes = [p for p in self.points if p.phase == "probe"]
-        if top is None:
-            top = min((p.load for p in probes if not self.passes(p) and low is not None and p.load > low), default=None)
-        else:
-            low = max((p.load for p in probes if self.passes(p) and p.load < top), default=None)
+        low, top = self._closed_by_probes(low, top)
         return low, top, "refine points, closed by the probe points beyond them" + (
             "" if low is not None and top is not None else " (open: no probe beyond them)")
 
